@@ -1,0 +1,451 @@
+use crate::retry::Backoff;
+use futures::StreamExt;
+use std::sync::Arc;
+use strata_common::grant::{GrantScope, MAC_LEN};
+use strata_common::{Code, Error, Result};
+use strata_proto as pb;
+use strata_proto::master_client::MasterClient;
+use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
+use strata_transport::{RemoteRange, Transport};
+use tonic::transport::Channel;
+
+/// How to reach the cluster and how hard to try.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Master gRPC address, `HOST:PORT`.
+    pub master: String,
+    pub transport: TcpTransportConfig,
+    pub backoff: Backoff,
+    /// Objects moved concurrently by batch calls.
+    pub batch_concurrency: usize,
+}
+
+impl ClientConfig {
+    pub fn new(master: impl Into<String>) -> Self {
+        ClientConfig {
+            master: master.into(),
+            transport: TcpTransportConfig::default(),
+            backoff: Backoff::default(),
+            batch_concurrency: 16,
+        }
+    }
+}
+
+/// Options of a put.
+#[derive(Debug, Clone)]
+pub struct PutOptions {
+    /// Copies on distinct segments (best effort: at least one).
+    pub replicas: u32,
+    pub preferred_segment: Option<u64>,
+    /// Evicted only after every unpinned object.
+    pub soft_pin: bool,
+    /// Never evicted (still removable).
+    pub hard_pin: bool,
+}
+
+impl Default for PutOptions {
+    fn default() -> Self {
+        PutOptions {
+            replicas: 1,
+            preferred_segment: None,
+            soft_pin: false,
+            hard_pin: false,
+        }
+    }
+}
+
+/// A handle to a Strata cluster. Cheap to clone; share one per process.
+#[derive(Clone)]
+pub struct Client {
+    master: MasterClient<Channel>,
+    transport: Arc<dyn Transport>,
+    cfg: Arc<ClientConfig>,
+}
+
+fn remote(r: &pb::Replica) -> Result<RemoteRange> {
+    let g = r
+        .grant
+        .as_ref()
+        .ok_or_else(|| Error::internal("master sent a replica without a grant"))?;
+    let mac: [u8; MAC_LEN] = g
+        .mac
+        .as_slice()
+        .try_into()
+        .map_err(|_| Error::internal("master sent a malformed grant"))?;
+    Ok(RemoteRange {
+        addr: r.data_addr.clone(),
+        scope: GrantScope {
+            perm: g.perm,
+            segment_id: r.segment_id,
+            offset: r.offset,
+            length: r.length,
+            expires_unix_ms: g.expires_unix_ms,
+        },
+        mac,
+    })
+}
+
+fn from_status(s: Option<pb::Status>) -> Result<()> {
+    match s {
+        Some(s) if s.code != 0 => Err(Error::new(Code::from_u32(s.code), s.message)),
+        _ => Ok(()),
+    }
+}
+
+impl Client {
+    /// Creates a client. The master connection is made lazily and re-made
+    /// after failures, so this succeeds even while the master restarts.
+    pub async fn connect(cfg: ClientConfig) -> Result<Client> {
+        let channel = strata_common::grpc::master_channel(&cfg.master)?;
+        Ok(Client {
+            master: MasterClient::new(channel)
+                .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE)
+                .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE),
+            transport: Arc::new(TcpTransport::new(cfg.transport.clone())),
+            cfg: Arc::new(cfg),
+        })
+    }
+
+    fn m(&self) -> MasterClient<Channel> {
+        self.master.clone()
+    }
+
+    /// Stores `data` under `key`. Fails with `AlreadyExists` if the key is
+    /// present, `NoSpace` when the cluster cannot make room.
+    pub async fn put(&self, key: &str, data: &[u8], opts: &PutOptions) -> Result<()> {
+        let crc = crc32c::crc32c(data);
+        self.cfg
+            .backoff
+            .run(|| async {
+                let req = pb::PutStartRequest {
+                    key: key.to_string(),
+                    size: data.len() as u64,
+                    replica_num: opts.replicas,
+                    preferred_segment: opts.preferred_segment,
+                    soft_pin: opts.soft_pin,
+                    hard_pin: opts.hard_pin,
+                };
+                let replicas = self
+                    .m()
+                    .put_start(req)
+                    .await
+                    .map_err(Error::from)?
+                    .into_inner()
+                    .replicas;
+                if let Err(e) = self.write_replicas(&replicas, data).await {
+                    let _ = self
+                        .m()
+                        .put_revoke(pb::PutRevokeRequest {
+                            key: key.to_string(),
+                        })
+                        .await;
+                    return Err(e);
+                }
+                self.m()
+                    .put_end(pb::PutEndRequest {
+                        key: key.to_string(),
+                        crc32c: crc,
+                    })
+                    .await
+                    .map_err(Error::from)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn write_replicas(&self, replicas: &[pb::Replica], data: &[u8]) -> Result<()> {
+        let ranges: Vec<RemoteRange> = replicas.iter().map(remote).collect::<Result<_>>()?;
+        if ranges.is_empty() {
+            return Err(Error::internal("master granted no replica"));
+        }
+        let writes = ranges.iter().map(|r| self.transport.write(r, 0, data));
+        futures::future::try_join_all(writes).await.map(|_| ())
+    }
+
+    /// Reads `key` into a new buffer, verifying its checksum.
+    pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
+        let info = self.replicas(key).await?;
+        let mut buf = vec![0u8; info.size as usize];
+        self.read_verified(key, info, &mut buf).await?;
+        Ok(buf)
+    }
+
+    /// Reads `key` into the caller's buffer (no intermediate copy) and returns
+    /// the object's size. The buffer must be at least that large.
+    pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
+        let info = self.replicas(key).await?;
+        let n = info.size as usize;
+        if buf.len() < n {
+            return Err(Error::invalid(format!(
+                "buffer of {} bytes is smaller than object {key:?} of {n} bytes",
+                buf.len()
+            )));
+        }
+        self.read_verified(key, info, &mut buf[..n]).await?;
+        Ok(n)
+    }
+
+    async fn replicas(&self, key: &str) -> Result<pb::GetReplicasResponse> {
+        self.cfg
+            .backoff
+            .run(|| async {
+                let r = self
+                    .m()
+                    .get_replicas(pb::GetReplicasRequest {
+                        key: key.to_string(),
+                    })
+                    .await;
+                Ok(r.map_err(Error::from)?.into_inner())
+            })
+            .await
+    }
+
+    /// Tries each replica in turn; a replica that fails or returns bytes with
+    /// the wrong checksum is skipped. If every grant expired, asks again once.
+    async fn read_verified(
+        &self,
+        key: &str,
+        mut info: pb::GetReplicasResponse,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        for round in 0..2 {
+            let mut last = Error::unavailable(format!("key {key:?} has no readable replica"));
+            let mut expired = false;
+            for r in &info.replicas {
+                let range = remote(r)?;
+                match self.transport.read(&range, 0, buf).await {
+                    Ok(()) if crc32c::crc32c(buf) == info.crc32c => return Ok(()),
+                    Ok(()) => {
+                        tracing::warn!(
+                            key,
+                            node = r.node_id,
+                            "replica failed its checksum; trying another"
+                        );
+                        last = Error::new(
+                            Code::Corrupted,
+                            format!("replica of {key:?} on {} failed its checksum", r.node_id),
+                        );
+                    }
+                    Err(e) => {
+                        tracing::debug!(key, node = r.node_id, error = %e, "replica read failed");
+                        expired |=
+                            e.code == Code::PermissionDenied && e.message.contains("expired");
+                        last = e;
+                    }
+                }
+            }
+            if round == 0 && (expired || last.retryable()) {
+                info = self.replicas(key).await?;
+                if buf.len() as u64 != info.size {
+                    return Err(Error::unavailable(format!(
+                        "key {key:?} changed while being read"
+                    )));
+                }
+                continue;
+            }
+            return Err(last);
+        }
+        Err(Error::unavailable(format!("key {key:?} could not be read")))
+    }
+
+    /// Puts many objects with one PutStart and one PutEnd round trip.
+    /// Returns one result per item, in order.
+    pub async fn batch_put(
+        &self,
+        items: &[(&str, &[u8])],
+        opts: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        let req = pb::BatchPutStartRequest {
+            items: items
+                .iter()
+                .map(|(k, d)| pb::PutStartRequest {
+                    key: k.to_string(),
+                    size: d.len() as u64,
+                    replica_num: opts.replicas,
+                    preferred_segment: opts.preferred_segment,
+                    soft_pin: opts.soft_pin,
+                    hard_pin: opts.hard_pin,
+                })
+                .collect(),
+        };
+        let started = self
+            .m()
+            .batch_put_start(req)
+            .await
+            .map_err(Error::from)?
+            .into_inner()
+            .results;
+        if started.len() != items.len() {
+            return Err(Error::internal(
+                "master answered a batch with the wrong count",
+            ));
+        }
+        let writes =
+            futures::stream::iter(items.iter().zip(started).map(|((_, data), st)| async move {
+                from_status(st.status)?;
+                self.write_replicas(&st.replicas, data).await
+            }))
+            .buffered(self.cfg.batch_concurrency.max(1))
+            .collect::<Vec<Result<()>>>()
+            .await;
+        let mut ends = Vec::new();
+        let mut revokes = Vec::new();
+        for (i, w) in writes.iter().enumerate() {
+            match w {
+                Ok(()) => ends.push((
+                    i,
+                    pb::PutEndRequest {
+                        key: items[i].0.to_string(),
+                        crc32c: crc32c::crc32c(items[i].1),
+                    },
+                )),
+                // Only a put that started needs revoking.
+                Err(e)
+                    if e.code != Code::AlreadyExists
+                        && e.code != Code::NoSpace
+                        && e.code != Code::InvalidArgument =>
+                {
+                    revokes.push(items[i].0.to_string())
+                }
+                Err(_) => {}
+            }
+        }
+        let mut out = writes;
+        if !revokes.is_empty() {
+            let _ = self
+                .m()
+                .batch_put_revoke(pb::BatchPutRevokeRequest { keys: revokes })
+                .await;
+        }
+        if !ends.is_empty() {
+            let (idx, reqs): (Vec<usize>, Vec<pb::PutEndRequest>) = ends.into_iter().unzip();
+            let res = self
+                .m()
+                .batch_put_end(pb::BatchPutEndRequest { items: reqs })
+                .await
+                .map_err(Error::from)?
+                .into_inner()
+                .results;
+            for (i, st) in idx.into_iter().zip(res) {
+                out[i] = from_status(Some(st));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Gets many objects with one GetReplicas round trip.
+    pub async fn batch_get(&self, keys: &[&str]) -> Result<Vec<Result<Vec<u8>>>> {
+        let res = self
+            .m()
+            .batch_get_replicas(pb::BatchGetReplicasRequest {
+                keys: keys.iter().map(|k| k.to_string()).collect(),
+            })
+            .await
+            .map_err(Error::from)?
+            .into_inner()
+            .results;
+        if res.len() != keys.len() {
+            return Err(Error::internal(
+                "master answered a batch with the wrong count",
+            ));
+        }
+        Ok(
+            futures::stream::iter(keys.iter().zip(res).map(|(k, r)| async move {
+                from_status(r.status)?;
+                let info = r
+                    .replicas
+                    .ok_or_else(|| Error::internal("missing replicas in batch result"))?;
+                let mut buf = vec![0u8; info.size as usize];
+                self.read_verified(k, info, &mut buf).await?;
+                Ok(buf)
+            }))
+            .buffered(self.cfg.batch_concurrency.max(1))
+            .collect()
+            .await,
+        )
+    }
+
+    pub async fn exists(&self, key: &str) -> Result<bool> {
+        let r = self
+            .m()
+            .exists(pb::ExistsRequest {
+                key: key.to_string(),
+            })
+            .await;
+        Ok(r.map_err(Error::from)?.into_inner().exists)
+    }
+
+    /// Removes `key`; refused while a reader holds a lease unless `force`.
+    pub async fn remove(&self, key: &str, force: bool) -> Result<()> {
+        self.m()
+            .remove(pb::RemoveRequest {
+                key: key.to_string(),
+                force,
+            })
+            .await
+            .map_err(Error::from)?;
+        Ok(())
+    }
+
+    /// Removes every committed object (leased ones unless `force`).
+    /// Returns (removed, skipped).
+    pub async fn remove_all(&self, force: bool) -> Result<(u64, u64)> {
+        let r = self
+            .m()
+            .remove_all(pb::RemoveAllRequest { force })
+            .await
+            .map_err(Error::from)?
+            .into_inner();
+        Ok((r.removed, r.skipped))
+    }
+
+    /// Lists keys with `prefix`, in key order, following pages.
+    pub async fn list(&self, prefix: &str, max: usize) -> Result<Vec<pb::ObjectSummary>> {
+        let mut out: Vec<pb::ObjectSummary> = Vec::new();
+        loop {
+            let page = (max - out.len()).min(10_000) as u32;
+            let r = self
+                .m()
+                .list(pb::ListRequest {
+                    prefix: prefix.to_string(),
+                    limit: page,
+                    start_after: out.last().map(|o| o.key.clone()).unwrap_or_default(),
+                })
+                .await
+                .map_err(Error::from)?
+                .into_inner();
+            out.extend(r.objects);
+            if !r.truncated || out.len() >= max {
+                return Ok(out);
+            }
+        }
+    }
+
+    pub async fn stat(&self) -> Result<pb::StatResponse> {
+        Ok(self
+            .m()
+            .stat(pb::StatRequest {})
+            .await
+            .map_err(Error::from)?
+            .into_inner())
+    }
+
+    pub async fn inspect(&self, key: &str) -> Result<pb::InspectResponse> {
+        let r = self
+            .m()
+            .inspect(pb::InspectRequest {
+                key: key.to_string(),
+            })
+            .await;
+        Ok(r.map_err(Error::from)?.into_inner())
+    }
+
+    /// Raw access to the master API, for tools and tests.
+    pub fn master_client(&self) -> MasterClient<Channel> {
+        self.m()
+    }
+
+    pub fn transport(&self) -> Arc<dyn Transport> {
+        self.transport.clone()
+    }
+}

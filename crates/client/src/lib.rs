@@ -1,0 +1,24 @@
+//! The Strata client library that inference engines embed, and the code
+//! behind the `strata` CLI.
+//!
+//! ```no_run
+//! # async fn demo() -> strata_common::Result<()> {
+//! use strata_client::{Client, ClientConfig, PutOptions};
+//! let c = Client::connect(ClientConfig::new("127.0.0.1:7400")).await?;
+//! c.put("prefix/block-0", b"kv bytes", &PutOptions::default()).await?;
+//! let v = c.get("prefix/block-0").await?;
+//! # Ok(()) }
+//! ```
+
+#[cfg(feature = "cli")]
+pub mod cli;
+mod client;
+#[cfg(feature = "cli")]
+pub mod local;
+mod retry;
+
+pub use client::{Client, ClientConfig, PutOptions};
+#[cfg(feature = "cli")]
+pub use local::{ClusterBuilder, LocalCluster};
+pub use retry::Backoff;
+pub use strata_common::{Code, Error, Result};

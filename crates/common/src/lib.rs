@@ -1,0 +1,14 @@
+//! Code shared by every Strata crate: error codes, size and duration parsing,
+//! data-plane grants, telemetry set-up and the admin HTTP server.
+
+pub mod admin;
+pub mod config;
+pub mod error;
+pub mod grant;
+pub mod grpc;
+pub mod shutdown;
+pub mod telemetry;
+pub mod time;
+pub mod units;
+
+pub use error::{Code, Error, Result};

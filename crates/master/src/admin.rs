@@ -1,0 +1,139 @@
+//! The master's admin JSON API (besides /metrics, /health, /ready).
+
+use crate::master::Master;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+use std::sync::Arc;
+use strata_common::admin::error_response;
+use strata_common::time::unix_ms;
+use strata_common::Error;
+
+pub fn api_router(master: Arc<Master>, advertise: String) -> Router {
+    Router::new()
+        .route("/api/v1/keys/{*key}", get(key))
+        .route("/api/v1/segments", get(segments))
+        .route("/api/v1/nodes", get(nodes))
+        .route("/api/v1/owners", get(owners))
+        .route("/api/v1/offload", get(offload))
+        .route(
+            "/api/v1/leader",
+            get(move || {
+                let advertise = advertise.clone();
+                async move {
+                    Json(json!({
+                        "leader": advertise,
+                        "term": 1,
+                        "is_leader": true,
+                        "mode": "single-master",
+                    }))
+                }
+            }),
+        )
+        .with_state(master)
+}
+
+async fn key(State(m): State<Arc<Master>>, Path(key): Path<String>) -> Response {
+    match m.describe(&key) {
+        Some(v) => Json(v).into_response(),
+        None => error_response(&Error::not_found(format!("key {key:?} not found"))),
+    }
+}
+
+async fn segments(State(m): State<Arc<Master>>) -> Response {
+    let st = tokio::task::spawn_blocking(move || m.stat()).await;
+    match st {
+        Ok(st) => Json(json!({
+            "capacity_bytes": st.capacity_bytes,
+            "allocated_bytes": st.allocated_bytes,
+            "segments": st.segment_info.iter().map(|s| json!({
+                "segment_id": s.segment_id,
+                "node": s.node_id,
+                "data_addr": s.data_addr,
+                "capacity_bytes": s.capacity_bytes,
+                "allocated_bytes": s.allocated_bytes,
+                "largest_free_bytes": s.largest_free_bytes,
+            })).collect::<Vec<_>>(),
+        }))
+        .into_response(),
+        Err(e) => error_response(&Error::internal(e.to_string())),
+    }
+}
+
+async fn nodes(State(m): State<Arc<Master>>) -> Response {
+    Json(m.describe_nodes()).into_response()
+}
+
+/// SSD owners register with `strata-ssd-agent`; none exist in a DRAM-only
+/// cluster, so the list is honestly empty.
+async fn owners() -> Response {
+    Json(json!({ "owners": [] })).into_response()
+}
+
+async fn offload(State(m): State<Arc<Master>>) -> Response {
+    Json(json!({
+        "policy": m.config().offload_policy.to_string(),
+        "ssd_owners": 0,
+        "queued": 0,
+        "in_flight": 0,
+    }))
+    .into_response()
+}
+
+impl Master {
+    /// A key's metadata for operators; does not grant a lease.
+    pub fn describe(&self, key: &str) -> Option<serde_json::Value> {
+        let now = unix_ms();
+        let shard = self.objects.shard(key);
+        let o = shard.get(key)?;
+        let state = if o.is_complete() {
+            "complete"
+        } else {
+            "processing"
+        };
+        Some(json!({
+            "key": key,
+            "size": o.size,
+            "crc32c": o.crc32c,
+            "state": state,
+            "replicas": o.replicas.iter().map(|r| json!({
+                "kind": "memory",
+                "node": r.seg.node.node_id,
+                "data_addr": r.seg.node.data_addr,
+                "segment_id": r.seg.id,
+                "offset": r.offset,
+                "state": state,
+            })).collect::<Vec<_>>(),
+            "lease_until": o.lease_until_ms,
+            "leased": o.leased(now),
+            "last_access": o.last_access_ms,
+            "pinned": o.hard_pin,
+            "soft_pinned": o.soft_pin,
+        }))
+    }
+
+    pub fn describe_nodes(&self) -> serde_json::Value {
+        let now = unix_ms();
+        let nodes = self.nodes.read();
+        let mut v: Vec<serde_json::Value> = nodes
+            .values()
+            .map(|n| {
+                let last = n
+                    .last_heartbeat_ms
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                json!({
+                    "node": n.node_id,
+                    "data_addr": n.data_addr,
+                    "incarnation": n.incarnation,
+                    "segments": n.segment_ids,
+                    "last_heartbeat_ms_ago": now.saturating_sub(last),
+                    "object_log_backlog": n.log_backlog(),
+                })
+            })
+            .collect();
+        v.sort_by(|a, b| a["node"].as_str().cmp(&b["node"].as_str()));
+        json!({ "nodes": v })
+    }
+}

@@ -1,0 +1,155 @@
+//! Store nodes and their mounted segments, as the master sees them.
+
+use crate::allocator::RangeAllocator;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use strata_proto::{object_log_entry, CommittedObject, FreedRange, ObjectLogEntry};
+
+/// Heartbeat responses carry at most this many log entries; the node asks
+/// again at once when it got a full page.
+pub const LOG_PAGE: usize = 32_768;
+
+/// A registered store node.
+pub struct NodeEntry {
+    pub node_id: String,
+    pub data_addr: String,
+    pub incarnation: u64,
+    pub segment_ids: Vec<u64>,
+    pub last_heartbeat_ms: AtomicU64,
+    log: Mutex<NodeLog>,
+}
+
+/// What the node must learn about the objects it holds: commits and frees, in
+/// order. The node applies them and acknowledges the sequence number, so its
+/// own record of committed objects (key, range, checksum) survives the
+/// master's memory.
+#[derive(Default)]
+struct NodeLog {
+    next_seq: u64,
+    entries: VecDeque<ObjectLogEntry>,
+}
+
+impl NodeEntry {
+    pub fn new(
+        node_id: String,
+        data_addr: String,
+        incarnation: u64,
+        segment_ids: Vec<u64>,
+        now_ms: u64,
+    ) -> Self {
+        NodeEntry {
+            node_id,
+            data_addr,
+            incarnation,
+            segment_ids,
+            last_heartbeat_ms: AtomicU64::new(now_ms),
+            log: Mutex::new(NodeLog {
+                next_seq: 1,
+                entries: VecDeque::new(),
+            }),
+        }
+    }
+
+    fn push(&self, op: object_log_entry::Op) {
+        let mut log = self.log.lock();
+        let seq = log.next_seq;
+        log.next_seq += 1;
+        log.entries.push_back(ObjectLogEntry { seq, op: Some(op) });
+    }
+
+    pub fn log_commit(&self, key: &str, segment_id: u64, offset: u64, length: u64, crc: u32) {
+        self.push(object_log_entry::Op::Commit(CommittedObject {
+            key: key.to_string(),
+            segment_id,
+            offset,
+            length,
+            crc32c: crc,
+        }));
+    }
+
+    pub fn log_free(&self, segment_id: u64, offset: u64, length: u64) {
+        self.push(object_log_entry::Op::Free(FreedRange {
+            segment_id,
+            offset,
+            length,
+        }));
+    }
+
+    /// Drops what the node has applied and returns the next page.
+    pub fn log_page(&self, applied_seq: u64) -> Vec<ObjectLogEntry> {
+        let mut log = self.log.lock();
+        while log.entries.front().is_some_and(|e| e.seq <= applied_seq) {
+            log.entries.pop_front();
+        }
+        log.entries.iter().take(LOG_PAGE).cloned().collect()
+    }
+
+    pub fn log_backlog(&self) -> usize {
+        self.log.lock().entries.len()
+    }
+}
+
+/// One mounted DRAM segment and its allocator.
+pub struct SegmentEntry {
+    pub id: u64,
+    pub node: Arc<NodeEntry>,
+    pub capacity: u64,
+    alloc: Mutex<RangeAllocator>,
+    /// Mirrors the allocator so placement can skim segments without locking.
+    allocated: AtomicU64,
+    mounted: AtomicBool,
+}
+
+impl SegmentEntry {
+    pub fn new(id: u64, node: Arc<NodeEntry>, size: u64) -> Self {
+        let alloc = RangeAllocator::new(size);
+        SegmentEntry {
+            id,
+            node,
+            capacity: alloc.capacity(),
+            alloc: Mutex::new(alloc),
+            allocated: AtomicU64::new(0),
+            mounted: AtomicBool::new(true),
+        }
+    }
+
+    pub fn alloc(&self, size: u64) -> Option<(u64, u64)> {
+        if !self.is_mounted() {
+            return None;
+        }
+        let mut a = self.alloc.lock();
+        let r = a.alloc(size);
+        self.allocated.store(a.allocated(), Ordering::Relaxed);
+        r
+    }
+
+    pub fn free(&self, offset: u64, len: u64) {
+        let mut a = self.alloc.lock();
+        if !a.free(offset, len) {
+            tracing::error!(segment = self.id, offset, len, "refused an invalid free");
+        }
+        self.allocated.store(a.allocated(), Ordering::Relaxed);
+    }
+
+    pub fn allocated(&self) -> u64 {
+        self.allocated.load(Ordering::Relaxed)
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        self.capacity.saturating_sub(self.allocated())
+    }
+
+    pub fn largest_free(&self) -> u64 {
+        self.alloc.lock().largest_free()
+    }
+
+    pub fn is_mounted(&self) -> bool {
+        self.mounted.load(Ordering::Acquire)
+    }
+
+    pub fn unmount(&self) {
+        self.mounted.store(false, Ordering::Release);
+    }
+}

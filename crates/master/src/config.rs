@@ -1,0 +1,284 @@
+//! Master settings: the resolved [`MasterConfig`] the library runs with, and
+//! the [`MasterArgs`] flag/env/config-file layer the binary parses.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use strata_common::units::HumanDuration;
+use strata_common::{Error, Result};
+
+/// How PutStart chooses segments among those with room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AllocStrategy {
+    /// Uniformly random among segments that fit: spreads load.
+    #[default]
+    Random,
+    /// The segment with the most free bytes first: evens out fill.
+    MostFreeFirst,
+}
+
+impl std::str::FromStr for AllocStrategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "random" => Ok(AllocStrategy::Random),
+            "most-free-first" => Ok(AllocStrategy::MostFreeFirst),
+            _ => Err(format!(
+                "unknown allocation strategy {s:?}; use random or most-free-first"
+            )),
+        }
+    }
+}
+
+/// Which objects go to the SSD tier. Parsed and validated now; the SSD tier
+/// that acts on it arrives with `strata-ssd-agent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OffloadPolicy {
+    #[default]
+    Eager,
+    OnEvict,
+    Reads(u32),
+}
+
+impl std::str::FromStr for OffloadPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "eager" => Ok(OffloadPolicy::Eager),
+            "on-evict" => Ok(OffloadPolicy::OnEvict),
+            _ => match s.strip_prefix("reads:").map(str::parse::<u32>) {
+                Some(Ok(n)) if n > 0 => Ok(OffloadPolicy::Reads(n)),
+                _ => Err(format!(
+                    "unknown offload policy {s:?}; use eager, on-evict or reads:N with N >= 1"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for OffloadPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OffloadPolicy::Eager => f.write_str("eager"),
+            OffloadPolicy::OnEvict => f.write_str("on-evict"),
+            OffloadPolicy::Reads(n) => write!(f, "reads:{n}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct MasterConfig {
+    pub listen: SocketAddr,
+    pub admin_addr: SocketAddr,
+    /// What nodes and clients should dial; defaults to `listen`.
+    pub advertise: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    /// Read lease granted by GetReplicas.
+    pub lease_ttl: Duration,
+    /// A node silent for this long loses its segments.
+    pub node_ttl: Duration,
+    /// A PutStart not ended within this time is reclaimed.
+    pub put_timeout: Duration,
+    pub high_watermark: f64,
+    pub eviction_ratio: f64,
+    pub alloc_strategy: AllocStrategy,
+    pub offload_policy: OffloadPolicy,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        MasterConfig {
+            listen: ([0, 0, 0, 0], 7400).into(),
+            admin_addr: ([0, 0, 0, 0], 7401).into(),
+            advertise: None,
+            state_dir: None,
+            lease_ttl: Duration::from_secs(5),
+            node_ttl: Duration::from_secs(10),
+            put_timeout: Duration::from_secs(30),
+            high_watermark: 0.9,
+            eviction_ratio: 0.05,
+            alloc_strategy: AllocStrategy::Random,
+            offload_policy: OffloadPolicy::Eager,
+        }
+    }
+}
+
+impl MasterConfig {
+    /// For tests and `strata up`: loopback, ephemeral ports.
+    pub fn local() -> Self {
+        MasterConfig {
+            listen: ([127, 0, 0, 1], 0).into(),
+            admin_addr: ([127, 0, 0, 1], 0).into(),
+            ..Default::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if !(self.high_watermark > 0.0 && self.high_watermark <= 1.0) {
+            return Err(Error::invalid(format!(
+                "--high-watermark must be in (0, 1], got {}",
+                self.high_watermark
+            )));
+        }
+        if !(self.eviction_ratio > 0.0 && self.eviction_ratio <= 1.0) {
+            return Err(Error::invalid(format!(
+                "--eviction-ratio must be in (0, 1], got {}",
+                self.eviction_ratio
+            )));
+        }
+        for (name, d) in [
+            ("--lease-ttl", self.lease_ttl),
+            ("--node-ttl", self.node_ttl),
+            ("--put-timeout", self.put_timeout),
+        ] {
+            if d < Duration::from_millis(10) {
+                return Err(Error::invalid(format!("{name} must be at least 10ms")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Flags of `strata-master`. Every flag has an env var; `--config` supplies
+/// values for flags given neither way.
+#[derive(Debug, Default, clap::Parser, serde::Deserialize)]
+#[command(name = "strata-master", version, about = "Strata metadata master")]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct MasterArgs {
+    /// TOML file with any of these settings (kebab-case keys).
+    #[arg(long, env = "STRATA_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// gRPC listen address [default: 0.0.0.0:7400]
+    #[arg(long, env = "STRATA_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Admin HTTP address: /metrics, /health, /ready, /api/v1 [default: 0.0.0.0:7401]
+    #[arg(long, env = "STRATA_ADMIN_ADDR")]
+    pub admin_addr: Option<SocketAddr>,
+    /// Address others should dial (HOST:PORT) [default: the listen address]
+    #[arg(long, env = "STRATA_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Directory for single-master durable state
+    #[arg(long, env = "STRATA_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Read lease granted to readers [default: 5s]
+    #[arg(long, env = "STRATA_LEASE_TTL")]
+    pub lease_ttl: Option<HumanDuration>,
+    /// A store node silent this long loses its segments [default: 10s]
+    #[arg(long, env = "STRATA_NODE_TTL")]
+    pub node_ttl: Option<HumanDuration>,
+    /// A PutStart not ended within this time is reclaimed [default: 30s]
+    #[arg(long, env = "STRATA_PUT_TIMEOUT")]
+    pub put_timeout: Option<HumanDuration>,
+    /// Fill ratio that triggers eviction [default: 0.9]
+    #[arg(long, env = "STRATA_HIGH_WATERMARK")]
+    pub high_watermark: Option<f64>,
+    /// Share of capacity one eviction pass frees [default: 0.05]
+    #[arg(long, env = "STRATA_EVICTION_RATIO")]
+    pub eviction_ratio: Option<f64>,
+    /// random | most-free-first [default: random]
+    #[arg(long, env = "STRATA_ALLOC_STRATEGY")]
+    pub alloc_strategy: Option<String>,
+    /// SSD admission: eager | on-evict | reads:N [default: eager]
+    #[arg(long, env = "STRATA_OFFLOAD_POLICY")]
+    pub offload_policy: Option<String>,
+    /// text | json [default: text]
+    #[arg(long, env = "STRATA_LOG_FORMAT")]
+    #[serde(skip)]
+    pub log_format: Option<String>,
+}
+
+impl MasterArgs {
+    /// Applies the config file (if any) under flags/env, then defaults.
+    pub fn resolve(mut self) -> Result<MasterConfig> {
+        if let Some(path) = self.config.clone() {
+            let mut file: MasterArgs = strata_common::config::load_toml(&path)?;
+            strata_common::merge_opts!(
+                self,
+                file,
+                [
+                    listen,
+                    admin_addr,
+                    advertise,
+                    state_dir,
+                    lease_ttl,
+                    node_ttl,
+                    put_timeout,
+                    high_watermark,
+                    eviction_ratio,
+                    alloc_strategy,
+                    offload_policy
+                ]
+            );
+        }
+        let d = MasterConfig::default();
+        let cfg = MasterConfig {
+            listen: self.listen.unwrap_or(d.listen),
+            admin_addr: self.admin_addr.unwrap_or(d.admin_addr),
+            advertise: self.advertise,
+            state_dir: self.state_dir,
+            lease_ttl: self.lease_ttl.map_or(d.lease_ttl, |v| v.0),
+            node_ttl: self.node_ttl.map_or(d.node_ttl, |v| v.0),
+            put_timeout: self.put_timeout.map_or(d.put_timeout, |v| v.0),
+            high_watermark: self.high_watermark.unwrap_or(d.high_watermark),
+            eviction_ratio: self.eviction_ratio.unwrap_or(d.eviction_ratio),
+            alloc_strategy: match self.alloc_strategy {
+                Some(s) => s.parse().map_err(Error::invalid)?,
+                None => d.alloc_strategy,
+            },
+            offload_policy: match self.offload_policy {
+                Some(s) => s.parse().map_err(Error::invalid)?,
+                None => d.offload_policy,
+            },
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn precedence_flag_over_file_over_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("m.toml");
+        std::fs::write(&f, "lease-ttl = \"7s\"\nhigh-watermark = 0.8\n").unwrap();
+        let args = MasterArgs::parse_from([
+            "strata-master",
+            "--config",
+            f.to_str().unwrap(),
+            "--high-watermark",
+            "0.5",
+        ]);
+        let c = args.resolve().unwrap();
+        assert_eq!(c.high_watermark, 0.5);
+        assert_eq!(c.lease_ttl, Duration::from_secs(7));
+        assert_eq!(c.node_ttl, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn bad_values_are_clear() {
+        let e = MasterArgs::parse_from(["m", "--high-watermark", "1.5"])
+            .resolve()
+            .unwrap_err();
+        assert!(e.message.contains("--high-watermark"), "{e}");
+        let e = MasterArgs::parse_from(["m", "--offload-policy", "reads:0"])
+            .resolve()
+            .unwrap_err();
+        assert!(e.message.contains("reads:N"), "{e}");
+        assert_eq!(
+            "reads:3".parse::<OffloadPolicy>(),
+            Ok(OffloadPolicy::Reads(3))
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("m.toml");
+        std::fs::write(&f, "no-such-key = 1\n").unwrap();
+        let e = MasterArgs::parse_from(["m", "--config", f.to_str().unwrap()])
+            .resolve()
+            .unwrap_err();
+        assert!(e.message.contains("no-such-key"), "{e}");
+    }
+}

@@ -1,0 +1,747 @@
+//! The master's metadata operations, independent of gRPC so they can be unit
+//! tested directly and served by any front end.
+
+use crate::allocator::aligned_len;
+use crate::cluster::{NodeEntry, SegmentEntry};
+use crate::config::{AllocStrategy, MasterConfig};
+use crate::metrics::MasterMetrics;
+use crate::objects::{ObjState, Object, ObjectTable, Replica};
+use parking_lot::{Mutex, RwLock};
+use rand::seq::SliceRandom;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use strata_common::grant::{GrantKey, GrantScope, PERM_READ, PERM_WRITE};
+use strata_common::time::unix_ms;
+use strata_common::{Code, Error, Result};
+use strata_proto as pb;
+
+pub const MAX_KEY_LEN: usize = 4096;
+pub const MAX_REPLICAS: u32 = 16;
+/// Rounds of "evict, then try again" a PutStart makes before giving up.
+const EVICT_ROUNDS: usize = 4;
+
+pub struct Master {
+    pub(crate) cfg: MasterConfig,
+    pub(crate) grant_key: GrantKey,
+    pub(crate) objects: ObjectTable,
+    pub(crate) segments: RwLock<HashMap<u64, Arc<SegmentEntry>>>,
+    pub(crate) nodes: RwLock<HashMap<String, Arc<NodeEntry>>>,
+    next_segment_id: AtomicU64,
+    next_put_id: AtomicU64,
+    next_incarnation: AtomicU64,
+    /// In-flight puts in deadline order (the timeout is constant, so FIFO).
+    pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
+    pub(crate) evict_wakeup: tokio::sync::Notify,
+    pub metrics: MasterMetrics,
+}
+
+/// What PutStart/PutEnd callers ask for.
+#[derive(Debug, Clone, Default)]
+pub struct PutSpec {
+    pub key: String,
+    pub size: u64,
+    pub replica_num: u32,
+    pub preferred_segment: Option<u64>,
+    pub soft_pin: bool,
+    pub hard_pin: bool,
+}
+
+impl From<pb::PutStartRequest> for PutSpec {
+    fn from(r: pb::PutStartRequest) -> Self {
+        PutSpec {
+            key: r.key,
+            size: r.size,
+            replica_num: r.replica_num,
+            preferred_segment: r.preferred_segment,
+            soft_pin: r.soft_pin,
+            hard_pin: r.hard_pin,
+        }
+    }
+}
+
+pub fn validate_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::invalid("key must not be empty"));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(Error::invalid(format!(
+            "key of {} bytes is longer than the limit of {MAX_KEY_LEN}",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+impl Master {
+    pub fn new(cfg: MasterConfig) -> Arc<Self> {
+        let metrics = MasterMetrics::new();
+        metrics.is_leader.set(1);
+        metrics.term.set(1);
+        Arc::new(Master {
+            cfg,
+            grant_key: GrantKey::random(),
+            objects: ObjectTable::default(),
+            segments: RwLock::new(HashMap::new()),
+            nodes: RwLock::new(HashMap::new()),
+            next_segment_id: AtomicU64::new(1),
+            next_put_id: AtomicU64::new(1),
+            next_incarnation: AtomicU64::new(1),
+            pending_puts: Mutex::new(VecDeque::new()),
+            evict_wakeup: tokio::sync::Notify::new(),
+            metrics,
+        })
+    }
+
+    pub fn config(&self) -> &MasterConfig {
+        &self.cfg
+    }
+
+    fn replica_view(
+        &self,
+        r: &Replica,
+        length: u64,
+        perm: u32,
+        expires: u64,
+        complete: bool,
+    ) -> pb::Replica {
+        let scope = GrantScope {
+            perm,
+            segment_id: r.seg.id,
+            offset: r.offset,
+            length,
+            expires_unix_ms: expires,
+        };
+        pb::Replica {
+            kind: pb::ReplicaKind::Memory as i32,
+            node_id: r.seg.node.node_id.clone(),
+            data_addr: r.seg.node.data_addr.clone(),
+            segment_id: r.seg.id,
+            offset: r.offset,
+            length,
+            grant: Some(pb::Grant {
+                perm,
+                expires_unix_ms: expires,
+                mac: self.grant_key.sign(&scope).to_vec(),
+            }),
+            state: if complete {
+                pb::ReplicaState::Complete as i32
+            } else {
+                pb::ReplicaState::Processing as i32
+            },
+        }
+    }
+
+    // ---------------- put ----------------
+
+    pub fn put_start(&self, spec: PutSpec) -> Result<Vec<pb::Replica>> {
+        validate_key(&spec.key)?;
+        if spec.size == 0 {
+            return Err(Error::invalid("object size must be positive"));
+        }
+        if spec.replica_num == 0 || spec.replica_num > MAX_REPLICAS {
+            return Err(Error::invalid(format!(
+                "replica_num must be between 1 and {MAX_REPLICAS}, got {}",
+                spec.replica_num
+            )));
+        }
+        self.check_absent(&spec.key)?;
+        let replicas = self.allocate(spec.size, spec.replica_num, spec.preferred_segment)?;
+        let put_id = self.next_put_id.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + self.cfg.put_timeout;
+        let now = unix_ms();
+        let expires = now + self.cfg.put_timeout.as_millis() as u64;
+        let views = replicas
+            .iter()
+            .map(|r| self.replica_view(r, spec.size, PERM_WRITE, expires, false))
+            .collect();
+        {
+            let mut shard = self.objects.shard(&spec.key);
+            if shard.contains_key(&spec.key) {
+                drop(shard);
+                // Lost a race with another PutStart of the same key.
+                for r in replicas {
+                    r.seg.free(r.offset, r.alloc_len);
+                }
+                return Err(already_exists(&spec.key, false));
+            }
+            shard.insert(
+                spec.key.clone(),
+                Object {
+                    size: spec.size,
+                    crc32c: 0,
+                    replicas,
+                    state: ObjState::Processing { put_id, deadline },
+                    lease_until_ms: 0,
+                    last_access_ms: now,
+                    soft_pin: spec.soft_pin,
+                    hard_pin: spec.hard_pin,
+                },
+            );
+        }
+        self.metrics.keys.inc();
+        self.pending_puts
+            .lock()
+            .push_back((deadline, spec.key, put_id));
+        if self.over_high_watermark() {
+            self.evict_wakeup.notify_one();
+        }
+        Ok(views)
+    }
+
+    fn check_absent(&self, key: &str) -> Result<()> {
+        match self.objects.shard(key).get(key) {
+            Some(o) => Err(already_exists(key, o.is_complete())),
+            None => Ok(()),
+        }
+    }
+
+    pub fn put_end(&self, key: &str, crc32c: u32) -> Result<()> {
+        validate_key(key)?;
+        let mut shard = self.objects.shard(key);
+        let obj = shard.get_mut(key).ok_or_else(|| {
+            Error::not_found(format!(
+                "no put in progress for key {key:?} (it may have timed out after --put-timeout)"
+            ))
+        })?;
+        if obj.is_complete() {
+            return Err(Error::new(
+                Code::AlreadyExists,
+                format!("key {key:?} is already committed"),
+            ));
+        }
+        obj.crc32c = crc32c;
+        obj.state = ObjState::Complete;
+        obj.last_access_ms = unix_ms();
+        for r in &obj.replicas {
+            r.seg
+                .node
+                .log_commit(key, r.seg.id, r.offset, obj.size, crc32c);
+        }
+        Ok(())
+    }
+
+    pub fn put_revoke(&self, key: &str) -> Result<()> {
+        validate_key(key)?;
+        let obj = {
+            let mut shard = self.objects.shard(key);
+            match shard.get(key) {
+                None => {
+                    return Err(Error::not_found(format!(
+                        "no put in progress for key {key:?}"
+                    )))
+                }
+                Some(o) if o.is_complete() => {
+                    return Err(Error::invalid(format!(
+                        "key {key:?} is already committed; use remove instead of revoke"
+                    )))
+                }
+                Some(_) => shard.remove(key),
+            }
+        };
+        if let Some(o) = obj {
+            self.metrics.keys.dec();
+            o.release();
+        }
+        Ok(())
+    }
+
+    /// Places `n` replicas on distinct segments (at least one), evicting when
+    /// nothing fits.
+    fn allocate(&self, size: u64, n: u32, preferred: Option<u64>) -> Result<Vec<Replica>> {
+        let len = aligned_len(size).ok_or_else(|| Error::invalid("object size is too large"))?;
+        for _ in 0..=EVICT_ROUNDS {
+            let placed = self.try_place(size, len, n as usize, preferred);
+            if !placed.is_empty() {
+                return Ok(placed);
+            }
+            let largest = self
+                .segments
+                .read()
+                .values()
+                .filter(|s| s.is_mounted())
+                .map(|s| s.capacity)
+                .max();
+            match largest {
+                None => {
+                    return Err(Error::new(
+                        Code::NoSpace,
+                        "no store node has registered any memory yet; start strata-store-node",
+                    ))
+                }
+                Some(l) if l < len => {
+                    return Err(Error::new(
+                        Code::NoSpace,
+                        format!(
+                            "object of {size} bytes is larger than the largest segment ({l} bytes)"
+                        ),
+                    ))
+                }
+                _ => {}
+            }
+            let cap = self.capacity_bytes();
+            let want = len + (cap as f64 * self.cfg.eviction_ratio) as u64;
+            if self.evict(want) == 0 {
+                break;
+            }
+        }
+        Err(Error::new(
+            Code::NoSpace,
+            format!(
+                "no segment has {size} contiguous free bytes and eviction cannot free more \
+                 (allocated {} of {} bytes; the rest is leased, pinned or being written)",
+                self.allocated_bytes(),
+                self.capacity_bytes()
+            ),
+        ))
+    }
+
+    fn try_place(&self, size: u64, len: u64, n: usize, preferred: Option<u64>) -> Vec<Replica> {
+        let mut cands: Vec<Arc<SegmentEntry>> = self
+            .segments
+            .read()
+            .values()
+            .filter(|s| s.is_mounted() && s.free_bytes() >= len)
+            .cloned()
+            .collect();
+        match self.cfg.alloc_strategy {
+            AllocStrategy::Random => cands.shuffle(&mut rand::thread_rng()),
+            AllocStrategy::MostFreeFirst => {
+                cands.sort_by_key(|s| std::cmp::Reverse(s.free_bytes()))
+            }
+        }
+        if let Some(p) = preferred {
+            if let Some(i) = cands.iter().position(|s| s.id == p) {
+                let s = cands.remove(i);
+                cands.insert(0, s);
+            }
+        }
+        let mut out = Vec::with_capacity(n);
+        for seg in cands {
+            if out.len() == n {
+                break;
+            }
+            if let Some((offset, alloc_len)) = seg.alloc(size) {
+                out.push(Replica {
+                    seg,
+                    offset,
+                    alloc_len,
+                });
+            }
+        }
+        out
+    }
+
+    // ---------------- get ----------------
+
+    pub fn get_replicas(&self, key: &str) -> Result<pb::GetReplicasResponse> {
+        validate_key(key)?;
+        let now = unix_ms();
+        let (size, crc, replicas, lease) = {
+            let mut shard = self.objects.shard(key);
+            let obj = shard
+                .get_mut(key)
+                .ok_or_else(|| Error::not_found(format!("key {key:?} not found")))?;
+            if !obj.is_complete() {
+                return Err(Error::new(
+                    Code::NotReady,
+                    format!("key {key:?} is not ready: it is still being written (no PutEnd yet)"),
+                ));
+            }
+            obj.lease_until_ms = obj
+                .lease_until_ms
+                .max(now + self.cfg.lease_ttl.as_millis() as u64);
+            obj.last_access_ms = now;
+            (
+                obj.size,
+                obj.crc32c,
+                obj.replicas.clone(),
+                obj.lease_until_ms,
+            )
+        };
+        if replicas.is_empty() {
+            return Err(Error::unavailable(format!(
+                "key {key:?} has no live replica"
+            )));
+        }
+        Ok(pb::GetReplicasResponse {
+            size,
+            crc32c: crc,
+            replicas: replicas
+                .iter()
+                .map(|r| self.replica_view(r, size, PERM_READ, lease, true))
+                .collect(),
+            lease_until_unix_ms: lease,
+        })
+    }
+
+    pub fn inspect(&self, key: &str) -> Result<pb::InspectResponse> {
+        validate_key(key)?;
+        let shard = self.objects.shard(key);
+        let o = shard
+            .get(key)
+            .ok_or_else(|| Error::not_found(format!("key {key:?} not found")))?;
+        let complete = o.is_complete();
+        Ok(pb::InspectResponse {
+            key: key.to_string(),
+            size: o.size,
+            crc32c: o.crc32c,
+            complete,
+            replicas: o
+                .replicas
+                .iter()
+                .map(|r| pb::Replica {
+                    grant: None,
+                    ..self.replica_view(r, o.size, 0, 0, complete)
+                })
+                .collect(),
+            lease_until_unix_ms: o.lease_until_ms,
+            hard_pin: o.hard_pin,
+            soft_pin: o.soft_pin,
+        })
+    }
+
+    pub fn exists(&self, key: &str) -> Result<bool> {
+        validate_key(key)?;
+        Ok(self
+            .objects
+            .shard(key)
+            .get(key)
+            .is_some_and(|o| o.is_complete()))
+    }
+
+    // ---------------- remove ----------------
+
+    pub fn remove(&self, key: &str, force: bool) -> Result<()> {
+        validate_key(key)?;
+        let now = unix_ms();
+        let obj = {
+            let mut shard = self.objects.shard(key);
+            let obj = shard
+                .get(key)
+                .ok_or_else(|| Error::not_found(format!("key {key:?} not found")))?;
+            if !force && !obj.is_complete() {
+                return Err(Error::new(
+                    Code::NotReady,
+                    format!("key {key:?} is being written; revoke the put or remove with force"),
+                ));
+            }
+            if !force && obj.leased(now) {
+                return Err(Error::new(
+                    Code::Leased,
+                    format!(
+                        "key {key:?} is leased to a reader for another {} ms; retry later or remove with force",
+                        obj.lease_until_ms - now
+                    ),
+                ));
+            }
+            shard.remove(key)
+        };
+        if let Some(o) = obj {
+            self.metrics.keys.dec();
+            o.release();
+        }
+        Ok(())
+    }
+
+    /// Removes every committed object; leased ones are skipped unless `force`.
+    /// Objects being written are always skipped. Returns (removed, skipped).
+    pub fn remove_all(&self, force: bool) -> (u64, u64) {
+        let now = unix_ms();
+        let (mut removed, mut skipped) = (0, 0);
+        for shard in self.objects.shards() {
+            let victims: Vec<Object> = {
+                let mut s = shard.lock();
+                let keys: Vec<String> = s
+                    .iter()
+                    .filter_map(|(k, o)| {
+                        if o.is_complete() && (force || !o.leased(now)) {
+                            Some(k.clone())
+                        } else {
+                            skipped += 1;
+                            None
+                        }
+                    })
+                    .collect();
+                keys.iter().filter_map(|k| s.remove(k)).collect()
+            };
+            removed += victims.len() as u64;
+            self.metrics.keys.sub(victims.len() as i64);
+            for o in victims {
+                o.release();
+            }
+        }
+        (removed, skipped)
+    }
+
+    pub fn list(
+        &self,
+        prefix: &str,
+        start_after: &str,
+        limit: usize,
+    ) -> (Vec<pb::ObjectSummary>, bool) {
+        let mut all: Vec<pb::ObjectSummary> = Vec::new();
+        for shard in self.objects.shards() {
+            let s = shard.lock();
+            all.extend(
+                s.iter()
+                    .filter(|(k, _)| k.starts_with(prefix) && k.as_str() > start_after)
+                    .map(|(k, o)| pb::ObjectSummary {
+                        key: k.clone(),
+                        size: o.size,
+                        replicas: o.replicas.len() as u32,
+                        complete: o.is_complete(),
+                    }),
+            );
+        }
+        all.sort_by(|a, b| a.key.cmp(&b.key));
+        let truncated = all.len() > limit;
+        all.truncate(limit);
+        (all, truncated)
+    }
+
+    // ---------------- space ----------------
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.segments
+            .read()
+            .values()
+            .filter(|s| s.is_mounted())
+            .map(|s| s.capacity)
+            .sum()
+    }
+
+    pub fn allocated_bytes(&self) -> u64 {
+        self.segments
+            .read()
+            .values()
+            .filter(|s| s.is_mounted())
+            .map(|s| s.allocated())
+            .sum()
+    }
+
+    pub(crate) fn over_high_watermark(&self) -> bool {
+        let cap = self.capacity_bytes();
+        cap > 0 && self.allocated_bytes() as f64 > cap as f64 * self.cfg.high_watermark
+    }
+
+    /// Reclaims puts whose deadline passed without PutEnd. Returns how many.
+    pub fn reclaim_expired_puts(&self, now: Instant) -> usize {
+        let mut n = 0;
+        loop {
+            let next = {
+                let mut q = self.pending_puts.lock();
+                match q.front() {
+                    Some((d, _, _)) if *d <= now => q.pop_front(),
+                    _ => None,
+                }
+            };
+            let Some((_, key, put_id)) = next else { break };
+            let obj = {
+                let mut shard = self.objects.shard(&key);
+                let stale = matches!(shard.get(&key).map(|o| o.state),
+                    Some(ObjState::Processing { put_id: p, .. }) if p == put_id);
+                if stale {
+                    shard.remove(&key)
+                } else {
+                    None
+                }
+            };
+            if let Some(o) = obj {
+                tracing::info!(key, "reclaimed a put that was never ended");
+                self.metrics.keys.dec();
+                self.metrics.reclaimed_puts.inc();
+                o.release();
+                n += 1;
+            }
+        }
+        n
+    }
+
+    pub fn stat(&self) -> pb::StatResponse {
+        let segs: Vec<Arc<SegmentEntry>> = self.segments.read().values().cloned().collect();
+        let mut info: Vec<pb::SegmentInfo> = segs
+            .iter()
+            .map(|s| pb::SegmentInfo {
+                segment_id: s.id,
+                node_id: s.node.node_id.clone(),
+                data_addr: s.node.data_addr.clone(),
+                capacity_bytes: s.capacity,
+                allocated_bytes: s.allocated(),
+                largest_free_bytes: s.largest_free(),
+            })
+            .collect();
+        info.sort_by_key(|s| s.segment_id);
+        pb::StatResponse {
+            keys: self.objects.len() as u64,
+            capacity_bytes: info.iter().map(|s| s.capacity_bytes).sum(),
+            allocated_bytes: info.iter().map(|s| s.allocated_bytes).sum(),
+            nodes: self.nodes.read().len() as u32,
+            segments: info.len() as u32,
+            evictions: self.metrics.evictions.get(),
+            segment_info: info,
+        }
+    }
+
+    /// Updates gauges that are cheaper to compute at scrape time.
+    pub fn refresh_gauges(&self) {
+        let m = &self.metrics;
+        m.capacity_bytes.set(self.capacity_bytes() as i64);
+        m.allocated_bytes.set(self.allocated_bytes() as i64);
+        m.nodes.set(self.nodes.read().len() as i64);
+        m.segments.set(self.segments.read().len() as i64);
+        m.keys.set(self.objects.len() as i64);
+    }
+
+    // ---------------- nodes ----------------
+
+    pub fn register_node(&self, req: pb::RegisterNodeRequest) -> Result<pb::RegisterNodeResponse> {
+        if req.node_id.is_empty() || req.node_id.len() > 256 {
+            return Err(Error::invalid("node_id must be 1 to 256 bytes"));
+        }
+        if req.data_addr.parse::<std::net::SocketAddr>().is_err() {
+            return Err(Error::invalid(format!(
+                "data_addr {:?} is not HOST:PORT with a numeric host",
+                req.data_addr
+            )));
+        }
+        if req.segments.is_empty()
+            || req
+                .segments
+                .iter()
+                .any(|s| s.size < crate::allocator::ALIGN)
+        {
+            return Err(Error::invalid(
+                "a node must register at least one segment of at least 64 bytes",
+            ));
+        }
+        // A node that registers again (restart, lost registration) starts
+        // clean: whatever the master knew of its old incarnation goes.
+        if self.nodes.read().contains_key(&req.node_id) {
+            self.drop_node(&req.node_id, "re-registered");
+        }
+        let incarnation = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
+        let ids: Vec<u64> = req
+            .segments
+            .iter()
+            .map(|_| self.next_segment_id.fetch_add(1, Ordering::Relaxed))
+            .collect();
+        let node = Arc::new(NodeEntry::new(
+            req.node_id.clone(),
+            req.data_addr.clone(),
+            incarnation,
+            ids.clone(),
+            unix_ms(),
+        ));
+        {
+            let mut segs = self.segments.write();
+            for (id, spec) in ids.iter().zip(&req.segments) {
+                segs.insert(
+                    *id,
+                    Arc::new(SegmentEntry::new(*id, node.clone(), spec.size)),
+                );
+            }
+        }
+        self.nodes.write().insert(req.node_id.clone(), node);
+        tracing::info!(
+            node = req.node_id,
+            addr = req.data_addr,
+            segments = ids.len(),
+            "store node registered"
+        );
+        Ok(pb::RegisterNodeResponse {
+            segment_ids: ids,
+            grant_key: self.grant_key.as_bytes().to_vec(),
+            incarnation,
+            heartbeat_interval_ms: (self.cfg.node_ttl.as_millis() as u64 / 4).clamp(20, 2000),
+        })
+    }
+
+    pub fn heartbeat(&self, req: &pb::HeartbeatRequest) -> pb::HeartbeatResponse {
+        let node = self.nodes.read().get(&req.node_id).cloned();
+        match node {
+            Some(n) if n.incarnation == req.incarnation => {
+                n.last_heartbeat_ms.store(unix_ms(), Ordering::Relaxed);
+                pb::HeartbeatResponse {
+                    known: true,
+                    log: n.log_page(req.applied_seq),
+                }
+            }
+            _ => pb::HeartbeatResponse {
+                known: false,
+                log: vec![],
+            },
+        }
+    }
+
+    /// Forgets a node: its segments are unmounted and every replica on them
+    /// is dropped; objects left without replicas disappear.
+    pub fn drop_node(&self, node_id: &str, why: &str) {
+        let Some(node) = self.nodes.write().remove(node_id) else {
+            return;
+        };
+        {
+            let mut segs = self.segments.write();
+            for id in &node.segment_ids {
+                if let Some(s) = segs.remove(id) {
+                    s.unmount();
+                }
+            }
+        }
+        let (mut lost, mut gone) = (0u64, 0i64);
+        for shard in self.objects.shards() {
+            let mut s = shard.lock();
+            s.retain(|_, o| {
+                let before = o.replicas.len();
+                o.replicas.retain(|r| r.seg.is_mounted());
+                lost += (before - o.replicas.len()) as u64;
+                if o.replicas.is_empty() {
+                    gone += 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        self.metrics.lost_replicas.inc_by(lost);
+        self.metrics.keys.sub(gone);
+        tracing::warn!(
+            node = node_id,
+            why,
+            lost_replicas = lost,
+            lost_objects = gone,
+            "store node dropped"
+        );
+    }
+
+    /// Drops nodes whose last heartbeat is older than `--node-ttl`.
+    pub fn expire_nodes(&self, now_ms: u64) -> Vec<String> {
+        let ttl = self.cfg.node_ttl.as_millis() as u64;
+        let dead: Vec<String> = self
+            .nodes
+            .read()
+            .values()
+            .filter(|n| n.last_heartbeat_ms.load(Ordering::Relaxed) + ttl < now_ms)
+            .map(|n| n.node_id.clone())
+            .collect();
+        for id in &dead {
+            self.drop_node(id, "missed --node-ttl");
+        }
+        dead
+    }
+}
+
+fn already_exists(key: &str, complete: bool) -> Error {
+    if complete {
+        Error::new(
+            Code::AlreadyExists,
+            format!("key {key:?} already exists; remove it first"),
+        )
+    } else {
+        Error::new(
+            Code::AlreadyExists,
+            format!("key {key:?} is already being written by another put"),
+        )
+    }
+}

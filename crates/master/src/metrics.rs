@@ -1,0 +1,108 @@
+//! Prometheus metrics of the master (names are a contract: INTERFACES.md).
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+#[derive(Clone)]
+pub struct MasterMetrics {
+    pub registry: Registry,
+    pub keys: IntGauge,
+    pub capacity_bytes: IntGauge,
+    pub allocated_bytes: IntGauge,
+    pub requests: IntCounterVec,
+    pub request_duration: HistogramVec,
+    pub evictions: IntCounter,
+    pub offload_tasks: IntGaugeVec,
+    pub is_leader: IntGauge,
+    pub term: IntGauge,
+    pub nodes: IntGauge,
+    pub segments: IntGauge,
+    pub reclaimed_puts: IntCounter,
+    pub lost_replicas: IntCounter,
+}
+
+fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
+    // Names are static and unique per registry, so this cannot fail.
+    let _ = r.register(Box::new(c.clone()));
+    c
+}
+
+impl MasterMetrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let g = |n: &str, h: &str| reg(&r, IntGauge::new(n, h).expect("valid metric"));
+        let c = |n: &str, h: &str| reg(&r, IntCounter::new(n, h).expect("valid metric"));
+        MasterMetrics {
+            keys: g(
+                "strata_master_keys",
+                "Objects in the metadata (complete and in flight)",
+            ),
+            capacity_bytes: g(
+                "strata_master_capacity_bytes",
+                "DRAM capacity of mounted segments",
+            ),
+            allocated_bytes: g(
+                "strata_master_allocated_bytes",
+                "DRAM bytes allocated to objects",
+            ),
+            requests: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "strata_master_requests_total",
+                        "Requests by operation and result code",
+                    ),
+                    &["op", "code"],
+                )
+                .expect("valid metric"),
+            ),
+            request_duration: reg(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new("strata_master_request_duration_seconds", "Request latency")
+                        .buckets(vec![
+                            0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5,
+                            1.0,
+                        ]),
+                    &["op"],
+                )
+                .expect("valid metric"),
+            ),
+            evictions: c(
+                "strata_master_evictions_total",
+                "Objects evicted to make room",
+            ),
+            offload_tasks: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new("strata_master_offload_tasks", "Offload tasks by state"),
+                    &["state"],
+                )
+                .expect("valid metric"),
+            ),
+            is_leader: g(
+                "strata_master_is_leader",
+                "1 when this master serves as leader",
+            ),
+            term: g("strata_master_term", "Leadership term of this master"),
+            nodes: g("strata_master_nodes", "Live store nodes"),
+            segments: g("strata_master_segments", "Mounted segments"),
+            reclaimed_puts: c(
+                "strata_master_reclaimed_puts_total",
+                "PutStarts never ended and reclaimed after --put-timeout",
+            ),
+            lost_replicas: c(
+                "strata_master_lost_replicas_total",
+                "Replicas dropped because their node missed --node-ttl",
+            ),
+            registry: r,
+        }
+    }
+}
+
+impl Default for MasterMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

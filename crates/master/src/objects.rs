@@ -1,0 +1,97 @@
+//! The object table: key → object metadata, sharded so one hot key never
+//! serialises the rest.
+
+use crate::cluster::SegmentEntry;
+use parking_lot::{Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::Instant;
+
+const SHARDS: usize = 64;
+
+/// One copy of an object's bytes in a DRAM segment.
+#[derive(Clone)]
+pub struct Replica {
+    pub seg: Arc<SegmentEntry>,
+    pub offset: u64,
+    /// Bytes reserved in the allocator (the size rounded up).
+    pub alloc_len: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjState {
+    /// PutStart granted space; bytes are being written until `deadline`.
+    Processing { put_id: u64, deadline: Instant },
+    /// PutEnd made the object visible.
+    Complete,
+}
+
+pub struct Object {
+    pub size: u64,
+    pub crc32c: u32,
+    pub replicas: Vec<Replica>,
+    pub state: ObjState,
+    pub lease_until_ms: u64,
+    pub last_access_ms: u64,
+    pub soft_pin: bool,
+    pub hard_pin: bool,
+}
+
+impl Object {
+    pub fn is_complete(&self) -> bool {
+        self.state == ObjState::Complete
+    }
+    pub fn leased(&self, now_ms: u64) -> bool {
+        self.lease_until_ms > now_ms
+    }
+    /// Eviction may take it: committed, unleased, not hard-pinned.
+    pub fn evictable(&self, now_ms: u64) -> bool {
+        self.is_complete() && !self.leased(now_ms) && !self.hard_pin
+    }
+
+    /// Frees every replica's space, telling nodes about committed ranges.
+    pub fn release(self) -> u64 {
+        let committed = self.is_complete();
+        let mut freed = 0;
+        for r in self.replicas {
+            r.seg.free(r.offset, r.alloc_len);
+            if committed {
+                r.seg.node.log_free(r.seg.id, r.offset, r.alloc_len);
+            }
+            freed += r.alloc_len;
+        }
+        freed
+    }
+}
+
+pub type Shard = HashMap<String, Object>;
+
+pub struct ObjectTable {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Default for ObjectTable {
+    fn default() -> Self {
+        ObjectTable {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: Default::default(),
+        }
+    }
+}
+
+impl ObjectTable {
+    pub fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+        let i = self.hasher.hash_one(key) as usize % self.shards.len();
+        self.shards[i].lock()
+    }
+
+    pub fn shards(&self) -> impl Iterator<Item = &Mutex<Shard>> {
+        self.shards.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+}

@@ -1,0 +1,290 @@
+//! The gRPC front end: decodes requests, calls [`Master`], records metrics
+//! and maps errors to statuses (through `strata_common::Error`).
+
+use crate::master::{Master, PutSpec};
+use std::sync::Arc;
+use std::time::Instant;
+use strata_common::{Code, Error, Result};
+use strata_proto as pb;
+use strata_proto::master_server::Master as MasterRpc;
+use tonic::{Request, Response, Status};
+
+/// Largest batch accepted by the Batch* calls.
+pub const MAX_BATCH: usize = 4096;
+/// Default and maximum page of `List`.
+const LIST_DEFAULT: usize = 1000;
+const LIST_MAX: usize = 100_000;
+
+#[derive(Clone)]
+pub struct MasterService {
+    pub master: Arc<Master>,
+}
+
+impl MasterService {
+    fn done<T>(&self, op: &'static str, t0: Instant, r: Result<T>) -> Result<Response<T>, Status> {
+        let m = &self.master.metrics;
+        m.request_duration
+            .with_label_values(&[op])
+            .observe(t0.elapsed().as_secs_f64());
+        let code = match &r {
+            Ok(_) => Code::Ok,
+            Err(e) => e.code,
+        };
+        m.requests.with_label_values(&[op, code.as_str()]).inc();
+        r.map(Response::new).map_err(Status::from)
+    }
+
+    /// Runs a call that scans all metadata off the async workers.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Master) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let m = self.master.clone();
+        tokio::task::spawn_blocking(move || f(&m))
+            .await
+            .map_err(|e| Error::internal(format!("metadata task failed: {e}")))?
+    }
+}
+
+fn status_of(r: Result<()>) -> pb::Status {
+    match r {
+        Ok(()) => pb::Status::default(),
+        Err(e) => pb::Status {
+            code: e.code as u32,
+            retryable: e.retryable(),
+            message: e.message,
+        },
+    }
+}
+
+fn check_batch(n: usize) -> Result<()> {
+    if n > MAX_BATCH {
+        return Err(Error::invalid(format!(
+            "batch of {n} items exceeds the limit of {MAX_BATCH}; split it"
+        )));
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl MasterRpc for MasterService {
+    async fn put_start(
+        &self,
+        req: Request<pb::PutStartRequest>,
+    ) -> Result<Response<pb::PutStartResponse>, Status> {
+        let t0 = Instant::now();
+        let r = self
+            .master
+            .put_start(PutSpec::from(req.into_inner()))
+            .map(|replicas| pb::PutStartResponse { replicas });
+        self.done("put_start", t0, r)
+    }
+
+    async fn put_end(
+        &self,
+        req: Request<pb::PutEndRequest>,
+    ) -> Result<Response<pb::PutEndResponse>, Status> {
+        let t0 = Instant::now();
+        let r = req.get_ref();
+        let r = self
+            .master
+            .put_end(&r.key, r.crc32c)
+            .map(|_| pb::PutEndResponse {});
+        self.done("put_end", t0, r)
+    }
+
+    async fn put_revoke(
+        &self,
+        req: Request<pb::PutRevokeRequest>,
+    ) -> Result<Response<pb::PutRevokeResponse>, Status> {
+        let t0 = Instant::now();
+        let r = self
+            .master
+            .put_revoke(&req.get_ref().key)
+            .map(|_| pb::PutRevokeResponse {});
+        self.done("put_revoke", t0, r)
+    }
+
+    async fn batch_put_start(
+        &self,
+        req: Request<pb::BatchPutStartRequest>,
+    ) -> Result<Response<pb::BatchPutStartResponse>, Status> {
+        let t0 = Instant::now();
+        let items = req.into_inner().items;
+        let r = check_batch(items.len()).map(|_| pb::BatchPutStartResponse {
+            results: items
+                .into_iter()
+                .map(|it| match self.master.put_start(PutSpec::from(it)) {
+                    Ok(replicas) => pb::PutStartResult {
+                        status: Some(pb::Status::default()),
+                        replicas,
+                    },
+                    Err(e) => pb::PutStartResult {
+                        status: Some(status_of(Err(e))),
+                        replicas: vec![],
+                    },
+                })
+                .collect(),
+        });
+        self.done("batch_put_start", t0, r)
+    }
+
+    async fn batch_put_end(
+        &self,
+        req: Request<pb::BatchPutEndRequest>,
+    ) -> Result<Response<pb::BatchStatusResponse>, Status> {
+        let t0 = Instant::now();
+        let items = req.into_inner().items;
+        let r = check_batch(items.len()).map(|_| pb::BatchStatusResponse {
+            results: items
+                .iter()
+                .map(|it| status_of(self.master.put_end(&it.key, it.crc32c)))
+                .collect(),
+        });
+        self.done("batch_put_end", t0, r)
+    }
+
+    async fn batch_put_revoke(
+        &self,
+        req: Request<pb::BatchPutRevokeRequest>,
+    ) -> Result<Response<pb::BatchStatusResponse>, Status> {
+        let t0 = Instant::now();
+        let keys = req.into_inner().keys;
+        let r = check_batch(keys.len()).map(|_| pb::BatchStatusResponse {
+            results: keys
+                .iter()
+                .map(|k| status_of(self.master.put_revoke(k)))
+                .collect(),
+        });
+        self.done("batch_put_revoke", t0, r)
+    }
+
+    async fn get_replicas(
+        &self,
+        req: Request<pb::GetReplicasRequest>,
+    ) -> Result<Response<pb::GetReplicasResponse>, Status> {
+        let t0 = Instant::now();
+        let r = self.master.get_replicas(&req.get_ref().key);
+        self.done("get_replicas", t0, r)
+    }
+
+    async fn batch_get_replicas(
+        &self,
+        req: Request<pb::BatchGetReplicasRequest>,
+    ) -> Result<Response<pb::BatchGetReplicasResponse>, Status> {
+        let t0 = Instant::now();
+        let keys = req.into_inner().keys;
+        let r = check_batch(keys.len()).map(|_| pb::BatchGetReplicasResponse {
+            results: keys
+                .iter()
+                .map(|k| match self.master.get_replicas(k) {
+                    Ok(v) => pb::GetReplicasResult {
+                        status: Some(pb::Status::default()),
+                        replicas: Some(v),
+                    },
+                    Err(e) => pb::GetReplicasResult {
+                        status: Some(status_of(Err(e))),
+                        replicas: None,
+                    },
+                })
+                .collect(),
+        });
+        self.done("batch_get_replicas", t0, r)
+    }
+
+    async fn exists(
+        &self,
+        req: Request<pb::ExistsRequest>,
+    ) -> Result<Response<pb::ExistsResponse>, Status> {
+        let t0 = Instant::now();
+        let r = self
+            .master
+            .exists(&req.get_ref().key)
+            .map(|exists| pb::ExistsResponse { exists });
+        self.done("exists", t0, r)
+    }
+
+    async fn remove(
+        &self,
+        req: Request<pb::RemoveRequest>,
+    ) -> Result<Response<pb::RemoveResponse>, Status> {
+        let t0 = Instant::now();
+        let r = req.get_ref();
+        let r = self
+            .master
+            .remove(&r.key, r.force)
+            .map(|_| pb::RemoveResponse {});
+        self.done("remove", t0, r)
+    }
+
+    async fn remove_all(
+        &self,
+        req: Request<pb::RemoveAllRequest>,
+    ) -> Result<Response<pb::RemoveAllResponse>, Status> {
+        let t0 = Instant::now();
+        let force = req.get_ref().force;
+        let r = self
+            .blocking(move |m| {
+                let (removed, skipped) = m.remove_all(force);
+                Ok(pb::RemoveAllResponse { removed, skipped })
+            })
+            .await;
+        self.done("remove_all", t0, r)
+    }
+
+    async fn list(
+        &self,
+        req: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        let t0 = Instant::now();
+        let r = req.into_inner();
+        let limit = match r.limit as usize {
+            0 => LIST_DEFAULT,
+            n => n.min(LIST_MAX),
+        };
+        let r = self
+            .blocking(move |m| {
+                let (objects, truncated) = m.list(&r.prefix, &r.start_after, limit);
+                Ok(pb::ListResponse { objects, truncated })
+            })
+            .await;
+        self.done("list", t0, r)
+    }
+
+    async fn stat(
+        &self,
+        _req: Request<pb::StatRequest>,
+    ) -> Result<Response<pb::StatResponse>, Status> {
+        let t0 = Instant::now();
+        let r = self.blocking(|m| Ok(m.stat())).await;
+        self.done("stat", t0, r)
+    }
+
+    async fn inspect(
+        &self,
+        req: Request<pb::InspectRequest>,
+    ) -> Result<Response<pb::InspectResponse>, Status> {
+        let t0 = Instant::now();
+        let r = self.master.inspect(&req.get_ref().key);
+        self.done("inspect", t0, r)
+    }
+
+    async fn register_node(
+        &self,
+        req: Request<pb::RegisterNodeRequest>,
+    ) -> Result<Response<pb::RegisterNodeResponse>, Status> {
+        let t0 = Instant::now();
+        let req = req.into_inner();
+        let r = self.blocking(move |m| m.register_node(req)).await;
+        self.done("register_node", t0, r)
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let t0 = Instant::now();
+        let r = Ok(self.master.heartbeat(req.get_ref()));
+        self.done("heartbeat", t0, r)
+    }
+}

@@ -1,0 +1,188 @@
+//! Store-node settings and their flag/env/config-file layer.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use strata_common::units::ByteSize;
+use strata_common::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    Tcp,
+    Ucx,
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tcp" => Ok(TransportKind::Tcp),
+            "ucx" => Ok(TransportKind::Ucx),
+            _ => Err(format!("unknown transport {s:?}; use tcp or ucx")),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreNodeConfig {
+    /// Master gRPC address (HOST:PORT).
+    pub master: String,
+    /// Data-plane listen address.
+    pub listen: SocketAddr,
+    /// What clients dial for the data plane; defaults to the bound address.
+    pub advertise: Option<String>,
+    pub admin_addr: SocketAddr,
+    /// DRAM contributed, split into segments of at most `segment_size`.
+    pub capacity: u64,
+    pub segment_size: u64,
+    /// Stable name of this node; defaults to the advertised address.
+    pub node_id: Option<String>,
+    pub transport: TransportKind,
+}
+
+impl Default for StoreNodeConfig {
+    fn default() -> Self {
+        StoreNodeConfig {
+            master: "127.0.0.1:7400".into(),
+            listen: ([0, 0, 0, 0], 7500).into(),
+            advertise: None,
+            admin_addr: ([0, 0, 0, 0], 7501).into(),
+            capacity: 1 << 30,
+            segment_size: 16 << 30,
+            node_id: None,
+            transport: TransportKind::Tcp,
+        }
+    }
+}
+
+impl StoreNodeConfig {
+    /// Loopback, ephemeral ports: for tests and `strata up`.
+    pub fn local(master: &str, capacity: u64) -> Self {
+        StoreNodeConfig {
+            master: master.to_string(),
+            listen: ([127, 0, 0, 1], 0).into(),
+            admin_addr: ([127, 0, 0, 1], 0).into(),
+            capacity,
+            ..Default::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.capacity < 4096 {
+            return Err(Error::invalid(format!(
+                "--capacity must be at least 4KiB, got {} bytes",
+                self.capacity
+            )));
+        }
+        if self.segment_size < 4096 {
+            return Err(Error::invalid("--segment-size must be at least 4KiB"));
+        }
+        if self.capacity / self.segment_size > 1024 {
+            return Err(Error::invalid(
+                "--capacity / --segment-size gives more than 1024 segments; raise --segment-size",
+            ));
+        }
+        if self.transport == TransportKind::Ucx {
+            return Err(Error::invalid(
+                "--transport ucx is not available in this build yet; use --transport tcp",
+            ));
+        }
+        if self.master.trim().is_empty() {
+            return Err(Error::invalid(
+                "--master is required (HOST:PORT of strata-master)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Segment sizes that add up to the capacity.
+    pub fn segment_sizes(&self) -> Vec<u64> {
+        let mut left = self.capacity;
+        let mut out = Vec::new();
+        while left > 0 {
+            let s = left.min(self.segment_size);
+            out.push(s);
+            left -= s;
+        }
+        out
+    }
+}
+
+#[derive(Debug, Default, clap::Parser, serde::Deserialize)]
+#[command(
+    name = "strata-store-node",
+    version,
+    about = "Strata store node: DRAM segments and the data plane"
+)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct StoreNodeArgs {
+    /// TOML file with any of these settings (kebab-case keys)
+    #[arg(long, env = "STRATA_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Master gRPC address HOST:PORT [default: 127.0.0.1:7400]
+    #[arg(long, env = "STRATA_MASTER")]
+    pub master: Option<String>,
+    /// Data-plane listen address [default: 0.0.0.0:7500]
+    #[arg(long, env = "STRATA_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Data-plane address clients dial [default: the bound listen address]
+    #[arg(long, env = "STRATA_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Admin HTTP address [default: 0.0.0.0:7501]
+    #[arg(long, env = "STRATA_ADMIN_ADDR")]
+    pub admin_addr: Option<SocketAddr>,
+    /// DRAM this node contributes, e.g. 16GiB [default: 1GiB]
+    #[arg(long, env = "STRATA_CAPACITY")]
+    pub capacity: Option<ByteSize>,
+    /// Largest single segment [default: 16GiB]
+    #[arg(long, env = "STRATA_SEGMENT_SIZE")]
+    pub segment_size: Option<ByteSize>,
+    /// Stable node name [default: the advertised address]
+    #[arg(long, env = "STRATA_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Data-plane transport: tcp | ucx [default: tcp]
+    #[arg(long, env = "STRATA_TRANSPORT")]
+    pub transport: Option<String>,
+    /// text | json [default: text]
+    #[arg(long, env = "STRATA_LOG_FORMAT")]
+    #[serde(skip)]
+    pub log_format: Option<String>,
+}
+
+impl StoreNodeArgs {
+    pub fn resolve(mut self) -> Result<StoreNodeConfig> {
+        if let Some(path) = self.config.clone() {
+            let mut file: StoreNodeArgs = strata_common::config::load_toml(&path)?;
+            strata_common::merge_opts!(
+                self,
+                file,
+                [
+                    master,
+                    listen,
+                    advertise,
+                    admin_addr,
+                    capacity,
+                    segment_size,
+                    node_id,
+                    transport
+                ]
+            );
+        }
+        let d = StoreNodeConfig::default();
+        let cfg = StoreNodeConfig {
+            master: self.master.unwrap_or(d.master),
+            listen: self.listen.unwrap_or(d.listen),
+            advertise: self.advertise,
+            admin_addr: self.admin_addr.unwrap_or(d.admin_addr),
+            capacity: self.capacity.map_or(d.capacity, |c| c.0),
+            segment_size: self.segment_size.map_or(d.segment_size, |c| c.0),
+            node_id: self.node_id,
+            transport: match self.transport {
+                Some(t) => t.parse().map_err(Error::invalid)?,
+                None => d.transport,
+            },
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}

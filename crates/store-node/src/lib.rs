@@ -1,0 +1,310 @@
+//! `strata-store-node`: contributes DRAM segments to the cluster and serves
+//! the data plane. It registers its segments with the master, heartbeats, and
+//! keeps its own record of the committed objects it holds.
+
+pub mod config;
+pub mod records;
+
+pub use config::{StoreNodeArgs, StoreNodeConfig};
+
+use axum::routing::get;
+use axum::Json;
+use prometheus::{IntCounter, IntGauge, Registry};
+use records::ObjectRecords;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use strata_common::grant::GrantKey;
+use strata_common::{Error, Result};
+use strata_proto as pb;
+use strata_proto::master_client::MasterClient;
+use strata_transport::region::{Segment, SegmentTable};
+use strata_transport::tcp::ServerMetrics;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+pub struct StoreNodeHandle {
+    pub data_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub node_id: String,
+    pub records: Arc<ObjectRecords>,
+    registered: Arc<AtomicBool>,
+    tasks: JoinSet<()>,
+}
+
+impl StoreNodeHandle {
+    pub fn is_registered(&self) -> bool {
+        self.registered.load(Ordering::Acquire)
+    }
+    pub async fn wait(mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+struct NodeMetrics {
+    registry: Registry,
+    capacity: IntGauge,
+    objects: IntGauge,
+    object_bytes: IntGauge,
+    registrations: IntCounter,
+    server: ServerMetrics,
+}
+
+impl NodeMetrics {
+    fn new() -> Self {
+        let r = Registry::new();
+        let g = |n: &str, h: &str| {
+            let m = IntGauge::new(n, h).expect("valid metric");
+            let _ = r.register(Box::new(m.clone()));
+            m
+        };
+        let c = |n: &str, h: &str| {
+            let m = IntCounter::new(n, h).expect("valid metric");
+            let _ = r.register(Box::new(m.clone()));
+            m
+        };
+        NodeMetrics {
+            capacity: g(
+                "strata_store_node_capacity_bytes",
+                "DRAM this node contributes",
+            ),
+            objects: g(
+                "strata_store_node_objects",
+                "Committed objects this node holds",
+            ),
+            object_bytes: g(
+                "strata_store_node_object_bytes",
+                "Bytes of committed objects held",
+            ),
+            registrations: c(
+                "strata_store_node_registrations_total",
+                "Registrations with the master",
+            ),
+            server: ServerMetrics {
+                read_bytes: c(
+                    "strata_store_node_read_bytes_total",
+                    "Bytes served to readers",
+                ),
+                written_bytes: c(
+                    "strata_store_node_written_bytes_total",
+                    "Bytes written by clients",
+                ),
+                rejected: c(
+                    "strata_store_node_rejected_requests_total",
+                    "Data-plane requests refused (bad frame, grant or range)",
+                ),
+            },
+            registry: r,
+        }
+    }
+}
+
+pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<StoreNodeHandle> {
+    cfg.validate()?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| Error::invalid(format!("cannot bind --listen {}: {e}", cfg.listen)))?;
+    let data_addr = listener.local_addr()?;
+    let advertise = cfg
+        .advertise
+        .clone()
+        .unwrap_or_else(|| data_addr.to_string());
+    let node_id = cfg.node_id.clone().unwrap_or_else(|| advertise.clone());
+
+    let sizes = cfg.segment_sizes();
+    let segments: Vec<Arc<Segment>> = sizes
+        .iter()
+        .map(|&s| Segment::new(s as usize).map(Arc::new))
+        .collect::<Result<_>>()?;
+    let table = Arc::new(SegmentTable::new());
+    let records = Arc::new(ObjectRecords::default());
+    let registered = Arc::new(AtomicBool::new(false));
+    let metrics = Arc::new(NodeMetrics::new());
+    metrics.capacity.set(cfg.capacity as i64);
+
+    let mut tasks = JoinSet::new();
+    tasks.spawn(strata_transport::tcp::serve(
+        listener,
+        table.clone(),
+        metrics.server.clone(),
+        shutdown.clone(),
+    ));
+
+    let ready = registered.clone();
+    let (rec, m2) = (records.clone(), metrics.clone());
+    let router = strata_common::admin::base_router(
+        metrics.registry.clone(),
+        Arc::new(move || ready.load(Ordering::Acquire)),
+    )
+    .route(
+        "/api/v1/objects",
+        get(move || {
+            let (rec, m2) = (rec.clone(), m2.clone());
+            async move {
+                m2.objects.set(rec.len() as i64);
+                Json(serde_json::json!({
+                    "applied_seq": rec.applied_seq(),
+                    "objects": rec.snapshot().iter().map(|c| serde_json::json!({
+                        "key": c.key, "segment_id": c.segment_id, "offset": c.offset,
+                        "length": c.length, "crc32c": c.crc32c,
+                    })).collect::<Vec<_>>(),
+                }))
+            }
+        }),
+    );
+    let (admin_addr, admin_task) =
+        strata_common::admin::serve(cfg.admin_addr, router, shutdown.clone()).await?;
+    tasks.spawn(async move {
+        let _ = admin_task.await;
+    });
+
+    let agent = Agent {
+        client: MasterClient::new(strata_common::grpc::master_channel(&cfg.master)?)
+            .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE),
+        node_id: node_id.clone(),
+        advertise: advertise.clone(),
+        sizes,
+        segments,
+        table,
+        records: records.clone(),
+        registered: registered.clone(),
+        metrics,
+    };
+    tasks.spawn(agent.run(shutdown.clone()));
+    tracing::info!(%data_addr, %admin_addr, node_id, master = cfg.master, capacity = cfg.capacity, "strata-store-node started");
+    Ok(StoreNodeHandle {
+        data_addr,
+        admin_addr,
+        node_id,
+        records,
+        registered,
+        tasks,
+    })
+}
+
+pub async fn run(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<()> {
+    start(cfg, shutdown).await?.wait().await;
+    tracing::info!("strata-store-node stopped");
+    Ok(())
+}
+
+/// Keeps the node registered with the master and applies its object log.
+struct Agent {
+    client: MasterClient<Channel>,
+    node_id: String,
+    advertise: String,
+    sizes: Vec<u64>,
+    segments: Vec<Arc<Segment>>,
+    table: Arc<SegmentTable>,
+    records: Arc<ObjectRecords>,
+    registered: Arc<AtomicBool>,
+    metrics: Arc<NodeMetrics>,
+}
+
+impl Agent {
+    async fn register(&mut self) -> Result<(u64, Duration)> {
+        let req = pb::RegisterNodeRequest {
+            node_id: self.node_id.clone(),
+            data_addr: self.advertise.clone(),
+            segments: self
+                .sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &size)| pb::SegmentSpec {
+                    local_id: i as u64,
+                    size,
+                })
+                .collect(),
+        };
+        let resp = self
+            .client
+            .register_node(req)
+            .await
+            .map_err(Error::from)?
+            .into_inner();
+        let key = GrantKey::from_bytes(&resp.grant_key)
+            .ok_or_else(|| Error::internal("master sent a malformed grant key"))?;
+        if resp.segment_ids.len() != self.segments.len() {
+            return Err(Error::internal(
+                "master returned a wrong number of segment ids",
+            ));
+        }
+        let map: HashMap<u64, Arc<Segment>> = resp
+            .segment_ids
+            .iter()
+            .copied()
+            .zip(self.segments.iter().cloned())
+            .collect();
+        self.records.reset();
+        self.table.install(key, map);
+        self.registered.store(true, Ordering::Release);
+        self.metrics.registrations.inc();
+        tracing::info!(node = self.node_id, segments = ?resp.segment_ids, "registered with master");
+        Ok((
+            resp.incarnation,
+            Duration::from_millis(resp.heartbeat_interval_ms.max(10)),
+        ))
+    }
+
+    async fn run(mut self, shutdown: CancellationToken) {
+        let mut backoff = Duration::from_millis(50);
+        'outer: loop {
+            let (incarnation, interval) = loop {
+                match self.register().await {
+                    Ok(v) => break v,
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?backoff, "cannot register with master");
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break 'outer,
+                            _ = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                }
+            };
+            backoff = Duration::from_millis(50);
+            loop {
+                let req = pb::HeartbeatRequest {
+                    node_id: self.node_id.clone(),
+                    incarnation,
+                    applied_seq: self.records.applied_seq(),
+                };
+                let mut wait = interval;
+                match self.client.heartbeat(req).await {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        if !r.known {
+                            // The master forgot us (TTL, restart): whatever it
+                            // knew of our contents is gone, so start clean.
+                            tracing::warn!(
+                                node = self.node_id,
+                                "master no longer knows this node; registering again"
+                            );
+                            self.registered.store(false, Ordering::Release);
+                            self.table.clear();
+                            continue 'outer;
+                        }
+                        let full = r.log.len() >= 32_768;
+                        self.records.apply(&r.log);
+                        self.metrics.objects.set(self.records.len() as i64);
+                        self.metrics.object_bytes.set(self.records.bytes() as i64);
+                        if full {
+                            wait = Duration::ZERO;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %Error::from(e), "heartbeat failed");
+                    }
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => break 'outer,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+        self.registered.store(false, Ordering::Release);
+    }
+}

@@ -1,0 +1,61 @@
+//! The data plane. Bytes move between clients and the memory of store nodes
+//! through a [`Transport`]: the client names a remote range (a segment, an
+//! offset, a length and a grant signed by the master) and reads or writes it,
+//! like a one-sided RDMA operation. TCP is the first implementation; a UCX
+//! one-sided implementation fits the same shape (registered region = segment,
+//! remote descriptor = [`RemoteRange`]).
+
+pub mod frame;
+pub mod region;
+pub mod tcp;
+
+use futures::future::BoxFuture;
+use strata_common::grant::GrantScope;
+use strata_common::Result;
+
+/// A range of a remote segment and the grant that authorises access to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRange {
+    /// Data-plane address of the node holding the segment.
+    pub addr: String,
+    pub scope: GrantScope,
+    pub mac: [u8; strata_common::grant::MAC_LEN],
+}
+
+impl RemoteRange {
+    pub fn len(&self) -> u64 {
+        self.scope.length
+    }
+    pub fn is_empty(&self) -> bool {
+        self.scope.length == 0
+    }
+}
+
+/// One-sided access to remote memory. `at` is relative to the start of the
+/// range; implementations bounds-check and may split large transfers.
+pub trait Transport: Send + Sync + 'static {
+    fn write<'a>(
+        &'a self,
+        dst: &'a RemoteRange,
+        at: u64,
+        data: &'a [u8],
+    ) -> BoxFuture<'a, Result<()>>;
+    fn read<'a>(
+        &'a self,
+        src: &'a RemoteRange,
+        at: u64,
+        buf: &'a mut [u8],
+    ) -> BoxFuture<'a, Result<()>>;
+    fn name(&self) -> &'static str;
+}
+
+/// Checks that `[at, at+len)` lies inside a range of `range_len` bytes.
+pub(crate) fn check_sub_range(range_len: u64, at: u64, len: usize) -> Result<()> {
+    let end = at.checked_add(len as u64);
+    match end {
+        Some(end) if end <= range_len => Ok(()),
+        _ => Err(strata_common::Error::invalid(format!(
+            "transfer of {len} bytes at {at} exceeds the granted range of {range_len} bytes"
+        ))),
+    }
+}

@@ -1,0 +1,188 @@
+//! Registered memory: the DRAM segments a store node contributes, addressed by
+//! the cluster-wide segment id the master assigned. A one-sided transport
+//! (UCX) would register the same buffers with the NIC.
+
+use parking_lot::RwLock;
+use std::collections::HashMap;
+use std::sync::Arc;
+use strata_common::grant::{GrantKey, GrantScope};
+use strata_common::{Code, Error, Result};
+
+/// One contiguous DRAM buffer. Pages are allocated zeroed and lazily by the
+/// OS, so a large segment costs nothing until written.
+///
+/// Concurrency: the master hands out disjoint ranges, and a range is only
+/// reused after every lease on it has ended; like RDMA-registered memory, the
+/// buffer is shared without a lock. A client that races a forced remove may
+/// read torn bytes, which its checksum check rejects.
+pub struct Segment {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is a plain heap allocation owned by the segment; access is
+// through raw-pointer copies of granted, bounds-checked ranges (see above).
+unsafe impl Send for Segment {}
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    pub fn new(len: usize) -> Result<Segment> {
+        if len == 0 {
+            return Err(Error::invalid("segment size must be positive"));
+        }
+        let mut v: Vec<u8> = Vec::new();
+        v.try_reserve_exact(len).map_err(|_| {
+            Error::new(
+                Code::NoSpace,
+                format!("cannot allocate a DRAM segment of {len} bytes; lower --capacity"),
+            )
+        })?;
+        v.resize(len, 0);
+        let mut b = v.into_boxed_slice();
+        let ptr = b.as_mut_ptr();
+        std::mem::forget(b);
+        Ok(Segment { ptr, len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check(&self, off: u64, len: u64) -> Result<(usize, usize)> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.len as u64 => Ok((off as usize, len as usize)),
+            _ => Err(Error::invalid(format!(
+                "range [{off}, +{len}) is outside the segment of {} bytes",
+                self.len
+            ))),
+        }
+    }
+
+    /// Read access to a bounds-checked range.
+    pub fn slice(&self, off: u64, len: u64) -> Result<&[u8]> {
+        let (o, l) = self.check(off, len)?;
+        // SAFETY: bounds checked above; see the type docs on sharing.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.add(o), l) })
+    }
+
+    /// Write access to a bounds-checked range.
+    ///
+    /// # Safety
+    /// The caller must hold a write grant for exactly this range, so no other
+    /// writer holds an overlapping one (the master never grants overlaps).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, off: u64, len: u64) -> Result<&mut [u8]> {
+        let (o, l) = self.check(off, len)?;
+        // SAFETY: bounds checked; exclusivity is the caller's contract.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(o), l) })
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len came from a boxed slice we leaked in `new`.
+        unsafe {
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.ptr, self.len,
+            )));
+        }
+    }
+}
+
+/// The segments a node serves and the key that authenticates grants for them.
+/// Both change when the node (re)registers with the master.
+#[derive(Default)]
+pub struct SegmentTable {
+    inner: RwLock<TableInner>,
+}
+
+#[derive(Default)]
+struct TableInner {
+    key: Option<GrantKey>,
+    segments: HashMap<u64, Arc<Segment>>,
+}
+
+impl SegmentTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replaces the served segments and grant key atomically.
+    pub fn install(&self, key: GrantKey, segments: HashMap<u64, Arc<Segment>>) {
+        let mut g = self.inner.write();
+        g.key = Some(key);
+        g.segments = segments;
+    }
+
+    /// Stops serving everything (node lost its registration).
+    pub fn clear(&self) {
+        let mut g = self.inner.write();
+        g.key = None;
+        g.segments.clear();
+    }
+
+    pub fn segment_ids(&self) -> Vec<u64> {
+        self.inner.read().segments.keys().copied().collect()
+    }
+
+    /// Checks the grant (signature, expiry, permission, bounds) for an access of
+    /// `[offset, offset+length)` and returns the segment to perform it on.
+    pub fn authorize(
+        &self,
+        grant: &GrantScope,
+        mac: &[u8],
+        want_perm: u32,
+        offset: u64,
+        length: u64,
+        now_ms: u64,
+    ) -> Result<Arc<Segment>> {
+        let g = self.inner.read();
+        let key = g
+            .key
+            .as_ref()
+            .ok_or_else(|| Error::unavailable("node is not registered with a master"))?;
+        if !key.verify(grant, mac) {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                "grant signature does not verify (forged, altered or from another master)",
+            ));
+        }
+        if grant.expires_unix_ms < now_ms {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                "grant expired; ask the master for fresh replicas",
+            ));
+        }
+        if grant.perm & want_perm == 0 {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                "grant does not allow this operation",
+            ));
+        }
+        let inside = offset >= grant.offset
+            && offset
+                .checked_add(length)
+                .zip(grant.offset.checked_add(grant.length))
+                .is_some_and(|(end, gend)| end <= gend);
+        if !inside {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "access [{offset}, +{length}) is outside the granted range [{}, +{})",
+                    grant.offset, grant.length
+                ),
+            ));
+        }
+        let seg = g.segments.get(&grant.segment_id).cloned().ok_or_else(|| {
+            Error::not_found(format!(
+                "segment {} is not served by this node",
+                grant.segment_id
+            ))
+        })?;
+        seg.check(offset, length)?;
+        Ok(seg)
+    }
+}

@@ -1,0 +1,205 @@
+use super::write_all_vectored;
+use crate::frame::{Op, Request, Response, REQ_LEN};
+use crate::region::SegmentTable;
+use prometheus::IntCounter;
+use std::sync::Arc;
+use std::time::Duration;
+use strata_common::grant::{PERM_READ, PERM_WRITE};
+use strata_common::time::unix_ms;
+use strata_common::{Code, Error};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// A connection idle this long between requests is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// A payload that does not arrive within this time fails the connection.
+const PAYLOAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// A rejected write's payload up to this size is drained so the connection
+/// survives; larger ones close it.
+const MAX_DRAIN: u64 = 64 << 20;
+const MAX_CONNECTIONS: usize = 4096;
+
+/// Counters the server bumps; the owning service registers them.
+#[derive(Clone)]
+pub struct ServerMetrics {
+    pub read_bytes: IntCounter,
+    pub written_bytes: IntCounter,
+    pub rejected: IntCounter,
+}
+
+/// Serves the data plane on `listener` until `shutdown`, then waits for
+/// in-flight connections to finish their current request.
+pub async fn serve(
+    listener: TcpListener,
+    table: Arc<SegmentTable>,
+    metrics: ServerMetrics,
+    shutdown: CancellationToken,
+) {
+    let tracker = TaskTracker::new();
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "data-plane accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "too many data-plane connections; refusing");
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (table, metrics, shutdown) = (table.clone(), metrics.clone(), shutdown.clone());
+        tracker.spawn(async move {
+            if let Err(e) = connection(stream, &table, &metrics, &shutdown).await {
+                tracing::debug!(%peer, error = %e, "data-plane connection closed");
+            }
+            drop(permit);
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+async fn respond_err(s: &mut TcpStream, req_id: u64, e: &Error) -> std::io::Result<()> {
+    let msg = e.message.as_bytes();
+    let h = Response {
+        status: e.code,
+        req_id,
+        length: msg.len() as u64,
+    }
+    .encode();
+    write_all_vectored(s, &h, msg).await
+}
+
+async fn connection(
+    mut s: TcpStream,
+    table: &SegmentTable,
+    m: &ServerMetrics,
+    shutdown: &CancellationToken,
+) -> std::io::Result<()> {
+    let mut hdr = [0u8; REQ_LEN];
+    loop {
+        let read = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            r = tokio::time::timeout(IDLE_TIMEOUT, s.read_exact(&mut hdr)) => r,
+        };
+        match read {
+            Err(_) => return Ok(()), // idle
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(_)) => {}
+        }
+        let req = match Request::decode(&hdr) {
+            Ok(r) => r,
+            Err(e) => {
+                // Not our protocol: say why once, then hang up.
+                m.rejected.inc();
+                respond_err(&mut s, 0, &e).await?;
+                s.shutdown().await?;
+                return Ok(());
+            }
+        };
+        match req.op {
+            Op::Ping => {
+                let h = Response {
+                    status: Code::Ok,
+                    req_id: req.req_id,
+                    length: 0,
+                }
+                .encode();
+                s.write_all(&h).await?;
+            }
+            Op::Write => {
+                let auth = table.authorize(
+                    &req.grant,
+                    &req.mac,
+                    PERM_WRITE,
+                    req.offset,
+                    req.length,
+                    unix_ms(),
+                );
+                match auth {
+                    Ok(seg) => {
+                        // SAFETY: the grant verified above names exactly this
+                        // range, and the master never grants overlapping writes.
+                        let dst = match unsafe { seg.slice_mut(req.offset, req.length) } {
+                            Ok(d) => d,
+                            Err(e) => return respond_err(&mut s, req.req_id, &e).await,
+                        };
+                        tokio::time::timeout(PAYLOAD_TIMEOUT, s.read_exact(dst))
+                            .await
+                            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                        m.written_bytes.inc_by(req.length);
+                        let h = Response {
+                            status: Code::Ok,
+                            req_id: req.req_id,
+                            length: 0,
+                        }
+                        .encode();
+                        s.write_all(&h).await?;
+                    }
+                    Err(e) => {
+                        m.rejected.inc();
+                        if req.length > MAX_DRAIN {
+                            respond_err(&mut s, req.req_id, &e).await?;
+                            return Ok(());
+                        }
+                        let mut sink = (&mut s).take(req.length);
+                        let drained = tokio::time::timeout(
+                            PAYLOAD_TIMEOUT,
+                            tokio::io::copy(&mut sink, &mut tokio::io::sink()),
+                        )
+                        .await
+                        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                        if drained != req.length {
+                            return Ok(());
+                        }
+                        respond_err(&mut s, req.req_id, &e).await?;
+                    }
+                }
+            }
+            Op::Read => {
+                let auth = table.authorize(
+                    &req.grant,
+                    &req.mac,
+                    PERM_READ,
+                    req.offset,
+                    req.length,
+                    unix_ms(),
+                );
+                match auth {
+                    Ok(seg) => {
+                        let data = match seg.slice(req.offset, req.length) {
+                            Ok(d) => d,
+                            Err(e) => {
+                                respond_err(&mut s, req.req_id, &e).await?;
+                                continue;
+                            }
+                        };
+                        let h = Response {
+                            status: Code::Ok,
+                            req_id: req.req_id,
+                            length: data.len() as u64,
+                        }
+                        .encode();
+                        write_all_vectored(&mut s, &h, data).await?;
+                        m.read_bytes.inc_by(req.length);
+                    }
+                    Err(e) => {
+                        m.rejected.inc();
+                        respond_err(&mut s, req.req_id, &e).await?;
+                    }
+                }
+            }
+        }
+    }
+}
