@@ -280,13 +280,16 @@ impl Client {
                 "master answered a batch with the wrong count",
             ));
         }
-        let writes =
-            futures::stream::iter(items.iter().zip(started).map(|((_, data), st)| async move {
+        let mut futs = Vec::with_capacity(items.len());
+        for ((_, data), st) in items.iter().zip(started) {
+            futs.push(async move {
                 from_status(st.status)?;
                 self.write_replicas(&st.replicas, data).await
-            }))
+            });
+        }
+        let writes: Vec<Result<()>> = futures::stream::iter(futs)
             .buffered(self.cfg.batch_concurrency.max(1))
-            .collect::<Vec<Result<()>>>()
+            .collect()
             .await;
         let mut ends = Vec::new();
         let mut revokes = Vec::new();
@@ -349,8 +352,9 @@ impl Client {
                 "master answered a batch with the wrong count",
             ));
         }
-        Ok(
-            futures::stream::iter(keys.iter().zip(res).map(|(k, r)| async move {
+        let mut futs = Vec::with_capacity(keys.len());
+        for (k, r) in keys.iter().zip(res) {
+            futs.push(async move {
                 from_status(r.status)?;
                 let info = r
                     .replicas
@@ -358,11 +362,12 @@ impl Client {
                 let mut buf = vec![0u8; info.size as usize];
                 self.read_verified(k, info, &mut buf).await?;
                 Ok(buf)
-            }))
+            });
+        }
+        Ok(futures::stream::iter(futs)
             .buffered(self.cfg.batch_concurrency.max(1))
             .collect()
-            .await,
-        )
+            .await)
     }
 
     pub async fn exists(&self, key: &str) -> Result<bool> {

@@ -13,23 +13,33 @@ use tokio_util::sync::CancellationToken;
 
 /// Answers whether the service can do its job right now.
 pub type ReadyFn = Arc<dyn Fn() -> bool + Send + Sync>;
+/// Updates gauges that are computed at scrape time.
+pub type RefreshFn = Arc<dyn Fn() + Send + Sync>;
 
 #[derive(Clone)]
 struct BaseState {
     registry: Registry,
     ready: ReadyFn,
+    refresh: Option<RefreshFn>,
 }
 
 /// `/metrics`, `/health` and `/ready` routes.
-pub fn base_router(registry: Registry, ready: ReadyFn) -> Router {
+pub fn base_router(registry: Registry, ready: ReadyFn, refresh: Option<RefreshFn>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(|| async { "ok\n" }))
         .route("/ready", get(readiness))
-        .with_state(BaseState { registry, ready })
+        .with_state(BaseState {
+            registry,
+            ready,
+            refresh,
+        })
 }
 
 async fn metrics(State(s): State<BaseState>) -> Response {
+    if let Some(r) = &s.refresh {
+        r();
+    }
     let mut buf = Vec::new();
     match TextEncoder::new().encode(&s.registry.gather(), &mut buf) {
         Ok(()) => (

@@ -1,6 +1,7 @@
-//! Layered configuration: flag > env (both handled by clap) > `--config FILE.toml`
-//! > built-in default. Each service's flag struct has all-optional fields and
-//! derives `Deserialize`, so the same struct reads the TOML file.
+//! Layered configuration, highest first: flag, env (both handled by clap),
+//! `--config FILE.toml`, built-in default. Each service's flag struct has
+//! all-optional fields and derives `Deserialize`, so the same struct reads
+//! the TOML file.
 
 use serde::de::DeserializeOwned;
 use std::path::Path;

@@ -67,7 +67,11 @@ impl RangeAllocator {
         let Some(end) = off.checked_add(len) else {
             return false;
         };
-        if len == 0 || end > self.capacity || off % ALIGN != 0 || len % ALIGN != 0 {
+        if len == 0
+            || end > self.capacity
+            || !off.is_multiple_of(ALIGN)
+            || !len.is_multiple_of(ALIGN)
+        {
             return false;
         }
         let prev = self

@@ -59,10 +59,8 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
     let refresh = master.clone();
     let router = strata_common::admin::base_router(
         master.metrics.registry.clone(),
-        Arc::new(move || {
-            refresh.refresh_gauges();
-            true
-        }),
+        Arc::new(|| true),
+        Some(Arc::new(move || refresh.refresh_gauges())),
     )
     .merge(admin::api_router(master.clone(), advertise.clone()));
     let (admin_addr, admin_task) =
@@ -142,3 +140,6 @@ async fn evictor(m: Arc<Master>, shutdown: CancellationToken) {
         let _ = tokio::task::spawn_blocking(move || m2.evict_to_watermark()).await;
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -138,6 +138,7 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
     let router = strata_common::admin::base_router(
         metrics.registry.clone(),
         Arc::new(move || ready.load(Ordering::Acquire)),
+        None,
     )
     .route(
         "/api/v1/objects",

@@ -30,17 +30,19 @@ impl Segment {
         if len == 0 {
             return Err(Error::invalid("segment size must be positive"));
         }
-        let mut v: Vec<u8> = Vec::new();
-        v.try_reserve_exact(len).map_err(|_| {
-            Error::new(
+        // With the default alignment alloc_zeroed is calloc, which maps fresh
+        // zero pages lazily: a large segment is not resident until written.
+        // (A larger alignment would make Rust zero it eagerly.)
+        let layout = std::alloc::Layout::from_size_align(len, 16)
+            .map_err(|_| Error::invalid(format!("segment size {len} is too large")))?;
+        // SAFETY: the layout has a non-zero size (checked above).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::new(
                 Code::NoSpace,
                 format!("cannot allocate a DRAM segment of {len} bytes; lower --capacity"),
-            )
-        })?;
-        v.resize(len, 0);
-        let mut b = v.into_boxed_slice();
-        let ptr = b.as_mut_ptr();
-        std::mem::forget(b);
+            ));
+        }
         Ok(Segment { ptr, len })
     }
 
@@ -83,11 +85,12 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        // SAFETY: ptr/len came from a boxed slice we leaked in `new`.
+        // SAFETY: ptr was allocated in `new` with exactly this layout.
         unsafe {
-            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                self.ptr, self.len,
-            )));
+            std::alloc::dealloc(
+                self.ptr,
+                std::alloc::Layout::from_size_align_unchecked(self.len, 16),
+            );
         }
     }
 }

@@ -1,3 +1,88 @@
-pub fn main() -> std::process::ExitCode {
-    std::process::ExitCode::SUCCESS
+//! The `strata` command line: run a local cluster, move objects, inspect the
+//! cluster and benchmark it. Exit status: 0 success, 2 usage error, 1 any
+//! other failure.
+
+mod bench;
+mod objects;
+mod up;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "strata",
+    version,
+    about = "Strata: a distributed, tiered KV-cache store for LLM inference"
+)]
+pub struct Cli {
+    /// Master address HOST:PORT
+    #[arg(
+        long,
+        env = "STRATA_MASTER",
+        default_value = "127.0.0.1:7400",
+        global = true
+    )]
+    pub master: String,
+    /// Log format on stderr: text | json
+    #[arg(long, env = "STRATA_LOG_FORMAT", default_value = "text", global = true)]
+    pub log_format: strata_common::telemetry::LogFormat,
+    #[command(subcommand)]
+    pub cmd: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a whole local cluster in the foreground until Ctrl-C
+    Up(up::UpArgs),
+    /// Store a file (or stdin) under KEY
+    Put(objects::PutArgs),
+    /// Write the object under KEY to a file (or stdout)
+    Get(objects::GetArgs),
+    /// Remove KEY, or every object with --all
+    Rm(objects::RmArgs),
+    /// List keys
+    Ls(objects::LsArgs),
+    /// Cluster summary, or one key's replicas
+    Stat(objects::StatArgs),
+    /// Load generator and baseline comparison
+    Bench(bench::BenchArgs),
+}
+
+/// Entry point of the `strata` binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.cmd {
+        Command::Up(_) => "info",
+        _ => "warn",
+    };
+    strata_common::telemetry::init(cli.log_format, default_level);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let res = rt.block_on(async move {
+        match cli.cmd {
+            Command::Up(a) => up::run(a).await,
+            Command::Put(a) => objects::put(&cli.master, a).await,
+            Command::Get(a) => objects::get(&cli.master, a).await,
+            Command::Rm(a) => objects::rm(&cli.master, a).await,
+            Command::Ls(a) => objects::ls(&cli.master, a).await,
+            Command::Stat(a) => objects::stat(&cli.master, a).await,
+            Command::Bench(a) => bench::run(&cli.master, a).await,
+        }
+    });
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

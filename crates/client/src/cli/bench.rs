@@ -1,0 +1,475 @@
+//! `strata bench`: a load generator against a cluster, and (with
+//! `--baselines`) the same workload against memcpy, raw loopback TCP and a
+//! Redis on loopback, all in one run, with the ratios printed.
+
+mod baselines;
+mod report;
+
+use crate::local::ClusterBuilder;
+use crate::{Client, ClientConfig, PutOptions};
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use report::{Report, Row};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata_common::units::{format_size, ByteSize};
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Start an in-process local cluster for the run instead of using --master
+    #[arg(long)]
+    pub local: bool,
+    /// Store nodes of the --local cluster
+    #[arg(long, default_value_t = 2)]
+    pub store_nodes: usize,
+    /// DRAM per store node of the --local cluster
+    #[arg(long, default_value = "2GiB")]
+    pub node_capacity: ByteSize,
+    /// Object sizes, comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,16MiB")]
+    pub sizes: Vec<ByteSize>,
+    /// Bytes moved per size and phase (at least --min-ops objects)
+    #[arg(long, default_value = "512MiB")]
+    pub bytes: ByteSize,
+    #[arg(long, default_value_t = 2000)]
+    pub max_ops: u64,
+    #[arg(long, default_value_t = 64)]
+    pub min_ops: u64,
+    /// Concurrent clients (connections) for Strata and every baseline
+    #[arg(long, default_value_t = 4)]
+    pub clients: usize,
+    /// Objects per batch in the batched phases
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Also measure memcpy, raw loopback TCP and Redis in this run
+    #[arg(long)]
+    pub baselines: bool,
+    /// redis-server binary for the Redis baseline
+    #[arg(long, default_value = "redis-server")]
+    pub redis_server: String,
+    /// Keys for the metadata-path benchmark (0 skips it)
+    #[arg(long, default_value_t = 200_000)]
+    pub meta_keys: u64,
+    /// Keys per batch in the metadata-path benchmark
+    #[arg(long, default_value_t = 128)]
+    pub meta_batch: usize,
+    /// Print the results as JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Shared op counter and latency log of one phase.
+pub(crate) struct Phase {
+    next: AtomicU64,
+    ops: u64,
+    /// Latencies in microseconds, appended by all workers.
+    lat_us: std::sync::Mutex<Vec<u64>>,
+    pb: ProgressBar,
+}
+
+impl Phase {
+    pub(crate) fn new(name: &str, ops: u64, quiet: bool) -> Arc<Phase> {
+        let pb = if quiet {
+            ProgressBar::hidden()
+        } else {
+            let pb = ProgressBar::new(ops);
+            pb.set_style(
+                ProgressStyle::with_template("{prefix:>28} [{bar:30}] {pos}/{len} {per_sec}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            pb.set_prefix(name.to_string());
+            pb
+        };
+        Arc::new(Phase {
+            next: AtomicU64::new(0),
+            ops,
+            lat_us: Default::default(),
+            pb,
+        })
+    }
+
+    /// The next op index, or None when the phase is done.
+    pub(crate) fn take(&self) -> Option<u64> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        (i < self.ops).then_some(i)
+    }
+
+    pub(crate) fn record(&self, t0: Instant) {
+        let us = t0.elapsed().as_micros() as u64;
+        if let Ok(mut v) = self.lat_us.lock() {
+            v.push(us);
+        }
+        self.pb.inc(1);
+    }
+
+    pub(crate) fn finish(
+        &self,
+        scenario: &str,
+        size: u64,
+        conns: usize,
+        bytes_per_op: u64,
+        elapsed: Duration,
+    ) -> Row {
+        self.pb.finish_and_clear();
+        let mut lat = self.lat_us.lock().map(|v| v.clone()).unwrap_or_default();
+        lat.sort_unstable();
+        let pct = |p: f64| -> f64 {
+            if lat.is_empty() {
+                0.0
+            } else {
+                lat[((lat.len() - 1) as f64 * p) as usize] as f64 / 1000.0
+            }
+        };
+        let ops = lat.len() as u64;
+        let secs = elapsed.as_secs_f64().max(1e-9);
+        Row {
+            scenario: scenario.to_string(),
+            size,
+            conns,
+            ops,
+            ops_per_sec: ops as f64 / secs,
+            gb_per_sec: (ops * bytes_per_op) as f64 / secs / 1e9,
+            p50_ms: pct(0.50),
+            p99_ms: pct(0.99),
+            note: String::new(),
+        }
+    }
+}
+
+/// Runs `workers` copies of `f` until the phase's ops are used up.
+pub(crate) async fn drive<F, Fut>(
+    phase: &Arc<Phase>,
+    workers: usize,
+    f: F,
+) -> anyhow::Result<Duration>
+where
+    F: Fn(usize, Arc<Phase>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let t0 = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for w in 0..workers {
+        set.spawn(f(w, phase.clone()));
+    }
+    while let Some(r) = set.join_next().await {
+        r.context("bench worker panicked")??;
+    }
+    Ok(t0.elapsed())
+}
+
+fn ops_for(args: &BenchArgs, size: u64) -> u64 {
+    (args.bytes.0 / size.max(1)).clamp(args.min_ops, args.max_ops.max(args.min_ops))
+}
+
+pub async fn run(master: &str, args: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.clients >= 1 && args.clients <= 256,
+        "--clients must be 1..=256"
+    );
+    anyhow::ensure!(
+        args.batch >= 1 && args.batch <= 1024,
+        "--batch must be 1..=1024"
+    );
+    anyhow::ensure!(
+        !args.sizes.is_empty() && args.sizes.iter().all(|s| s.0 > 0),
+        "--sizes must be positive"
+    );
+    let local = if args.local {
+        Some(
+            ClusterBuilder::new()
+                .store_nodes(args.store_nodes)
+                .node_capacity(args.node_capacity.0)
+                .build()
+                .await
+                .context("cannot start the local cluster")?,
+        )
+    } else {
+        None
+    };
+    let addr = local
+        .as_ref()
+        .map_or(master.to_string(), |c| c.master_addr());
+    let client = Client::connect(ClientConfig::new(&addr)).await?;
+    client
+        .stat()
+        .await
+        .with_context(|| format!("cannot reach the master at {addr}"))?;
+    let quiet = args.json;
+    let mut report = Report::default();
+    let run_id = format!("{:x}", rand::random::<u32>());
+
+    let redis = if args.baselines {
+        match baselines::Redis::start(&args.redis_server).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                report.notes.push(format!("redis baseline skipped: {e:#}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+
+    for size in args.sizes.iter().map(|s| s.0) {
+        let ops = ops_for(&args, size);
+        if args.baselines {
+            report.rows.push(baselines::memcpy(size, ops));
+            report
+                .rows
+                .push(baselines::tcp_get(size, ops, args.clients, quiet).await?);
+            if let Some(r) = &redis {
+                report
+                    .rows
+                    .push(r.set(size, ops, args.clients, quiet).await?);
+                report
+                    .rows
+                    .push(r.get(size, ops, args.clients, quiet).await?);
+            }
+        }
+        report
+            .rows
+            .push(strata_put(&client, &run_id, size, ops, args.clients, quiet).await?);
+        report
+            .rows
+            .push(strata_get(&client, &run_id, size, ops, args.clients, quiet).await?);
+        let batches = ops.div_ceil(args.batch as u64).max(1);
+        report.rows.push(
+            strata_batch(
+                &client,
+                &run_id,
+                size,
+                batches,
+                args.batch,
+                args.clients,
+                quiet,
+                true,
+            )
+            .await?,
+        );
+        report.rows.push(
+            strata_batch(
+                &client,
+                &run_id,
+                size,
+                batches,
+                args.batch,
+                args.clients,
+                quiet,
+                false,
+            )
+            .await?,
+        );
+        client.remove_all(true).await?;
+    }
+    if args.meta_keys > 0 {
+        report.rows.push(
+            meta_path(
+                &client,
+                &run_id,
+                args.meta_keys,
+                args.meta_batch,
+                args.clients,
+                quiet,
+            )
+            .await?,
+        );
+        client.remove_all(true).await?;
+    }
+    drop(redis);
+    if let Some(c) = local {
+        c.shutdown().await;
+    }
+    report.compare();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        report.print();
+    }
+    Ok(())
+}
+
+fn key(run: &str, size: u64, i: u64) -> String {
+    format!("bench/{run}/{size}/{i}")
+}
+
+async fn strata_put(
+    c: &Client,
+    run: &str,
+    size: u64,
+    ops: u64,
+    conns: usize,
+    quiet: bool,
+) -> anyhow::Result<Row> {
+    let data = Arc::new(vec![0x5au8; size as usize]);
+    let phase = Phase::new(&format!("strata put {}", format_size(size)), ops, quiet);
+    let el = drive(&phase, conns, |_, ph| {
+        let (c, data, run) = (c.clone(), data.clone(), run.to_string());
+        async move {
+            while let Some(i) = ph.take() {
+                let t0 = Instant::now();
+                c.put(&key(&run, size, i), &data, &PutOptions::default())
+                    .await?;
+                ph.record(t0);
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(phase.finish("strata put", size, conns, size, el))
+}
+
+async fn strata_get(
+    c: &Client,
+    run: &str,
+    size: u64,
+    ops: u64,
+    conns: usize,
+    quiet: bool,
+) -> anyhow::Result<Row> {
+    let phase = Phase::new(&format!("strata get {}", format_size(size)), ops, quiet);
+    let el = drive(&phase, conns, |_, ph| {
+        let (c, run) = (c.clone(), run.to_string());
+        async move {
+            let mut buf = vec![0u8; size as usize];
+            while let Some(i) = ph.take() {
+                let t0 = Instant::now();
+                c.get_into(&key(&run, size, i), &mut buf).await?;
+                ph.record(t0);
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(phase.finish("strata get", size, conns, size, el))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn strata_batch(
+    c: &Client,
+    run: &str,
+    size: u64,
+    batches: u64,
+    batch: usize,
+    conns: usize,
+    quiet: bool,
+    put: bool,
+) -> anyhow::Result<Row> {
+    let name = if put {
+        "strata batch_put"
+    } else {
+        "strata batch_get"
+    };
+    let data = Arc::new(vec![0xa5u8; size as usize]);
+    let phase = Phase::new(
+        &format!("{name} {}x{}", batch, format_size(size)),
+        batches,
+        quiet,
+    );
+    let el = drive(&phase, conns, |_, ph| {
+        let (c, data, run) = (c.clone(), data.clone(), format!("{run}-b"));
+        async move {
+            while let Some(b) = ph.take() {
+                let keys: Vec<String> = (0..batch as u64)
+                    .map(|j| key(&run, size, b * batch as u64 + j))
+                    .collect();
+                let t0 = Instant::now();
+                if put {
+                    let items: Vec<(&str, &[u8])> =
+                        keys.iter().map(|k| (k.as_str(), data.as_slice())).collect();
+                    for r in c.batch_put(&items, &PutOptions::default()).await? {
+                        r?;
+                    }
+                } else {
+                    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    for r in c.batch_get(&ks).await? {
+                        r?;
+                    }
+                }
+                ph.record(t0);
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    let mut row = phase.finish(name, size, conns, size * batch as u64, el);
+    row.ops *= batch as u64;
+    row.ops_per_sec *= batch as f64;
+    row.note = format!("batches of {batch}; latency per batch");
+    Ok(row)
+}
+
+/// The master's metadata path alone: BatchPutStart + BatchPutEnd +
+/// BatchGetReplicas per batch, no data moved.
+async fn meta_path(
+    c: &Client,
+    run: &str,
+    keys: u64,
+    batch: usize,
+    conns: usize,
+    quiet: bool,
+) -> anyhow::Result<Row> {
+    use strata_proto as pb;
+    let batches = keys.div_ceil(batch as u64);
+    let phase = Phase::new(&format!("metadata path x{batch}"), batches, quiet);
+    let el = drive(&phase, conns, |_, ph| {
+        let (mut m, run) = (c.master_client(), run.to_string());
+        async move {
+            while let Some(b) = ph.take() {
+                let ks: Vec<String> = (0..batch as u64)
+                    .map(|j| format!("meta/{run}/{}", b * batch as u64 + j))
+                    .collect();
+                let t0 = Instant::now();
+                let st = m
+                    .batch_put_start(pb::BatchPutStartRequest {
+                        items: ks
+                            .iter()
+                            .map(|k| pb::PutStartRequest {
+                                key: k.clone(),
+                                size: 256,
+                                replica_num: 1,
+                                ..Default::default()
+                            })
+                            .collect(),
+                    })
+                    .await?
+                    .into_inner();
+                anyhow::ensure!(
+                    st.results
+                        .iter()
+                        .all(|r| r.status.as_ref().is_none_or(|s| s.code == 0)),
+                    "metadata bench: PutStart failed"
+                );
+                m.batch_put_end(pb::BatchPutEndRequest {
+                    items: ks
+                        .iter()
+                        .map(|k| pb::PutEndRequest {
+                            key: k.clone(),
+                            crc32c: 0,
+                        })
+                        .collect(),
+                })
+                .await?;
+                let g = m
+                    .batch_get_replicas(pb::BatchGetReplicasRequest { keys: ks })
+                    .await?
+                    .into_inner();
+                anyhow::ensure!(
+                    g.results
+                        .iter()
+                        .all(|r| r.status.as_ref().is_none_or(|s| s.code == 0)),
+                    "metadata bench: GetReplicas failed"
+                );
+                ph.record(t0);
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    let mut row = phase.finish("master metadata path", 0, conns, 0, el);
+    row.ops *= batch as u64;
+    row.ops_per_sec *= batch as f64;
+    row.note = format!("keys/s; PutStart+PutEnd+GetReplicas, batches of {batch}");
+    Ok(row)
+}

@@ -1,0 +1,180 @@
+//! Baselines measured in the same run as Strata: memcpy, a minimal raw TCP
+//! "get" server on loopback, and a real redis-server on loopback.
+
+use super::report::Row;
+use super::{drive, Phase};
+use anyhow::Context;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata_common::units::format_size;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Single-threaded memcpy bandwidth for `size`-byte copies.
+pub fn memcpy(size: u64, ops: u64) -> Row {
+    let src = vec![1u8; size as usize];
+    let mut dst = vec![0u8; size as usize];
+    let phase = Phase::new("memcpy", ops, true);
+    let t0 = Instant::now();
+    while phase.take().is_some() {
+        let t = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        phase.record(t);
+    }
+    phase.finish("memcpy", size, 1, size, t0.elapsed())
+}
+
+/// A minimal request/response server: 8-byte request (the size), then that
+/// many bytes back. The floor of any TCP "get".
+pub async fn tcp_get(size: u64, ops: u64, conns: usize, quiet: bool) -> anyhow::Result<Row> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let payload = Arc::new(vec![7u8; size as usize]);
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let _ = s.set_nodelay(true);
+            let payload = payload.clone();
+            tokio::spawn(async move {
+                let mut req = [0u8; 8];
+                while s.read_exact(&mut req).await.is_ok() {
+                    let n = u64::from_le_bytes(req) as usize;
+                    if s.write_all(&payload[..n.min(payload.len())]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let phase = Phase::new(&format!("raw tcp get {}", format_size(size)), ops, quiet);
+    let el = drive(&phase, conns, |_, ph| async move {
+        let mut s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        let mut buf = vec![0u8; size as usize];
+        while ph.take().is_some() {
+            let t0 = Instant::now();
+            s.write_all(&size.to_le_bytes()).await?;
+            s.read_exact(&mut buf).await?;
+            ph.record(t0);
+        }
+        Ok(())
+    })
+    .await?;
+    server.abort();
+    Ok(phase.finish("raw tcp get", size, conns, size, el))
+}
+
+/// A redis-server we started on a free loopback port; killed on drop.
+pub struct Redis {
+    child: tokio::process::Child,
+    port: u16,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+impl Redis {
+    pub async fn start(bin: &str) -> anyhow::Result<Redis> {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            l.local_addr()?.port()
+        };
+        let child = tokio::process::Command::new(bin)
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args([
+                "--protected-mode",
+                "no",
+                "--proto-max-bulk-len",
+                "1gb",
+                "--maxmemory",
+                "0",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot run {bin:?} (apt-get install redis-server)"))?;
+        let r = Redis { child, port };
+        for _ in 0..100 {
+            if TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return Ok(r);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        anyhow::bail!("redis-server did not start listening on port {port} within 5s")
+    }
+
+    pub async fn set(&self, size: u64, ops: u64, conns: usize, quiet: bool) -> anyhow::Result<Row> {
+        self.phase("redis SET", size, ops, conns, quiet, true).await
+    }
+
+    pub async fn get(&self, size: u64, ops: u64, conns: usize, quiet: bool) -> anyhow::Result<Row> {
+        self.phase("redis GET", size, ops, conns, quiet, false)
+            .await
+    }
+
+    async fn phase(
+        &self,
+        name: &str,
+        size: u64,
+        ops: u64,
+        conns: usize,
+        quiet: bool,
+        set: bool,
+    ) -> anyhow::Result<Row> {
+        let port = self.port;
+        let phase = Phase::new(&format!("{name} {}", format_size(size)), ops, quiet);
+        let el = drive(&phase, conns, |_, ph| async move {
+            let s = TcpStream::connect(("127.0.0.1", port)).await?;
+            s.set_nodelay(true)?;
+            let mut s = BufReader::with_capacity(1 << 20, s);
+            let value = vec![3u8; size as usize];
+            let mut buf = vec![0u8; size as usize + 2];
+            let mut line = String::new();
+            while let Some(i) = ph.take() {
+                let key = format!("b{size}:{i}");
+                let t0 = Instant::now();
+                if set {
+                    let head = format!("*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${size}\r\n", key.len());
+                    let w = s.get_mut();
+                    w.write_all(head.as_bytes()).await?;
+                    w.write_all(&value).await?;
+                    w.write_all(b"\r\n").await?;
+                    line.clear();
+                    s.read_line(&mut line).await?;
+                    anyhow::ensure!(line.starts_with("+OK"), "redis SET failed: {line}");
+                } else {
+                    let head = format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len());
+                    s.get_mut().write_all(head.as_bytes()).await?;
+                    line.clear();
+                    s.read_line(&mut line).await?;
+                    anyhow::ensure!(
+                        line.trim_end() == format!("${size}"),
+                        "redis GET: unexpected reply {line:?}"
+                    );
+                    s.read_exact(&mut buf).await?;
+                }
+                ph.record(t0);
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(phase.finish(name, size, conns, size, el))
+    }
+}

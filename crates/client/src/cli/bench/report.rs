@@ -1,0 +1,89 @@
+//! The benchmark's summary table and its comparisons against baselines.
+
+use std::collections::HashMap;
+use strata_common::units::format_size;
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    pub scenario: String,
+    pub size: u64,
+    pub conns: usize,
+    pub ops: u64,
+    pub ops_per_sec: f64,
+    pub gb_per_sec: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub note: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Report {
+    pub rows: Vec<Row>,
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    /// Adds "x of baseline" notes: Strata get vs raw TCP get and Redis GET,
+    /// Strata put vs Redis SET, at the same size and connection count.
+    pub fn compare(&mut self) {
+        let idx: HashMap<(String, u64), f64> = self
+            .rows
+            .iter()
+            .map(|r| ((r.scenario.clone(), r.size), r.gb_per_sec))
+            .collect();
+        for r in &mut self.rows {
+            let against: &[&str] = match r.scenario.as_str() {
+                "strata get" | "strata batch_get" => &["raw tcp get", "redis GET"],
+                "strata put" | "strata batch_put" => &["raw tcp get", "redis SET"],
+                _ => &[],
+            };
+            let mut parts = Vec::new();
+            for b in against {
+                if let Some(&base) = idx.get(&(b.to_string(), r.size)) {
+                    if base > 0.0 {
+                        parts.push(format!("{:.2}x {b}", r.gb_per_sec / base));
+                    }
+                }
+            }
+            if !parts.is_empty() {
+                if !r.note.is_empty() {
+                    r.note.push_str("; ");
+                }
+                r.note.push_str(&parts.join(", "));
+            }
+        }
+    }
+
+    pub fn print(&self) {
+        println!(
+            "{:<22} {:>9} {:>5} {:>8} {:>11} {:>8} {:>9} {:>9}  NOTE",
+            "SCENARIO", "SIZE", "CONNS", "OPS", "OPS/S", "GB/S", "P50 ms", "P99 ms"
+        );
+        for r in &self.rows {
+            let size = if r.size == 0 {
+                "-".to_string()
+            } else {
+                format_size(r.size)
+            };
+            println!(
+                "{:<22} {:>9} {:>5} {:>8} {:>11.0} {:>8.3} {:>9.3} {:>9.3}  {}",
+                r.scenario,
+                size,
+                r.conns,
+                r.ops,
+                r.ops_per_sec,
+                r.gb_per_sec,
+                r.p50_ms,
+                r.p99_ms,
+                r.note
+            );
+        }
+        for n in &self.notes {
+            println!("note: {n}");
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({ "rows": self.rows, "notes": self.notes })
+    }
+}

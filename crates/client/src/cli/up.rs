@@ -1,0 +1,62 @@
+//! `strata up`: one master and N store nodes in this process.
+
+use crate::local::ClusterBuilder;
+use anyhow::Context;
+use std::net::SocketAddr;
+use strata_common::units::{format_size, ByteSize};
+
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Store nodes to run
+    #[arg(long, env = "STRATA_STORE_NODES", default_value_t = 2)]
+    pub store_nodes: usize,
+    /// DRAM each store node contributes
+    #[arg(long, env = "STRATA_NODE_CAPACITY", default_value = "512MiB")]
+    pub node_capacity: ByteSize,
+    /// Master gRPC address (use 127.0.0.1:0 for any free port)
+    #[arg(long, env = "STRATA_LISTEN", default_value = "127.0.0.1:7400")]
+    pub listen: SocketAddr,
+    /// Master admin HTTP address
+    #[arg(long, env = "STRATA_ADMIN_ADDR", default_value = "127.0.0.1:7401")]
+    pub admin_addr: SocketAddr,
+}
+
+pub async fn run(a: UpArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=64).contains(&a.store_nodes),
+        "--store-nodes must be between 1 and 64"
+    );
+    let (listen, admin) = (a.listen, a.admin_addr);
+    let cluster = ClusterBuilder::new()
+        .store_nodes(a.store_nodes)
+        .node_capacity(a.node_capacity.0)
+        .master(|m| {
+            m.listen = listen;
+            m.admin_addr = admin;
+        })
+        .build()
+        .await
+        .context(
+            "cannot start the local cluster (is another `strata up` running? \
+             try --listen 127.0.0.1:0 --admin-addr 127.0.0.1:0)",
+        )?;
+    let addr = cluster.master_addr();
+    println!("Strata local cluster is up.");
+    println!("  master:       {addr}    (export STRATA_MASTER={addr})");
+    println!("  admin:        http://{}/metrics", cluster.master_admin);
+    println!(
+        "  store nodes:  {} x {}",
+        cluster.nodes.len(),
+        format_size(a.node_capacity.0)
+    );
+    for n in &cluster.nodes {
+        println!("    {}  admin http://{}", n.data_addr, n.admin_addr);
+    }
+    println!("Try: echo hello | strata --master {addr} put greeting - && strata --master {addr} get greeting");
+    println!("Press Ctrl-C to stop.");
+    strata_common::shutdown::on_signals().cancelled().await;
+    eprintln!("stopping...");
+    cluster.shutdown().await;
+    eprintln!("stopped.");
+    Ok(())
+}

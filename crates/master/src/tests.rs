@@ -1,0 +1,305 @@
+//! Unit tests of the metadata logic against fake node registrations (the
+//! master never talks to nodes, so no sockets are needed here; the same
+//! behaviours run end to end in `tests/`).
+
+use crate::config::MasterConfig;
+use crate::master::{Master, PutSpec};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata_common::Code;
+use strata_proto as pb;
+
+fn master_with(nodes: usize, seg: u64, f: impl FnOnce(&mut MasterConfig)) -> Arc<Master> {
+    let mut cfg = MasterConfig::local();
+    f(&mut cfg);
+    let m = Master::new(cfg);
+    for i in 0..nodes {
+        m.register_node(pb::RegisterNodeRequest {
+            node_id: format!("n{i}"),
+            data_addr: format!("127.0.0.1:{}", 9000 + i),
+            segments: vec![pb::SegmentSpec {
+                local_id: 0,
+                size: seg,
+            }],
+        })
+        .unwrap();
+    }
+    m
+}
+
+fn spec(key: &str, size: u64, replicas: u32) -> PutSpec {
+    PutSpec {
+        key: key.into(),
+        size,
+        replica_num: replicas,
+        ..Default::default()
+    }
+}
+
+fn put(m: &Master, key: &str, size: u64) {
+    m.put_start(spec(key, size, 1)).unwrap();
+    m.put_end(key, 0).unwrap();
+}
+
+#[test]
+fn more_replicas_than_segments_gives_fewer_never_two_on_one_segment() {
+    let m = master_with(3, 1 << 20, |_| {});
+    let r = m.put_start(spec("k", 1000, 5)).unwrap();
+    assert_eq!(r.len(), 3);
+    let mut segs: Vec<u64> = r.iter().map(|r| r.segment_id).collect();
+    segs.sort();
+    segs.dedup();
+    assert_eq!(segs.len(), 3, "replicas must be on distinct segments");
+}
+
+#[test]
+fn invalid_put_start_arguments() {
+    let m = master_with(1, 1 << 20, |_| {});
+    for (s, why) in [
+        (spec("k", 0, 1), "size"),
+        (spec("k", 10, 0), "replica_num"),
+        (spec("", 10, 1), "key"),
+        (spec("k", 10, 99), "replica_num"),
+    ] {
+        let e = m.put_start(s).unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(e.message.contains(why), "{e}");
+    }
+    let e = m.put_start(spec("k", 2 << 20, 1)).unwrap_err();
+    assert_eq!(e.code, Code::NoSpace);
+    assert!(e.message.contains("larger than the largest segment"), "{e}");
+}
+
+#[test]
+fn get_before_put_end_is_not_ready_and_second_put_refused() {
+    let m = master_with(1, 1 << 20, |_| {});
+    m.put_start(spec("k", 100, 1)).unwrap();
+    let e = m.get_replicas("k").unwrap_err();
+    assert_eq!(e.code, Code::NotReady);
+    assert!(e.retryable());
+    assert!(!m.exists("k").unwrap());
+    let e = m.put_start(spec("k", 100, 1)).unwrap_err();
+    assert_eq!(e.code, Code::AlreadyExists);
+    m.put_end("k", 7).unwrap();
+    let g = m.get_replicas("k").unwrap();
+    assert_eq!((g.size, g.crc32c), (100, 7));
+    assert!(m.exists("k").unwrap());
+    assert_eq!(m.put_end("k", 7).unwrap_err().code, Code::AlreadyExists);
+}
+
+#[test]
+fn leased_object_cannot_be_removed_or_evicted_until_lease_ends() {
+    let m = master_with(1, 1 << 20, |c| c.lease_ttl = Duration::from_millis(300));
+    put(&m, "k", 1000);
+    m.get_replicas("k").unwrap();
+    let e = m.remove("k", false).unwrap_err();
+    assert_eq!(e.code, Code::Leased);
+    assert!(e.message.contains("force"), "{e}");
+    assert_eq!(m.evict(u64::MAX), 0, "leased object must not be evicted");
+    std::thread::sleep(Duration::from_millis(350));
+    assert!(m.evict(u64::MAX) > 0, "after the lease it can be evicted");
+    assert!(!m.exists("k").unwrap());
+
+    put(&m, "f", 1000);
+    m.get_replicas("f").unwrap();
+    m.remove("f", true).unwrap();
+    assert_eq!(m.get_replicas("f").unwrap_err().code, Code::NotFound);
+    assert_eq!(m.allocated_bytes(), 0);
+}
+
+#[test]
+fn remove_all_skips_leased_and_in_flight() {
+    let m = master_with(2, 1 << 20, |c| c.lease_ttl = Duration::from_secs(60));
+    for i in 0..10 {
+        put(&m, &format!("k{i}"), 100);
+    }
+    m.get_replicas("k3").unwrap();
+    m.get_replicas("k7").unwrap();
+    m.put_start(spec("writing", 100, 1)).unwrap();
+    let (removed, skipped) = m.remove_all(false);
+    assert_eq!((removed, skipped), (8, 3));
+    assert!(m.exists("k3").unwrap() && m.exists("k7").unwrap());
+    let (removed, skipped) = m.remove_all(true);
+    assert_eq!((removed, skipped), (2, 1));
+}
+
+#[test]
+fn abandoned_put_is_reclaimed_and_space_freed() {
+    let m = master_with(1, 1 << 20, |c| c.put_timeout = Duration::from_millis(50));
+    m.put_start(spec("k", 4096, 1)).unwrap();
+    assert_eq!(m.allocated_bytes(), 4096);
+    assert_eq!(m.reclaim_expired_puts(Instant::now()), 0);
+    assert_eq!(
+        m.reclaim_expired_puts(Instant::now() + Duration::from_millis(60)),
+        1
+    );
+    assert_eq!(m.allocated_bytes(), 0);
+    assert_eq!(m.put_end("k", 0).unwrap_err().code, Code::NotFound);
+    // A new put of the same key is not reclaimed by the old deadline.
+    m.put_start(spec("k", 4096, 1)).unwrap();
+    m.put_end("k", 0).unwrap();
+    assert_eq!(
+        m.reclaim_expired_puts(Instant::now() + Duration::from_secs(1)),
+        0
+    );
+    assert!(m.exists("k").unwrap());
+    assert_eq!(m.metrics.reclaimed_puts.get(), 1);
+}
+
+#[test]
+fn revoke_frees_space() {
+    let m = master_with(1, 1 << 20, |_| {});
+    m.put_start(spec("k", 4096, 1)).unwrap();
+    m.put_revoke("k").unwrap();
+    assert_eq!(m.allocated_bytes(), 0);
+    assert_eq!(m.put_revoke("k").unwrap_err().code, Code::NotFound);
+}
+
+#[test]
+fn eviction_prefers_old_unpinned_then_soft_pinned_never_hard_pinned() {
+    let m = master_with(1, 64 * 1024, |_| {});
+    let s = |k: &str, soft, hard| PutSpec {
+        soft_pin: soft,
+        hard_pin: hard,
+        ..spec(k, 16 * 1024, 1)
+    };
+    for (k, soft, hard) in [
+        ("hard", false, true),
+        ("soft", true, false),
+        ("old", false, false),
+    ] {
+        m.put_start(s(k, soft, hard)).unwrap();
+        m.put_end(k, 0).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    put(&m, "new", 16 * 1024);
+    // Full: the next put must evict exactly the oldest unpinned object.
+    m.put_start(spec("next", 16 * 1024, 1)).unwrap();
+    m.put_end("next", 0).unwrap();
+    assert!(!m.exists("old").unwrap());
+    assert!(m.exists("soft").unwrap() && m.exists("hard").unwrap());
+    // Then the other unpinned ones, then the soft-pinned, never the hard.
+    assert!(m.evict(u64::MAX) > 0);
+    assert!(m.exists("hard").unwrap());
+    assert_eq!(
+        m.allocated_bytes(),
+        16 * 1024,
+        "only the hard-pinned object is left"
+    );
+    assert!(!m.exists("soft").unwrap());
+}
+
+#[test]
+fn filling_far_past_capacity_succeeds_via_eviction_or_fails_no_space() {
+    let m = master_with(2, 1 << 20, |c| c.lease_ttl = Duration::from_secs(60));
+    let mut ok = 0;
+    for i in 0..500u64 {
+        let key = format!("k{i}");
+        match m.put_start(spec(&key, 10_000 + (i * 7919) % 50_000, 2)) {
+            Ok(r) => {
+                assert!(!r.is_empty());
+                m.put_end(&key, 0).unwrap();
+                ok += 1;
+                // Every 10th object gets leased so eviction has to skip it.
+                if i % 10 == 0 {
+                    m.get_replicas(&key).unwrap();
+                }
+            }
+            Err(e) => assert_eq!(e.code, Code::NoSpace, "{e}"),
+        }
+        assert!(m.allocated_bytes() <= m.capacity_bytes());
+    }
+    assert!(
+        ok > 100,
+        "eviction should keep puts going, only {ok} succeeded"
+    );
+    assert!(m.metrics.evictions.get() > 0);
+}
+
+#[test]
+fn expired_node_loses_its_replicas() {
+    let m = master_with(2, 1 << 20, |c| c.node_ttl = Duration::from_millis(100));
+    m.put_start(spec("both", 100, 2)).unwrap();
+    m.put_end("both", 0).unwrap();
+    let r = m.put_start(spec("one", 100, 1)).unwrap();
+    m.put_end("one", 0).unwrap();
+    let dead = r[0].node_id.clone();
+    let alive = if dead == "n0" { "n1" } else { "n0" };
+    let inc = m.nodes.read()[alive].incarnation;
+    let now = strata_common::time::unix_ms();
+    let hb = |node: &str, inc| pb::HeartbeatRequest {
+        node_id: node.into(),
+        incarnation: inc,
+        applied_seq: 0,
+    };
+    assert!(m.heartbeat(&hb(alive, inc)).known);
+    m.nodes.read()[alive]
+        .last_heartbeat_ms
+        .store(now + 1000, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(m.expire_nodes(now + 500), vec![dead.clone()]);
+    assert_eq!(m.get_replicas("one").unwrap_err().code, Code::NotFound);
+    assert_eq!(m.get_replicas("both").unwrap().replicas.len(), 1);
+    assert!(
+        !m.heartbeat(&hb(&dead, 1)).known,
+        "a dropped node must re-register"
+    );
+    assert_eq!(m.stat().segments, 1);
+}
+
+#[test]
+fn nodes_learn_commits_and_frees_through_heartbeats() {
+    let m = master_with(1, 1 << 20, |_| {});
+    put(&m, "a", 100);
+    put(&m, "b", 100);
+    m.remove("a", true).unwrap();
+    let inc = m.nodes.read()["n0"].incarnation;
+    let r = m.heartbeat(&pb::HeartbeatRequest {
+        node_id: "n0".into(),
+        incarnation: inc,
+        applied_seq: 0,
+    });
+    let ops: Vec<String> = r
+        .log
+        .iter()
+        .map(|e| match e.op.as_ref().unwrap() {
+            pb::object_log_entry::Op::Commit(c) => format!("commit {}", c.key),
+            pb::object_log_entry::Op::Free(_) => "free".to_string(),
+        })
+        .collect();
+    assert_eq!(ops, ["commit a", "commit b", "free"]);
+    let last = r.log.last().unwrap().seq;
+    let r = m.heartbeat(&pb::HeartbeatRequest {
+        node_id: "n0".into(),
+        incarnation: inc,
+        applied_seq: last,
+    });
+    assert!(r.log.is_empty(), "acknowledged entries are trimmed");
+}
+
+#[test]
+fn preferred_segment_is_used_when_it_fits() {
+    let m = master_with(4, 1 << 20, |_| {});
+    for target in 1..=4 {
+        let r = m
+            .put_start(PutSpec {
+                preferred_segment: Some(target),
+                ..spec(&format!("k{target}"), 10, 1)
+            })
+            .unwrap();
+        assert_eq!(r[0].segment_id, target);
+    }
+}
+
+#[test]
+fn most_free_first_spreads_evenly() {
+    let m = master_with(4, 1 << 20, |c| {
+        c.alloc_strategy = crate::config::AllocStrategy::MostFreeFirst
+    });
+    for i in 0..40 {
+        m.put_start(spec(&format!("k{i}"), 1024, 1)).unwrap();
+    }
+    let st = m.stat();
+    for s in &st.segment_info {
+        assert_eq!(s.allocated_bytes, 10 * 1024, "segment {}", s.segment_id);
+    }
+}

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs Strata's whole test suite on a fresh Debian 12 machine: installs what the
+# tests need, builds the binaries the process-level tests start, runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+cargo build --workspace --bins
+cargo nextest run --workspace --no-fail-fast "$@"
