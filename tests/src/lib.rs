@@ -18,3 +18,30 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let status = r.status().as_u16();
     (status, r.text().await.unwrap_or_default())
 }
+
+/// Path of a workspace binary (built by `cargo build --workspace --bins`,
+/// which `scripts/test.sh` runs before the tests).
+pub fn bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// Polls `f` every 20 ms until it returns true or `timeout` passes.
+pub async fn wait_until(timeout: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    f()
+}

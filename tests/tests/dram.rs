@@ -1,7 +1,10 @@
-//! End-to-end behaviour of the DRAM tier on an in-process cluster.
+//! End-to-end behaviour of the DRAM tier on an in-process cluster (real
+//! gRPC and data-plane sockets on 127.0.0.1).
 
+use std::time::Duration;
 use strata_client::{Code, PutOptions};
-use strata_tests::{payload, ClusterBuilder};
+use strata_proto as pb;
+use strata_tests::{http_get, payload, wait_until, ClusterBuilder};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn put_get_round_trip_sizes() {
@@ -31,8 +34,310 @@ async fn put_get_round_trip_sizes() {
         assert_eq!(info.replicas.len(), 2);
         assert_ne!(info.replicas[0].segment_id, info.replicas[1].segment_id);
     }
+    let mut small = [0u8; 10];
+    let e = cl.get_into("obj-4", &mut small).await.unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument);
     let e = cl.get("nope").await.unwrap_err();
     assert_eq!(e.code, Code::NotFound);
     assert!(e.message.contains("not found"));
+    let e = cl
+        .put("obj-0", b"x", &PutOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::AlreadyExists);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filling_far_past_capacity_keeps_every_read_byte_identical() {
+    let c = ClusterBuilder::new()
+        .store_nodes(2)
+        .node_capacity(8 << 20)
+        .master(|m| m.lease_ttl = Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let mut stored = Vec::new();
+    let (mut ok, mut no_space) = (0, 0);
+    for i in 0..240u64 {
+        let size = 32 * 1024 + (i as usize * 7919) % (480 * 1024);
+        let key = format!("fill-{i}");
+        let data = payload(i, size);
+        match cl
+            .put(
+                &key,
+                &data,
+                &PutOptions {
+                    replicas: 2,
+                    ..Default::default()
+                },
+            )
+            .await
+        {
+            Ok(()) => {
+                ok += 1;
+                // Reading leases some objects, so eviction must work around them.
+                if i % 5 == 0 {
+                    assert_eq!(cl.get(&key).await.unwrap(), data);
+                }
+                stored.push((key, i, size));
+            }
+            Err(e) => {
+                assert_eq!(e.code, Code::NoSpace, "unexpected error: {e}");
+                no_space += 1;
+            }
+        }
+    }
+    assert!(
+        ok > 150,
+        "eviction should let most puts succeed: {ok} ok, {no_space} no space"
+    );
+    let st = cl.stat().await.unwrap();
+    assert!(st.evictions > 0);
+    assert!(st.allocated_bytes <= st.capacity_bytes);
+    let mut read_back = 0;
+    for (k, seed, size) in &stored {
+        match cl.get(k).await {
+            Ok(v) => {
+                assert_eq!(
+                    v,
+                    payload(*seed, *size),
+                    "{k} must read back byte-identical"
+                );
+                read_back += 1;
+            }
+            Err(e) => assert_eq!(e.code, Code::NotFound, "{k}: {e}"),
+        }
+    }
+    assert!(read_back > 0);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_blocks_remove_until_it_ends_and_force_works() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .master(|m| m.lease_ttl = Duration::from_millis(400))
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    for k in ["a", "b", "c"] {
+        cl.put(k, b"leased bytes", &PutOptions::default())
+            .await
+            .unwrap();
+        cl.get(k).await.unwrap();
+    }
+    let e = cl.remove("a", false).await.unwrap_err();
+    assert_eq!(e.code, Code::Leased);
+    cl.remove("b", true).await.unwrap();
+    assert_eq!(cl.get("b").await.unwrap_err().code, Code::NotFound);
+    cl.put("d", b"not leased", &PutOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        cl.remove_all(false).await.unwrap(),
+        (1, 2),
+        "leased a and c are skipped"
+    );
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    cl.remove("a", false).await.unwrap();
+    assert_eq!(cl.remove_all(false).await.unwrap(), (1, 0));
+    assert_eq!(cl.stat().await.unwrap().allocated_bytes, 0);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_before_put_end_is_not_ready_and_abandoned_put_is_reclaimed() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .master(|m| m.put_timeout = Duration::from_millis(600))
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let mut m = cl.master_client();
+    let started = m
+        .put_start(pb::PutStartRequest {
+            key: "half".into(),
+            size: 4096,
+            replica_num: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let e = cl.get("half").await.unwrap_err();
+    assert_eq!(e.code, Code::NotReady);
+    assert!(e.message.contains("not ready"), "{e}");
+    assert!(cl.stat().await.unwrap().allocated_bytes > 0);
+    // Nobody ends the put: the master reclaims it and frees its space.
+    let master = c.master.clone();
+    assert!(wait_until(Duration::from_secs(5), || master.allocated_bytes() == 0).await);
+    assert_eq!(cl.get("half").await.unwrap_err().code, Code::NotFound);
+    assert_eq!(c.master.metrics.reclaimed_puts.get(), 1);
+    // The stale write grant died with the put.
+    let r = &started.replicas[0];
+    let range = strata_transport::RemoteRange {
+        addr: r.data_addr.clone(),
+        scope: strata_common::grant::GrantScope {
+            perm: r.grant.as_ref().unwrap().perm,
+            segment_id: r.segment_id,
+            offset: r.offset,
+            length: r.length,
+            expires_unix_ms: r.grant.as_ref().unwrap().expires_unix_ms,
+        },
+        mac: r.grant.as_ref().unwrap().mac.as_slice().try_into().unwrap(),
+    };
+    let e = cl
+        .transport()
+        .write(&range, 0, &[1u8; 4096])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied);
+    assert!(e.message.contains("expired"), "{e}");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_put_and_get_report_per_item() {
+    let c = ClusterBuilder::new().store_nodes(2).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("dup", b"first", &PutOptions::default())
+        .await
+        .unwrap();
+    let data: Vec<Vec<u8>> = (0..40)
+        .map(|i| payload(i, 1000 + i as usize * 100))
+        .collect();
+    let keys: Vec<String> = (0..40)
+        .map(|i| {
+            if i == 7 {
+                "dup".to_string()
+            } else {
+                format!("b{i}")
+            }
+        })
+        .collect();
+    let items: Vec<(&str, &[u8])> = keys
+        .iter()
+        .zip(&data)
+        .map(|(k, d)| (k.as_str(), d.as_slice()))
+        .collect();
+    let res = cl
+        .batch_put(
+            &items,
+            &PutOptions {
+                replicas: 2,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    for (i, r) in res.iter().enumerate() {
+        if i == 7 {
+            assert_eq!(r.as_ref().unwrap_err().code, Code::AlreadyExists);
+        } else {
+            r.as_ref().unwrap();
+        }
+    }
+    let mut ks: Vec<&str> = keys.iter().map(String::as_str).collect();
+    ks.push("missing");
+    let got = cl.batch_get(&ks).await.unwrap();
+    for (i, g) in got.iter().enumerate() {
+        match i {
+            7 => assert_eq!(g.as_ref().unwrap(), b"first"),
+            40 => assert_eq!(g.as_ref().unwrap_err().code, Code::NotFound),
+            _ => assert_eq!(g.as_ref().unwrap(), &data[i]),
+        }
+    }
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_nodes_record_committed_objects() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("rec-a", &payload(1, 5000), &PutOptions::default())
+        .await
+        .unwrap();
+    cl.put("rec-b", &payload(2, 7000), &PutOptions::default())
+        .await
+        .unwrap();
+    cl.remove("rec-a", true).await.unwrap();
+    let rec = c.nodes[0].records.clone();
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let s = rec.snapshot();
+            s.len() == 1 && s[0].key == "rec-b"
+        })
+        .await,
+        "node must learn commits and frees from the master"
+    );
+    let s = rec.snapshot();
+    assert_eq!(
+        (s[0].length, s[0].crc32c),
+        (7000, crc32c::crc32c(&payload(2, 7000)))
+    );
+    let (status, body) = http_get(c.nodes[0].admin_addr, "/api/v1/objects").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("rec-b") && !body.contains("rec-a"), "{body}");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_and_metrics() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("adm", b"hello", &PutOptions::default())
+        .await
+        .unwrap();
+    cl.get("adm").await.unwrap();
+    let a = c.master_admin;
+    assert_eq!(http_get(a, "/health").await.0, 200);
+    assert_eq!(http_get(a, "/ready").await.0, 200);
+    let (st, body) = http_get(a, "/api/v1/keys/adm").await;
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["size"], 5);
+    assert_eq!(v["replicas"][0]["kind"], "memory");
+    assert!(v["lease_until"].as_u64().unwrap() > 0);
+    assert_eq!(http_get(a, "/api/v1/keys/absent").await.0, 404);
+    let (_, body) = http_get(a, "/api/v1/leader").await;
+    assert!(body.contains("\"is_leader\":true"), "{body}");
+    for p in [
+        "/api/v1/segments",
+        "/api/v1/owners",
+        "/api/v1/offload",
+        "/api/v1/nodes",
+    ] {
+        assert_eq!(http_get(a, p).await.0, 200, "{p}");
+    }
+    let (_, m) = http_get(a, "/metrics").await;
+    for name in [
+        "strata_master_keys 1",
+        "strata_master_capacity_bytes",
+        "strata_master_allocated_bytes",
+        "strata_master_requests_total{code=\"ok\",op=\"put_start\"} 1",
+        "strata_master_request_duration_seconds",
+        "strata_master_evictions_total",
+        "strata_master_is_leader 1",
+        "strata_master_term",
+    ] {
+        assert!(m.contains(name), "missing {name} in master metrics");
+    }
+    let n = c.nodes[0].admin_addr;
+    assert_eq!(http_get(n, "/ready").await.0, 200);
+    let (_, m) = http_get(n, "/metrics").await;
+    for name in [
+        "strata_store_node_capacity_bytes",
+        "strata_store_node_read_bytes_total 5",
+        "strata_store_node_written_bytes_total 5",
+    ] {
+        assert!(
+            m.contains(name),
+            "missing {name} in store node metrics:\n{m}"
+        );
+    }
     c.shutdown().await;
 }

@@ -1,0 +1,286 @@
+//! Bad input on every port: forged or out-of-range grants, malformed frames on
+//! the data plane, garbage on the gRPC port. Nothing may crash or leak bytes.
+
+use std::time::Duration;
+use strata_client::{Code, PutOptions};
+use strata_common::grant::{GrantScope, PERM_READ, PERM_WRITE};
+use strata_proto as pb;
+use strata_tests::{payload, ClusterBuilder};
+use strata_transport::frame::{Op, Request, Response, RESP_LEN};
+use strata_transport::RemoteRange;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn range_of(r: &pb::Replica) -> RemoteRange {
+    let g = r.grant.as_ref().unwrap();
+    RemoteRange {
+        addr: r.data_addr.clone(),
+        scope: GrantScope {
+            perm: g.perm,
+            segment_id: r.segment_id,
+            offset: r.offset,
+            length: r.length,
+            expires_unix_ms: g.expires_unix_ms,
+        },
+        mac: g.mac.as_slice().try_into().unwrap(),
+    }
+}
+
+async fn read_response(s: &mut TcpStream) -> (Response, String) {
+    let (r, body) = read_raw(s).await;
+    (r, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn read_raw(s: &mut TcpStream) -> (Response, Vec<u8>) {
+    let mut h = [0u8; RESP_LEN];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut h))
+        .await
+        .unwrap()
+        .unwrap();
+    let r = Response::decode(&h).unwrap();
+    let mut body = vec![0u8; r.length as usize];
+    s.read_exact(&mut body).await.unwrap();
+    (r, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_plane_rejects_access_outside_the_grant() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("a", &payload(1, 1000), &PutOptions::default())
+        .await
+        .unwrap();
+    cl.put("b", b"secret neighbour", &PutOptions::default())
+        .await
+        .unwrap();
+    let g = cl
+        .master_client()
+        .get_replicas(pb::GetReplicasRequest { key: "a".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let good = range_of(&g.replicas[0]);
+    let t = cl.transport();
+    let mut buf = vec![0u8; 1000];
+    t.read(&good, 0, &mut buf).await.unwrap();
+    assert_eq!(buf, payload(1, 1000));
+
+    // Stretching the range, moving it, upgrading to write or extending the
+    // expiry all break the signature.
+    let tamper = [
+        GrantScope {
+            length: 100_000,
+            ..good.scope
+        },
+        GrantScope {
+            offset: good.scope.offset + 64,
+            ..good.scope
+        },
+        GrantScope {
+            perm: PERM_READ | PERM_WRITE,
+            ..good.scope
+        },
+        GrantScope {
+            expires_unix_ms: good.scope.expires_unix_ms + 60_000,
+            ..good.scope
+        },
+        GrantScope {
+            segment_id: good.scope.segment_id + 1,
+            ..good.scope
+        },
+    ];
+    for scope in tamper {
+        let bad = RemoteRange {
+            scope,
+            ..good.clone()
+        };
+        let mut big = vec![0u8; 1000];
+        let e = t.read(&bad, 0, &mut big).await.unwrap_err();
+        assert_eq!(e.code, Code::PermissionDenied, "{scope:?}: {e}");
+    }
+    // A read grant does not allow writes.
+    let e = t.write(&good, 0, &[0u8; 10]).await.unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied);
+    // The client refuses sub-ranges past the grant before sending...
+    let e = t.read(&good, 990, &mut [0u8; 20]).await.unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument);
+    // ...and the node refuses a hand-made frame that reaches past it.
+    let mut s = TcpStream::connect(&good.addr).await.unwrap();
+    let req = Request {
+        op: Op::Read,
+        req_id: 9,
+        grant: good.scope,
+        mac: good.mac,
+        offset: good.scope.offset + 500,
+        length: 1000,
+    };
+    s.write_all(&req.encode()).await.unwrap();
+    let (resp, msg) = read_response(&mut s).await;
+    assert_eq!(resp.status, Code::PermissionDenied);
+    assert!(msg.contains("outside the granted range"), "{msg}");
+    // The connection survives a refused request.
+    let req = Request {
+        op: Op::Read,
+        req_id: 10,
+        grant: good.scope,
+        mac: good.mac,
+        offset: good.scope.offset,
+        length: 1000,
+    };
+    s.write_all(&req.encode()).await.unwrap();
+    let (resp, body) = read_raw(&mut s).await;
+    assert_eq!(resp.status, Code::Ok);
+    assert_eq!(body, payload(1, 1000));
+    // The neighbour was never readable, and writes outside a grant never land.
+    assert_eq!(cl.get("b").await.unwrap(), b"secret neighbour");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_data_plane_frames_do_not_crash_the_node() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("k", &payload(3, 70_000), &PutOptions::default())
+        .await
+        .unwrap();
+    let addr = c.nodes[0].data_addr;
+
+    // Garbage header: one error answer naming the protocol, then hang-up.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&[0xAB; 96]).await.unwrap();
+    let (resp, msg) = read_response(&mut s).await;
+    assert_eq!(resp.status, Code::InvalidArgument);
+    assert!(msg.contains("magic"), "{msg}");
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n, 0, "server closes after a bad frame");
+
+    // HTTP on the data port.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    s.write_all(&[0u8; 96]).await.unwrap();
+    let (resp, _) = read_response(&mut s).await;
+    assert_eq!(resp.status, Code::InvalidArgument);
+
+    // Wrong version, unknown op, truncated header then close.
+    let good = Request {
+        op: Op::Ping,
+        req_id: 1,
+        grant: GrantScope {
+            perm: 0,
+            segment_id: 0,
+            offset: 0,
+            length: 0,
+            expires_unix_ms: 0,
+        },
+        mac: [0; 16],
+        offset: 0,
+        length: 0,
+    }
+    .encode();
+    for patch in [(4usize, 9u8), (5, 77)] {
+        let mut f = good;
+        f[patch.0] = patch.1;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(&f).await.unwrap();
+        let (resp, _) = read_response(&mut s).await;
+        assert_eq!(resp.status, Code::InvalidArgument);
+    }
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&good[..40]).await.unwrap();
+    drop(s);
+
+    // A forged write announcing 1 GiB: refused, connection closed, nothing written.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let w = Request {
+        op: Op::Write,
+        length: 1 << 30,
+        ..Request::decode(&good).unwrap()
+    };
+    s.write_all(&w.encode()).await.unwrap();
+    let (resp, _) = read_response(&mut s).await;
+    assert_ne!(resp.status, Code::Ok);
+
+    // Ping still answers and the object is intact.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&good).await.unwrap();
+    let (resp, _) = read_response(&mut s).await;
+    assert_eq!(resp.status, Code::Ok);
+    assert_eq!(cl.get("k").await.unwrap(), payload(3, 70_000));
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_grpc_requests_are_rejected_without_crashing() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    // Raw junk and a half HTTP/2 preface on the gRPC port.
+    for junk in [
+        &b"\x00\x01garbage garbage garbage\r\n\r\n"[..],
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\xff\xff\xff\xff\xff\xff\xff\xff\xff",
+    ] {
+        let mut s = TcpStream::connect(c.master_addr).await.unwrap();
+        s.write_all(junk).await.unwrap();
+        let mut sink = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut sink)).await;
+    }
+    // A gRPC call whose body is not a valid protobuf message.
+    let body = [0u8, 0, 0, 0, 5, 0xff, 0xff, 0xff, 0xff, 0xff];
+    let resp = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap()
+        .post(format!(
+            "http://{}/strata.v1.Master/PutStart",
+            c.master_addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body.to_vec())
+        .send()
+        .await;
+    if let Ok(r) = resp {
+        let grpc_status = r
+            .headers()
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_string());
+        // Either a header-level status or a trailer; never a success.
+        assert_ne!(grpc_status.as_deref(), Some("0"));
+    }
+    // Semantically invalid requests get InvalidArgument, not a crash.
+    let mut m = cl.master_client();
+    let huge = pb::BatchGetReplicasRequest {
+        keys: vec!["k".into(); 5000],
+    };
+    assert_eq!(
+        m.batch_get_replicas(huge).await.unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+    let long = pb::GetReplicasRequest {
+        key: "x".repeat(10_000),
+    };
+    assert_eq!(
+        m.get_replicas(long).await.unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+    let reg = pb::RegisterNodeRequest {
+        node_id: "evil".into(),
+        data_addr: "not an addr".into(),
+        segments: vec![],
+    };
+    assert_eq!(
+        m.register_node(reg).await.unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+    // Still serving.
+    cl.put("after", b"still alive", &PutOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(cl.get("after").await.unwrap(), b"still alive");
+    c.shutdown().await;
+}
