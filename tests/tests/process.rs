@@ -1,0 +1,245 @@
+//! Process-level tests of the real binaries: SIGKILL, SIGTERM, restarts and
+//! the CLI's exit codes.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use strata_client::{Client, ClientConfig, Code, PutOptions};
+use strata_tests::{bin, http_get, payload};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A child process killed (SIGKILL) when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn signal(&self, sig: &str) {
+        let st = Command::new("kill").args([sig, &self.0.id().to_string()]).status().unwrap();
+        assert!(st.success());
+    }
+    /// Waits (bounded) for the process to exit and returns its code.
+    async fn exit_code(&mut self, within: Duration) -> Option<i32> {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < within {
+            if let Some(st) = self.0.try_wait().unwrap() {
+                return st.code();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+}
+
+struct Master {
+    proc: Proc,
+    addr: String,
+    admin: std::net::SocketAddr,
+}
+
+fn spawn(name: &str, args: &[String]) -> Proc {
+    Proc(
+        Command::new(bin(name))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+async fn wait_ready(admin: std::net::SocketAddr) {
+    for _ in 0..500 {
+        if let Ok(r) = reqwest::get(format!("http://{admin}/ready")).await {
+            if r.status().is_success() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{admin} never became ready");
+}
+
+async fn start_master(extra: &[&str]) -> Master {
+    let (p, a) = (free_port(), free_port());
+    let mut args = vec![
+        "--listen".to_string(),
+        format!("127.0.0.1:{p}"),
+        "--admin-addr".into(),
+        format!("127.0.0.1:{a}"),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let proc = spawn("strata-master", &args);
+    let admin = format!("127.0.0.1:{a}").parse().unwrap();
+    wait_ready(admin).await;
+    Master { proc, addr: format!("127.0.0.1:{p}"), admin }
+}
+
+async fn start_node(master: &str, node_id: &str) -> (Proc, String) {
+    let (d, a) = (free_port(), free_port());
+    let args: Vec<String> = [
+        "--master", master, "--listen", &format!("127.0.0.1:{d}"), "--admin-addr", &format!("127.0.0.1:{a}"),
+        "--capacity", "64MiB", "--node-id", node_id,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let p = spawn("strata-store-node", &args);
+    wait_ready(format!("127.0.0.1:{a}").parse().unwrap()).await;
+    (p, format!("127.0.0.1:{d}"))
+}
+
+async fn live_nodes(admin: std::net::SocketAddr) -> usize {
+    let (_, body) = http_get(admin, "/api/v1/nodes").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["nodes"].as_array().unwrap().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_store_node_leaves_the_metadata_and_reads_fail_over() {
+    let m = start_master(&["--node-ttl", "1s"]).await;
+    let (_a, _) = start_node(&m.addr, "node-a").await;
+    let (b, _) = start_node(&m.addr, "node-b").await;
+    let cl = Client::connect(ClientConfig::new(&m.addr)).await.unwrap();
+    for i in 0..8u64 {
+        cl.put(&format!("dual-{i}"), &payload(i, 300_000), &PutOptions { replicas: 2, ..Default::default() }).await.unwrap();
+        cl.put(&format!("single-{i}"), &payload(100 + i, 50_000), &PutOptions::default()).await.unwrap();
+    }
+    let mut on_b = Vec::new();
+    for i in 0..8u64 {
+        let info = cl.inspect(&format!("single-{i}")).await.unwrap();
+        if info.replicas[0].node_id == "node-b" {
+            on_b.push(i);
+        }
+    }
+    drop(b); // SIGKILL
+    // Before the TTL fires, reads of replicated keys fail over to node-a.
+    for i in 0..8u64 {
+        assert_eq!(cl.get(&format!("dual-{i}")).await.unwrap(), payload(i, 300_000));
+    }
+    let mut gone = false;
+    for _ in 0..250 {
+        if live_nodes(m.admin).await == 1 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone, "node-b must leave the metadata after --node-ttl");
+    for i in 0..8u64 {
+        assert_eq!(cl.get(&format!("dual-{i}")).await.unwrap(), payload(i, 300_000));
+        assert_eq!(cl.inspect(&format!("dual-{i}")).await.unwrap().replicas.len(), 1);
+        let r = cl.get(&format!("single-{i}")).await;
+        if on_b.contains(&i) {
+            assert_eq!(r.unwrap_err().code, Code::NotFound);
+        } else {
+            assert_eq!(r.unwrap(), payload(100 + i, 50_000));
+        }
+    }
+    let (_, metrics) = http_get(m.admin, "/metrics").await;
+    assert!(metrics.contains("strata_master_nodes 1"), "{metrics}");
+    // The node comes back under the same id and remounts.
+    let (_b2, _) = start_node(&m.addr, "node-b").await;
+    assert_eq!(live_nodes(m.admin).await, 2);
+    cl.put("after-restart", &payload(7, 1 << 20), &PutOptions { replicas: 2, ..Default::default() }).await.unwrap();
+    assert_eq!(cl.get("after-restart").await.unwrap(), payload(7, 1 << 20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_shuts_down_cleanly_with_exit_zero() {
+    let mut m = start_master(&[]).await;
+    let (mut n, _) = start_node(&m.addr, "n1").await;
+    let cl = Client::connect(ClientConfig::new(&m.addr)).await.unwrap();
+    cl.put("k", b"v", &PutOptions::default()).await.unwrap();
+    n.signal("-TERM");
+    assert_eq!(n.exit_code(Duration::from_secs(10)).await, Some(0));
+    m.proc.signal("-TERM");
+    assert_eq!(m.proc.exit_code(Duration::from_secs(10)).await, Some(0));
+}
+
+fn run_cli(args: &[&str], stdin: Option<&[u8]>) -> (i32, Vec<u8>, String) {
+    use std::io::Write;
+    let mut child = Command::new(bin("strata"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sin = child.stdin.take().unwrap();
+    if let Some(d) = stdin {
+        sin.write_all(d).unwrap();
+    }
+    drop(sin);
+    let out = child.wait_with_output().unwrap();
+    (out.status.code().unwrap_or(-1), out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_moves_bytes_and_uses_documented_exit_codes() {
+    let m = start_master(&[]).await;
+    let (_n, _) = start_node(&m.addr, "n1").await;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("in.bin");
+    let dst = dir.path().join("out.bin");
+    std::fs::write(&src, payload(5, 3 << 20)).unwrap();
+    let mm = m.addr.as_str();
+    let (code, _, err) = run_cli(&["--master", mm, "put", "file-key", src.to_str().unwrap()], None);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run_cli(&["--master", mm, "get", "file-key", dst.to_str().unwrap()], None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(&dst).unwrap(), payload(5, 3 << 20));
+    let (code, _, _) = run_cli(&["--master", mm, "put", "piped", "-"], Some(b"from stdin"));
+    assert_eq!(code, 0);
+    let (code, out, _) = run_cli(&["--master", mm, "get", "piped"], None);
+    assert_eq!((code, out.as_slice()), (0, &b"from stdin"[..]));
+    let (code, out, _) = run_cli(&["--master", mm, "stat", "file-key", "--json"], None);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["size"], 3 << 20);
+    assert_eq!(v["replicas"][0]["kind"], "memory");
+    let (code, out, _) = run_cli(&["--master", mm, "ls", "--prefix", "file"], None);
+    assert_eq!(code, 0);
+    assert!(String::from_utf8_lossy(&out).starts_with("file-key\t"));
+    let (code, _, err) = run_cli(&["--master", mm, "get", "missing"], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("not found"), "{err}");
+    // The get above leased the object: a plain rm is refused, --force works.
+    let (code, _, err) = run_cli(&["--master", mm, "rm", "piped"], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("leased"), "{err}");
+    let (code, _, _) = run_cli(&["--master", mm, "rm", "--force", "piped"], None);
+    assert_eq!(code, 0);
+    let (code, _, _) = run_cli(&["frobnicate"], None);
+    assert_eq!(code, 2, "usage errors exit 2");
+    let (code, _, _) = run_cli(&["--master", mm, "put"], None);
+    assert_eq!(code, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_flags_exit_2_with_a_clear_message() {
+    for (b, args, want) in [
+        ("strata-master", vec!["--high-watermark", "2"], "--high-watermark"),
+        ("strata-master", vec!["--lease-ttl", "soon"], "invalid duration"),
+        ("strata-master", vec!["--offload-policy", "sometimes"], "offload policy"),
+        ("strata-store-node", vec!["--capacity", "12XB"], "unknown size unit"),
+        ("strata-store-node", vec!["--transport", "ucx"], "not available"),
+    ] {
+        let out = Command::new(bin(b)).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{b} {args:?}: {err}");
+        assert!(err.contains(want), "{b} {args:?}: {err}");
+    }
+    // Env vars work like flags.
+    let out = Command::new(bin("strata-master")).env("STRATA_EVICTION_RATIO", "7").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--eviction-ratio"));
+}
