@@ -7,7 +7,11 @@ use strata_client::{Client, ClientConfig, Code, PutOptions};
 use strata_tests::{bin, http_get, payload};
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A child process killed (SIGKILL) when dropped.
@@ -22,7 +26,10 @@ impl Drop for Proc {
 
 impl Proc {
     fn signal(&self, sig: &str) {
-        let st = Command::new("kill").args([sig, &self.0.id().to_string()]).status().unwrap();
+        let st = Command::new("kill")
+            .args([sig, &self.0.id().to_string()])
+            .status()
+            .unwrap();
         assert!(st.success());
     }
     /// Waits (bounded) for the process to exit and returns its code.
@@ -80,14 +87,26 @@ async fn start_master(extra: &[&str]) -> Master {
     let proc = spawn("strata-master", &args);
     let admin = format!("127.0.0.1:{a}").parse().unwrap();
     wait_ready(admin).await;
-    Master { proc, addr: format!("127.0.0.1:{p}"), admin }
+    Master {
+        proc,
+        addr: format!("127.0.0.1:{p}"),
+        admin,
+    }
 }
 
 async fn start_node(master: &str, node_id: &str) -> (Proc, String) {
     let (d, a) = (free_port(), free_port());
     let args: Vec<String> = [
-        "--master", master, "--listen", &format!("127.0.0.1:{d}"), "--admin-addr", &format!("127.0.0.1:{a}"),
-        "--capacity", "64MiB", "--node-id", node_id,
+        "--master",
+        master,
+        "--listen",
+        &format!("127.0.0.1:{d}"),
+        "--admin-addr",
+        &format!("127.0.0.1:{a}"),
+        "--capacity",
+        "64MiB",
+        "--node-id",
+        node_id,
     ]
     .iter()
     .map(|s| s.to_string())
@@ -110,8 +129,23 @@ async fn sigkilled_store_node_leaves_the_metadata_and_reads_fail_over() {
     let (b, _) = start_node(&m.addr, "node-b").await;
     let cl = Client::connect(ClientConfig::new(&m.addr)).await.unwrap();
     for i in 0..8u64 {
-        cl.put(&format!("dual-{i}"), &payload(i, 300_000), &PutOptions { replicas: 2, ..Default::default() }).await.unwrap();
-        cl.put(&format!("single-{i}"), &payload(100 + i, 50_000), &PutOptions::default()).await.unwrap();
+        cl.put(
+            &format!("dual-{i}"),
+            &payload(i, 300_000),
+            &PutOptions {
+                replicas: 2,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        cl.put(
+            &format!("single-{i}"),
+            &payload(100 + i, 50_000),
+            &PutOptions::default(),
+        )
+        .await
+        .unwrap();
     }
     let mut on_b = Vec::new();
     for i in 0..8u64 {
@@ -121,9 +155,12 @@ async fn sigkilled_store_node_leaves_the_metadata_and_reads_fail_over() {
         }
     }
     drop(b); // SIGKILL
-    // Before the TTL fires, reads of replicated keys fail over to node-a.
+             // Before the TTL fires, reads of replicated keys fail over to node-a.
     for i in 0..8u64 {
-        assert_eq!(cl.get(&format!("dual-{i}")).await.unwrap(), payload(i, 300_000));
+        assert_eq!(
+            cl.get(&format!("dual-{i}")).await.unwrap(),
+            payload(i, 300_000)
+        );
     }
     let mut gone = false;
     for _ in 0..250 {
@@ -135,8 +172,18 @@ async fn sigkilled_store_node_leaves_the_metadata_and_reads_fail_over() {
     }
     assert!(gone, "node-b must leave the metadata after --node-ttl");
     for i in 0..8u64 {
-        assert_eq!(cl.get(&format!("dual-{i}")).await.unwrap(), payload(i, 300_000));
-        assert_eq!(cl.inspect(&format!("dual-{i}")).await.unwrap().replicas.len(), 1);
+        assert_eq!(
+            cl.get(&format!("dual-{i}")).await.unwrap(),
+            payload(i, 300_000)
+        );
+        assert_eq!(
+            cl.inspect(&format!("dual-{i}"))
+                .await
+                .unwrap()
+                .replicas
+                .len(),
+            1
+        );
         let r = cl.get(&format!("single-{i}")).await;
         if on_b.contains(&i) {
             assert_eq!(r.unwrap_err().code, Code::NotFound);
@@ -149,7 +196,16 @@ async fn sigkilled_store_node_leaves_the_metadata_and_reads_fail_over() {
     // The node comes back under the same id and remounts.
     let (_b2, _) = start_node(&m.addr, "node-b").await;
     assert_eq!(live_nodes(m.admin).await, 2);
-    cl.put("after-restart", &payload(7, 1 << 20), &PutOptions { replicas: 2, ..Default::default() }).await.unwrap();
+    cl.put(
+        "after-restart",
+        &payload(7, 1 << 20),
+        &PutOptions {
+            replicas: 2,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(cl.get("after-restart").await.unwrap(), payload(7, 1 << 20));
 }
 
@@ -180,7 +236,11 @@ fn run_cli(args: &[&str], stdin: Option<&[u8]>) -> (i32, Vec<u8>, String) {
     }
     drop(sin);
     let out = child.wait_with_output().unwrap();
-    (out.status.code().unwrap_or(-1), out.stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,9 +252,15 @@ async fn cli_moves_bytes_and_uses_documented_exit_codes() {
     let dst = dir.path().join("out.bin");
     std::fs::write(&src, payload(5, 3 << 20)).unwrap();
     let mm = m.addr.as_str();
-    let (code, _, err) = run_cli(&["--master", mm, "put", "file-key", src.to_str().unwrap()], None);
+    let (code, _, err) = run_cli(
+        &["--master", mm, "put", "file-key", src.to_str().unwrap()],
+        None,
+    );
     assert_eq!(code, 0, "{err}");
-    let (code, _, err) = run_cli(&["--master", mm, "get", "file-key", dst.to_str().unwrap()], None);
+    let (code, _, err) = run_cli(
+        &["--master", mm, "get", "file-key", dst.to_str().unwrap()],
+        None,
+    );
     assert_eq!(code, 0, "{err}");
     assert_eq!(std::fs::read(&dst).unwrap(), payload(5, 3 << 20));
     let (code, _, _) = run_cli(&["--master", mm, "put", "piped", "-"], Some(b"from stdin"));
@@ -227,11 +293,31 @@ async fn cli_moves_bytes_and_uses_documented_exit_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_flags_exit_2_with_a_clear_message() {
     for (b, args, want) in [
-        ("strata-master", vec!["--high-watermark", "2"], "--high-watermark"),
-        ("strata-master", vec!["--lease-ttl", "soon"], "invalid duration"),
-        ("strata-master", vec!["--offload-policy", "sometimes"], "offload policy"),
-        ("strata-store-node", vec!["--capacity", "12XB"], "unknown size unit"),
-        ("strata-store-node", vec!["--transport", "ucx"], "not available"),
+        (
+            "strata-master",
+            vec!["--high-watermark", "2"],
+            "--high-watermark",
+        ),
+        (
+            "strata-master",
+            vec!["--lease-ttl", "soon"],
+            "invalid duration",
+        ),
+        (
+            "strata-master",
+            vec!["--offload-policy", "sometimes"],
+            "offload policy",
+        ),
+        (
+            "strata-store-node",
+            vec!["--capacity", "12XB"],
+            "unknown size unit",
+        ),
+        (
+            "strata-store-node",
+            vec!["--transport", "ucx"],
+            "not available",
+        ),
     ] {
         let out = Command::new(bin(b)).args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -239,7 +325,10 @@ async fn bad_flags_exit_2_with_a_clear_message() {
         assert!(err.contains(want), "{b} {args:?}: {err}");
     }
     // Env vars work like flags.
-    let out = Command::new(bin("strata-master")).env("STRATA_EVICTION_RATIO", "7").output().unwrap();
+    let out = Command::new(bin("strata-master"))
+        .env("STRATA_EVICTION_RATIO", "7")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--eviction-ratio"));
 }

@@ -1,0 +1,43 @@
+//! The shared `main` of every service binary: parse, set up logging, run
+//! until SIGTERM/SIGINT, map failures to the documented exit codes
+//! (2 for bad flags or config, 1 for any other failure).
+
+use crate::telemetry::LogFormat;
+use std::future::Future;
+use std::process::ExitCode;
+use tokio_util::sync::CancellationToken;
+
+pub async fn main<C, F, Fut>(
+    name: &str,
+    log_format: Option<&str>,
+    cfg: crate::Result<C>,
+    run: F,
+) -> ExitCode
+where
+    F: FnOnce(C, CancellationToken) -> Fut,
+    Fut: Future<Output = crate::Result<()>>,
+{
+    let format: LogFormat = match log_format.unwrap_or("text").parse() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: --log-format: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cfg = match cfg {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            return ExitCode::from(2);
+        }
+    };
+    crate::telemetry::init(format, "info");
+    match run(cfg, crate::shutdown::on_signals()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "{name} failed");
+            eprintln!("error: {}", e.message);
+            ExitCode::FAILURE
+        }
+    }
+}
