@@ -1,43 +1,48 @@
-//! Eviction: approximate LRU over committed, unleased, not hard-pinned
-//! objects; soft-pinned objects go only after every unpinned one.
+//! Eviction: LRU over committed, unleased, not hard-pinned objects;
+//! soft-pinned objects go only after every unpinned one.
 
 use crate::master::Master;
 use crate::objects::Object;
+use std::collections::BinaryHeap;
 use strata_common::time::unix_ms;
+
+/// Victims gathered per scan. A scan keeps only the oldest this many, so its
+/// memory stays bounded however many keys the master holds.
+const SCAN_BATCH: usize = 4096;
+/// Scans one eviction call may make before it gives up.
+const MAX_SCANS: usize = 64;
 
 impl Master {
     /// Evicts until at least `want` bytes are freed or nothing evictable is
     /// left. Returns the bytes freed.
     pub fn evict(&self, want: u64) -> u64 {
-        let now = unix_ms();
-        // Candidates ordered by (soft-pinned, last access): oldest unpinned first.
-        let mut cands: Vec<(bool, u64, String)> = Vec::new();
-        for shard in self.objects.shards() {
-            let s = shard.lock();
-            cands.extend(
-                s.iter()
-                    .filter(|(_, o)| o.evictable(now))
-                    .map(|(k, o)| (o.soft_pin, o.last_access_ms, k.clone())),
-            );
-        }
-        cands.sort_unstable();
         let mut freed = 0;
         let mut evicted = 0u64;
-        for (_, _, key) in cands {
-            if freed >= want {
+        for _ in 0..MAX_SCANS {
+            let now = unix_ms();
+            let victims = self.oldest_evictable(SCAN_BATCH, now);
+            if victims.is_empty() {
                 break;
             }
-            // Re-check under the lock: a reader may have leased it meanwhile.
-            let victim: Option<Object> = {
-                let mut s = self.objects.shard(&key);
-                match s.get(&key) {
-                    Some(o) if o.evictable(now) => s.remove(&key),
-                    _ => None,
+            for key in victims {
+                if freed >= want {
+                    break;
                 }
-            };
-            if let Some(o) = victim {
-                freed += o.release();
-                evicted += 1;
+                // Re-check under the lock: a reader may have leased it meanwhile.
+                let victim: Option<Object> = {
+                    let mut s = self.objects.shard(&key);
+                    match s.get(&key) {
+                        Some(o) if o.evictable(now) => s.remove(&key),
+                        _ => None,
+                    }
+                };
+                if let Some(o) = victim {
+                    freed += o.release();
+                    evicted += 1;
+                }
+            }
+            if freed >= want {
+                break;
             }
         }
         if evicted > 0 {
@@ -46,6 +51,29 @@ impl Master {
             tracing::debug!(evicted, freed, "evicted objects");
         }
         freed
+    }
+
+    /// The `n` evictable objects to go first: unpinned before soft-pinned,
+    /// then least recently accessed. Oldest first.
+    fn oldest_evictable(&self, n: usize, now: u64) -> Vec<String> {
+        // Max-heap on (soft_pin, last_access): the top is the youngest kept.
+        let mut heap: BinaryHeap<(bool, u64, String)> = BinaryHeap::with_capacity(n + 1);
+        for shard in self.objects.shards() {
+            let s = shard.lock();
+            for (k, o) in s.iter().filter(|(_, o)| o.evictable(now)) {
+                let rank = (o.soft_pin, o.last_access_ms);
+                if heap.len() < n {
+                    heap.push((rank.0, rank.1, k.clone()));
+                } else if heap.peek().is_some_and(|t| rank < (t.0, t.1)) {
+                    heap.pop();
+                    heap.push((rank.0, rank.1, k.clone()));
+                }
+            }
+        }
+        heap.into_sorted_vec()
+            .into_iter()
+            .map(|(_, _, k)| k)
+            .collect()
     }
 
     /// One background pass: above the high watermark, free

@@ -303,3 +303,22 @@ fn most_free_first_spreads_evenly() {
         assert_eq!(s.allocated_bytes, 10 * 1024, "segment {}", s.segment_id);
     }
 }
+
+#[test]
+fn eviction_scans_past_its_batch_and_goes_oldest_first() {
+    let m = master_with(1, 64 << 20, |_| {});
+    for i in 0..10_000 {
+        put(&m, &format!("k{i:05}"), 64);
+    }
+    // Make k00000..k00099 the most recently used.
+    for i in 0..100 {
+        let key = format!("k{i:05}");
+        m.objects.shard(&key).get_mut(&key).unwrap().last_access_ms = u64::MAX / 2;
+    }
+    let freed = m.evict(9_900 * 64);
+    assert_eq!(freed, 9_900 * 64);
+    assert_eq!(m.objects.len(), 100);
+    assert!((0..100).all(|i| m.exists(&format!("k{i:05}")).unwrap()));
+    assert_eq!(m.evict(u64::MAX), 100 * 64);
+    assert_eq!(m.metrics.evictions.get(), 10_000);
+}

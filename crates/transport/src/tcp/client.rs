@@ -31,7 +31,7 @@ impl Default for TcpTransportConfig {
         TcpTransportConfig {
             chunk_bytes: 4 << 20,
             parallel: 4,
-            max_idle_per_node: 16,
+            max_idle_per_node: 64,
             connect_timeout: Duration::from_secs(3),
             io_timeout: Duration::from_secs(30),
         }
