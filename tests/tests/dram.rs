@@ -178,18 +178,7 @@ async fn get_before_put_end_is_not_ready_and_abandoned_put_is_reclaimed() {
     assert_eq!(cl.get("half").await.unwrap_err().code, Code::NotFound);
     assert_eq!(c.master.metrics.reclaimed_puts.get(), 1);
     // The stale write grant died with the put.
-    let r = &started.replicas[0];
-    let range = strata_transport::RemoteRange {
-        addr: r.data_addr.clone(),
-        scope: strata_common::grant::GrantScope {
-            perm: r.grant.as_ref().unwrap().perm,
-            segment_id: r.segment_id,
-            offset: r.offset,
-            length: r.length,
-            expires_unix_ms: r.grant.as_ref().unwrap().expires_unix_ms,
-        },
-        mac: r.grant.as_ref().unwrap().mac.as_slice().try_into().unwrap(),
-    };
+    let range = strata_client::remote_range(&started.replicas[0]).unwrap();
     let e = cl
         .transport()
         .write(&range, 0, &[1u8; 4096])

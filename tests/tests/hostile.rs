@@ -12,18 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn range_of(r: &pb::Replica) -> RemoteRange {
-    let g = r.grant.as_ref().unwrap();
-    RemoteRange {
-        addr: r.data_addr.clone(),
-        scope: GrantScope {
-            perm: g.perm,
-            segment_id: r.segment_id,
-            offset: r.offset,
-            length: r.length,
-            expires_unix_ms: g.expires_unix_ms,
-        },
-        mac: g.mac.as_slice().try_into().unwrap(),
-    }
+    strata_client::remote_range(r).unwrap()
 }
 
 async fn read_response(s: &mut TcpStream) -> (Response, String) {

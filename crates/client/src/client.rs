@@ -62,7 +62,8 @@ pub struct Client {
     cfg: Arc<ClientConfig>,
 }
 
-fn remote(r: &pb::Replica) -> Result<RemoteRange> {
+/// The data-plane range (and grant) of a replica the master handed out.
+pub fn remote_range(r: &pb::Replica) -> Result<RemoteRange> {
     let g = r
         .grant
         .as_ref()
@@ -154,7 +155,7 @@ impl Client {
     }
 
     async fn write_replicas(&self, replicas: &[pb::Replica], data: &[u8]) -> Result<()> {
-        let ranges: Vec<RemoteRange> = replicas.iter().map(remote).collect::<Result<_>>()?;
+        let ranges: Vec<RemoteRange> = replicas.iter().map(remote_range).collect::<Result<_>>()?;
         if ranges.is_empty() {
             return Err(Error::internal("master granted no replica"));
         }
@@ -212,7 +213,7 @@ impl Client {
             let mut last = Error::unavailable(format!("key {key:?} has no readable replica"));
             let mut expired = false;
             for r in &info.replicas {
-                let range = remote(r)?;
+                let range = remote_range(r)?;
                 match self.transport.read(&range, 0, buf).await {
                     Ok(()) if crc32c::crc32c(buf) == info.crc32c => return Ok(()),
                     Ok(()) => {
@@ -338,6 +339,53 @@ impl Client {
 
     /// Gets many objects with one GetReplicas round trip.
     pub async fn batch_get(&self, keys: &[&str]) -> Result<Vec<Result<Vec<u8>>>> {
+        let infos = self.batch_replicas(keys).await?;
+        let mut futs = Vec::with_capacity(keys.len());
+        for (k, info) in keys.iter().zip(infos) {
+            futs.push(async move {
+                let info = info?;
+                let mut buf = vec![0u8; info.size as usize];
+                self.read_verified(k, info, &mut buf).await?;
+                Ok(buf)
+            });
+        }
+        Ok(futures::stream::iter(futs)
+            .buffered(self.cfg.batch_concurrency.max(1))
+            .collect()
+            .await)
+    }
+
+    /// Like [`Client::batch_get`] into the caller's buffers (one per key, each
+    /// at least the object's size): no allocation, no intermediate copy.
+    /// Returns each object's size.
+    pub async fn batch_get_into(
+        &self,
+        items: &mut [(&str, &mut [u8])],
+    ) -> Result<Vec<Result<usize>>> {
+        let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
+        let infos = self.batch_replicas(&keys).await?;
+        let mut futs = Vec::with_capacity(items.len());
+        for ((k, buf), info) in items.iter_mut().zip(infos) {
+            futs.push(async move {
+                let info = info?;
+                let n = info.size as usize;
+                if buf.len() < n {
+                    return Err(Error::invalid(format!(
+                        "buffer of {} bytes is smaller than object {k:?} of {n} bytes",
+                        buf.len()
+                    )));
+                }
+                self.read_verified(k, info, &mut buf[..n]).await?;
+                Ok(n)
+            });
+        }
+        Ok(futures::stream::iter(futs)
+            .buffered(self.cfg.batch_concurrency.max(1))
+            .collect()
+            .await)
+    }
+
+    async fn batch_replicas(&self, keys: &[&str]) -> Result<Vec<Result<pb::GetReplicasResponse>>> {
         let res = self
             .m()
             .batch_get_replicas(pb::BatchGetReplicasRequest {
@@ -352,22 +400,14 @@ impl Client {
                 "master answered a batch with the wrong count",
             ));
         }
-        let mut futs = Vec::with_capacity(keys.len());
-        for (k, r) in keys.iter().zip(res) {
-            futs.push(async move {
+        Ok(res
+            .into_iter()
+            .map(|r| {
                 from_status(r.status)?;
-                let info = r
-                    .replicas
-                    .ok_or_else(|| Error::internal("missing replicas in batch result"))?;
-                let mut buf = vec![0u8; info.size as usize];
-                self.read_verified(k, info, &mut buf).await?;
-                Ok(buf)
-            });
-        }
-        Ok(futures::stream::iter(futs)
-            .buffered(self.cfg.batch_concurrency.max(1))
-            .collect()
-            .await)
+                r.replicas
+                    .ok_or_else(|| Error::internal("missing replicas in batch result"))
+            })
+            .collect())
     }
 
     pub async fn exists(&self, key: &str) -> Result<bool> {

@@ -17,7 +17,7 @@ mod client;
 pub mod local;
 mod retry;
 
-pub use client::{Client, ClientConfig, PutOptions};
+pub use client::{remote_range, Client, ClientConfig, PutOptions};
 #[cfg(feature = "cli")]
 pub use local::{ClusterBuilder, LocalCluster};
 pub use retry::Backoff;

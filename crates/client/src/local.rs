@@ -16,6 +16,7 @@ pub struct ClusterBuilder {
     store_nodes: usize,
     node_capacity: u64,
     segment_size: Option<u64>,
+    prefault: bool,
     master: MasterConfig,
 }
 
@@ -25,6 +26,7 @@ impl Default for ClusterBuilder {
             store_nodes: 2,
             node_capacity: 256 << 20,
             segment_size: None,
+            prefault: false,
             master: MasterConfig::local(),
         }
     }
@@ -45,6 +47,11 @@ impl ClusterBuilder {
     /// Splits each node's capacity into segments of at most this size.
     pub fn segment_size(mut self, bytes: u64) -> Self {
         self.segment_size = Some(bytes);
+        self
+    }
+    /// Make store-node memory resident at start (see `--prefault`).
+    pub fn prefault(mut self, yes: bool) -> Self {
+        self.prefault = yes;
         self
     }
     /// Adjusts the master's configuration (TTLs, watermarks, addresses).
@@ -71,6 +78,7 @@ impl ClusterBuilder {
             master_task: Some(master_task),
             node_capacity: self.node_capacity,
             segment_size: self.segment_size,
+            prefault: self.prefault,
         };
         for _ in 0..self.store_nodes {
             c.add_node().await?;
@@ -112,6 +120,7 @@ pub struct LocalCluster {
     master_task: Option<tokio::task::JoinHandle<()>>,
     node_capacity: u64,
     segment_size: Option<u64>,
+    prefault: bool,
 }
 
 impl LocalCluster {
@@ -120,6 +129,7 @@ impl LocalCluster {
         if let Some(s) = self.segment_size {
             cfg.segment_size = s;
         }
+        cfg.prefault = self.prefault;
         let token = self.root.child_token();
         let h: StoreNodeHandle = strata_store_node::start(cfg, token.clone()).await?;
         self.nodes.push(LocalNode {

@@ -158,13 +158,24 @@ impl Master {
             .collect();
         {
             let mut shard = self.objects.shard(&spec.key);
-            if shard.contains_key(&spec.key) {
+            // Lost a race with another PutStart of the same key, or with the
+            // loss of a node (checked under the shard lock, which the node
+            // reaper takes after unmounting, so no dead replica slips in).
+            let refused = if shard.contains_key(&spec.key) {
+                Some(already_exists(&spec.key, false))
+            } else if replicas.iter().any(|r| !r.seg.is_mounted()) {
+                Some(Error::unavailable(
+                    "a chosen store node just left the cluster; retry",
+                ))
+            } else {
+                None
+            };
+            if let Some(e) = refused {
                 drop(shard);
-                // Lost a race with another PutStart of the same key.
                 for r in replicas {
                     r.seg.free(r.offset, r.alloc_len);
                 }
-                return Err(already_exists(&spec.key, false));
+                return Err(e);
             }
             shard.insert(
                 spec.key.clone(),

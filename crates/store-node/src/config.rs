@@ -37,6 +37,8 @@ pub struct StoreNodeConfig {
     /// Stable name of this node; defaults to the advertised address.
     pub node_id: Option<String>,
     pub transport: TransportKind,
+    /// Touch all segment memory at start (resident, no faults on the data path).
+    pub prefault: bool,
 }
 
 impl Default for StoreNodeConfig {
@@ -50,6 +52,7 @@ impl Default for StoreNodeConfig {
             segment_size: 16 << 30,
             node_id: None,
             transport: TransportKind::Tcp,
+            prefault: true,
         }
     }
 }
@@ -62,6 +65,7 @@ impl StoreNodeConfig {
             listen: ([127, 0, 0, 1], 0).into(),
             admin_addr: ([127, 0, 0, 1], 0).into(),
             capacity,
+            prefault: false,
             ..Default::default()
         }
     }
@@ -143,6 +147,9 @@ pub struct StoreNodeArgs {
     /// Data-plane transport: tcp | ucx [default: tcp]
     #[arg(long, env = "STRATA_TRANSPORT")]
     pub transport: Option<String>,
+    /// Make all of --capacity resident at start: true | false [default: true]
+    #[arg(long, env = "STRATA_PREFAULT")]
+    pub prefault: Option<bool>,
     /// text | json [default: text]
     #[arg(long, env = "STRATA_LOG_FORMAT")]
     #[serde(skip)]
@@ -181,6 +188,7 @@ impl StoreNodeArgs {
                 Some(t) => t.parse().map_err(Error::invalid)?,
                 None => d.transport,
             },
+            prefault: self.prefault.unwrap_or(d.prefault),
         };
         cfg.validate()?;
         Ok(cfg)

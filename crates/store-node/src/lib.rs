@@ -119,6 +119,14 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
         .iter()
         .map(|&s| Segment::new(s as usize).map(Arc::new))
         .collect::<Result<_>>()?;
+    if cfg.prefault {
+        let segs = segments.clone();
+        let t0 = std::time::Instant::now();
+        tokio::task::spawn_blocking(move || segs.iter().for_each(|s| s.prefault()))
+            .await
+            .map_err(|e| Error::internal(format!("prefaulting segments failed: {e}")))?;
+        tracing::info!(bytes = cfg.capacity, took = ?t0.elapsed(), "segment memory is resident");
+    }
     let table = Arc::new(SegmentTable::new());
     let records = Arc::new(ObjectRecords::default());
     let registered = Arc::new(AtomicBool::new(false));

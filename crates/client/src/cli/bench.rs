@@ -181,6 +181,7 @@ pub async fn run(master: &str, args: BenchArgs) -> anyhow::Result<()> {
             ClusterBuilder::new()
                 .store_nodes(args.store_nodes)
                 .node_capacity(args.node_capacity.0)
+                .prefault(true)
                 .build()
                 .await
                 .context("cannot start the local cluster")?,
@@ -370,6 +371,12 @@ async fn strata_batch(
     let el = drive(&phase, conns, |_, ph| {
         let (c, data, run) = (c.clone(), data.clone(), format!("{run}-b"));
         async move {
+            // Reused like an engine's KV buffers (no fresh pages per batch).
+            let mut bufs: Vec<Vec<u8>> = if put {
+                Vec::new()
+            } else {
+                vec![vec![0u8; size as usize]; batch]
+            };
             while let Some(b) = ph.take() {
                 let keys: Vec<String> = (0..batch as u64)
                     .map(|j| key(&run, size, b * batch as u64 + j))
@@ -382,8 +389,12 @@ async fn strata_batch(
                         r?;
                     }
                 } else {
-                    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    for r in c.batch_get(&ks).await? {
+                    let mut items: Vec<(&str, &mut [u8])> = keys
+                        .iter()
+                        .map(String::as_str)
+                        .zip(bufs.iter_mut().map(Vec::as_mut_slice))
+                        .collect();
+                    for r in c.batch_get_into(&mut items).await? {
                         r?;
                     }
                 }

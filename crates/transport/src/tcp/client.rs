@@ -194,6 +194,28 @@ async fn exchange(s: &mut TcpStream, req: &Request, io: Io<'_>) -> Result<(), Ex
     Ok(())
 }
 
+impl TcpTransport {
+    /// Runs one request per chunk, up to `parallel` at once, each on its own
+    /// pooled connection.
+    async fn chunked(&self, range: &RemoteRange, op: Op, at: u64, ios: Vec<Io<'_>>) -> Result<()> {
+        let mut futs = Vec::with_capacity(ios.len());
+        let mut off = at;
+        for io in ios {
+            let n = io.len() as u64;
+            futs.push(self.request(range, op, off, io));
+            off += n;
+        }
+        if futs.len() == 1 {
+            return futs.pop().expect("one future").await;
+        }
+        futures::stream::iter(futs)
+            .buffer_unordered(self.cfg.parallel.max(1))
+            .try_collect::<Vec<()>>()
+            .await
+            .map(|_| ())
+    }
+}
+
 impl Transport for TcpTransport {
     fn write<'a>(
         &'a self,
@@ -203,19 +225,11 @@ impl Transport for TcpTransport {
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             check_sub_range(dst.len(), at, data.len())?;
-            let chunk = self.cfg.chunk_bytes.max(1);
-            if data.len() <= chunk {
-                return self.request(dst, Op::Write, at, Io::Out(data)).await;
-            }
-            let mut futs = Vec::with_capacity(data.len().div_ceil(chunk));
-            for (i, c) in data.chunks(chunk).enumerate() {
-                futs.push(self.request(dst, Op::Write, at + (i * chunk) as u64, Io::Out(c)));
-            }
-            futures::stream::iter(futs)
-                .buffer_unordered(self.cfg.parallel.max(1))
-                .try_collect::<Vec<()>>()
-                .await
-                .map(|_| ())
+            let ios = data
+                .chunks(self.cfg.chunk_bytes.max(1))
+                .map(Io::Out)
+                .collect();
+            self.chunked(dst, Op::Write, at, ios).await
         })
     }
 
@@ -227,19 +241,11 @@ impl Transport for TcpTransport {
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             check_sub_range(src.len(), at, buf.len())?;
-            let chunk = self.cfg.chunk_bytes.max(1);
-            if buf.len() <= chunk {
-                return self.request(src, Op::Read, at, Io::In(buf)).await;
-            }
-            let mut futs = Vec::with_capacity(buf.len().div_ceil(chunk));
-            for (i, c) in buf.chunks_mut(chunk).enumerate() {
-                futs.push(self.request(src, Op::Read, at + (i * chunk) as u64, Io::In(c)));
-            }
-            futures::stream::iter(futs)
-                .buffer_unordered(self.cfg.parallel.max(1))
-                .try_collect::<Vec<()>>()
-                .await
-                .map(|_| ())
+            let ios = buf
+                .chunks_mut(self.cfg.chunk_bytes.max(1))
+                .map(Io::In)
+                .collect();
+            self.chunked(src, Op::Read, at, ios).await
         })
     }
 

@@ -69,6 +69,16 @@ pub async fn serve(
     tracker.wait().await;
 }
 
+async fn respond_ok(s: &mut TcpStream, req_id: u64) -> std::io::Result<()> {
+    let h = Response {
+        status: Code::Ok,
+        req_id,
+        length: 0,
+    }
+    .encode();
+    s.write_all(&h).await
+}
+
 async fn respond_err(s: &mut TcpStream, req_id: u64, e: &Error) -> std::io::Result<()> {
     let msg = e.message.as_bytes();
     let h = Response {
@@ -109,15 +119,7 @@ async fn connection(
             }
         };
         match req.op {
-            Op::Ping => {
-                let h = Response {
-                    status: Code::Ok,
-                    req_id: req.req_id,
-                    length: 0,
-                }
-                .encode();
-                s.write_all(&h).await?;
-            }
+            Op::Ping => respond_ok(&mut s, req.req_id).await?,
             Op::Write => {
                 let auth = table.authorize(
                     &req.grant,
@@ -139,13 +141,7 @@ async fn connection(
                             .await
                             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
                         m.written_bytes.inc_by(req.length);
-                        let h = Response {
-                            status: Code::Ok,
-                            req_id: req.req_id,
-                            length: 0,
-                        }
-                        .encode();
-                        s.write_all(&h).await?;
+                        respond_ok(&mut s, req.req_id).await?;
                     }
                     Err(e) => {
                         m.rejected.inc();
