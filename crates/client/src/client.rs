@@ -214,9 +214,9 @@ impl Client {
             let mut expired = false;
             for r in &info.replicas {
                 let range = remote_range(r)?;
-                match self.transport.read(&range, 0, buf).await {
-                    Ok(()) if crc32c::crc32c(buf) == info.crc32c => return Ok(()),
-                    Ok(()) => {
+                match self.transport.read_crc32c(&range, 0, buf).await {
+                    Ok(crc) if crc == info.crc32c => return Ok(()),
+                    Ok(_) => {
                         tracing::warn!(
                             key,
                             node = r.node_id,

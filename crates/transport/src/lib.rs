@@ -46,6 +46,20 @@ pub trait Transport: Send + Sync + 'static {
         at: u64,
         buf: &'a mut [u8],
     ) -> BoxFuture<'a, Result<()>>;
+    /// Reads like [`Transport::read`] and returns the crc32c of the bytes
+    /// read. Streaming transports compute it while the bytes arrive; the
+    /// default computes it afterwards.
+    fn read_crc32c<'a>(
+        &'a self,
+        src: &'a RemoteRange,
+        at: u64,
+        buf: &'a mut [u8],
+    ) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move {
+            self.read(src, at, buf).await?;
+            Ok(crc32c::crc32c(buf))
+        })
+    }
     fn name(&self) -> &'static str;
 }
 

@@ -30,9 +30,10 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,16MiB")]
     pub sizes: Vec<ByteSize>,
     /// Bytes moved per size and phase (at least --min-ops objects)
-    #[arg(long, default_value = "512MiB")]
+    #[arg(long, default_value = "4GiB")]
     pub bytes: ByteSize,
-    #[arg(long, default_value_t = 2000)]
+    /// Cap on operations per phase
+    #[arg(long, default_value_t = 20000)]
     pub max_ops: u64,
     #[arg(long, default_value_t = 64)]
     pub min_ops: u64,
@@ -213,6 +214,9 @@ pub async fn run(master: &str, args: BenchArgs) -> anyhow::Result<()> {
         None
     };
 
+    // Objects stored per size stay well under the cluster's capacity so no
+    // eviction happens mid-run; get phases cycle over them.
+    let capacity = client.stat().await?.capacity_bytes;
     for size in args.sizes.iter().map(|s| s.0) {
         let ops = ops_for(&args, size);
         if args.baselines {
@@ -229,39 +233,19 @@ pub async fn run(master: &str, args: BenchArgs) -> anyhow::Result<()> {
                     .push(r.get(size, ops, args.clients, quiet).await?);
             }
         }
-        report
-            .rows
-            .push(strata_put(&client, &run_id, size, ops, args.clients, quiet).await?);
-        report
-            .rows
-            .push(strata_get(&client, &run_id, size, ops, args.clients, quiet).await?);
-        let batches = ops.div_ceil(args.batch as u64).max(1);
-        report.rows.push(
-            strata_batch(
-                &client,
-                &run_id,
-                size,
-                batches,
-                args.batch,
-                args.clients,
-                quiet,
-                true,
-            )
-            .await?,
-        );
-        report.rows.push(
-            strata_batch(
-                &client,
-                &run_id,
-                size,
-                batches,
-                args.batch,
-                args.clients,
-                quiet,
-                false,
-            )
-            .await?,
-        );
+        let w = Workload {
+            client: client.clone(),
+            run: run_id.clone(),
+            size,
+            keys: ops.min(capacity * 3 / 10 / size).max(args.batch as u64),
+            clients: args.clients,
+            batch: args.batch,
+            quiet,
+        };
+        report.rows.push(w.put().await?);
+        report.rows.push(w.get(ops).await?);
+        report.rows.push(w.batch(true, w.keys).await?);
+        report.rows.push(w.batch(false, ops).await?);
         client.remove_all(true).await?;
     }
     if args.meta_keys > 0 {
@@ -291,124 +275,135 @@ pub async fn run(master: &str, args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn key(run: &str, size: u64, i: u64) -> String {
-    format!("bench/{run}/{size}/{i}")
-}
-
-async fn strata_put(
-    c: &Client,
-    run: &str,
+/// One object size's Strata phases.
+struct Workload {
+    client: Client,
+    run: String,
     size: u64,
-    ops: u64,
-    conns: usize,
-    quiet: bool,
-) -> anyhow::Result<Row> {
-    let data = Arc::new(vec![0x5au8; size as usize]);
-    let phase = Phase::new(&format!("strata put {}", format_size(size)), ops, quiet);
-    let el = drive(&phase, conns, |_, ph| {
-        let (c, data, run) = (c.clone(), data.clone(), run.to_string());
-        async move {
-            while let Some(i) = ph.take() {
-                let t0 = Instant::now();
-                c.put(&key(&run, size, i), &data, &PutOptions::default())
-                    .await?;
-                ph.record(t0);
-            }
-            Ok(())
-        }
-    })
-    .await?;
-    Ok(phase.finish("strata put", size, conns, size, el))
-}
-
-async fn strata_get(
-    c: &Client,
-    run: &str,
-    size: u64,
-    ops: u64,
-    conns: usize,
-    quiet: bool,
-) -> anyhow::Result<Row> {
-    let phase = Phase::new(&format!("strata get {}", format_size(size)), ops, quiet);
-    let el = drive(&phase, conns, |_, ph| {
-        let (c, run) = (c.clone(), run.to_string());
-        async move {
-            let mut buf = vec![0u8; size as usize];
-            while let Some(i) = ph.take() {
-                let t0 = Instant::now();
-                c.get_into(&key(&run, size, i), &mut buf).await?;
-                ph.record(t0);
-            }
-            Ok(())
-        }
-    })
-    .await?;
-    Ok(phase.finish("strata get", size, conns, size, el))
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn strata_batch(
-    c: &Client,
-    run: &str,
-    size: u64,
-    batches: u64,
+    /// Objects stored by the put phases (get phases cycle over them).
+    keys: u64,
+    clients: usize,
     batch: usize,
-    conns: usize,
     quiet: bool,
-    put: bool,
-) -> anyhow::Result<Row> {
-    let name = if put {
-        "strata batch_put"
-    } else {
-        "strata batch_get"
-    };
-    let data = Arc::new(vec![0xa5u8; size as usize]);
-    let phase = Phase::new(
-        &format!("{name} {}x{}", batch, format_size(size)),
-        batches,
-        quiet,
-    );
-    let el = drive(&phase, conns, |_, ph| {
-        let (c, data, run) = (c.clone(), data.clone(), format!("{run}-b"));
-        async move {
+}
+
+impl Workload {
+    /// A buffer whose pages are already resident, as an engine's would be.
+    fn buffer(&self) -> Vec<u8> {
+        vec![0x5a; self.size as usize]
+    }
+
+    async fn put(&self) -> anyhow::Result<Row> {
+        let phase = Phase::new(
+            &format!("strata put {}", format_size(self.size)),
+            self.keys,
+            self.quiet,
+        );
+        let data = Arc::new(self.buffer());
+        let el = drive(&phase, self.clients, |_, ph| {
+            let (c, data, keys) = (self.client.clone(), data.clone(), self.keys_fn("s"));
+            async move {
+                while let Some(i) = ph.take() {
+                    let t0 = Instant::now();
+                    c.put(&keys(i), &data, &PutOptions::default()).await?;
+                    ph.record(t0);
+                }
+                Ok(())
+            }
+        })
+        .await?;
+        Ok(phase.finish("strata put", self.size, self.clients, self.size, el))
+    }
+
+    async fn get(&self, ops: u64) -> anyhow::Result<Row> {
+        let phase = Phase::new(
+            &format!("strata get {}", format_size(self.size)),
+            ops,
+            self.quiet,
+        );
+        let el = drive(&phase, self.clients, |_, ph| {
+            let (c, mut buf, keys) = (self.client.clone(), self.buffer(), self.keys_fn("s"));
+            async move {
+                while let Some(i) = ph.take() {
+                    let t0 = Instant::now();
+                    c.get_into(&keys(i), &mut buf).await?;
+                    ph.record(t0);
+                }
+                Ok(())
+            }
+        })
+        .await?;
+        Ok(phase.finish("strata get", self.size, self.clients, self.size, el))
+    }
+
+    /// Key names as an owned closure, for tasks that outlive `&self`.
+    fn keys_fn(&self, prefix: &str) -> impl Fn(u64) -> String + Send + 'static {
+        let (run, size, n, prefix) = (self.run.clone(), self.size, self.keys, prefix.to_string());
+        move |i| format!("bench/{run}/{prefix}/{size}/{}", i % n)
+    }
+
+    /// Batched puts of `objects` objects, or batched gets of `objects`.
+    async fn batch(&self, put: bool, objects: u64) -> anyhow::Result<Row> {
+        let name = if put {
+            "strata batch_put"
+        } else {
+            "strata batch_get"
+        };
+        let batch = self.batch;
+        let batches = objects.div_ceil(batch as u64).max(1);
+        let phase = Phase::new(
+            &format!("{name} {batch}x{}", format_size(self.size)),
+            batches,
+            self.quiet,
+        );
+        let data = Arc::new(self.buffer());
+        let el = drive(&phase, self.clients, |_, ph| {
+            let (c, data, keys) = (self.client.clone(), data.clone(), self.keys_fn("b"));
             // Reused like an engine's KV buffers (no fresh pages per batch).
             let mut bufs: Vec<Vec<u8>> = if put {
                 Vec::new()
             } else {
-                vec![vec![0u8; size as usize]; batch]
+                vec![self.buffer(); batch]
             };
-            while let Some(b) = ph.take() {
-                let keys: Vec<String> = (0..batch as u64)
-                    .map(|j| key(&run, size, b * batch as u64 + j))
-                    .collect();
-                let t0 = Instant::now();
-                if put {
-                    let items: Vec<(&str, &[u8])> =
-                        keys.iter().map(|k| (k.as_str(), data.as_slice())).collect();
-                    for r in c.batch_put(&items, &PutOptions::default()).await? {
-                        r?;
-                    }
-                } else {
-                    let mut items: Vec<(&str, &mut [u8])> = keys
-                        .iter()
-                        .map(String::as_str)
-                        .zip(bufs.iter_mut().map(Vec::as_mut_slice))
+            async move {
+                while let Some(b) = ph.take() {
+                    let names: Vec<String> = (0..batch as u64)
+                        .map(|j| keys(b * batch as u64 + j))
                         .collect();
-                    for r in c.batch_get_into(&mut items).await? {
-                        r?;
+                    let t0 = Instant::now();
+                    if put {
+                        let items: Vec<(&str, &[u8])> = names
+                            .iter()
+                            .map(|k| (k.as_str(), data.as_slice()))
+                            .collect();
+                        for r in c.batch_put(&items, &PutOptions::default()).await? {
+                            // Keys repeat when the last batch wraps around.
+                            if let Err(e) = r {
+                                anyhow::ensure!(e.code == crate::Code::AlreadyExists, e);
+                            }
+                        }
+                    } else {
+                        let mut items: Vec<(&str, &mut [u8])> = names
+                            .iter()
+                            .map(String::as_str)
+                            .zip(bufs.iter_mut().map(Vec::as_mut_slice))
+                            .collect();
+                        for r in c.batch_get_into(&mut items).await? {
+                            r?;
+                        }
                     }
+                    ph.record(t0);
                 }
-                ph.record(t0);
+                Ok(())
             }
-            Ok(())
-        }
-    })
-    .await?;
-    let mut row = phase.finish(name, size, conns, size * batch as u64, el);
-    row.ops *= batch as u64;
-    row.ops_per_sec *= batch as f64;
-    row.note = format!("batches of {batch}; latency per batch");
-    Ok(row)
+        })
+        .await?;
+        let mut row = phase.finish(name, self.size, self.clients, self.size * batch as u64, el);
+        row.ops *= batch as u64;
+        row.ops_per_sec *= batch as f64;
+        row.note = format!("batches of {batch}; latency per batch");
+        Ok(row)
+    }
 }
 
 /// The master's metadata path alone: BatchPutStart + BatchPutEnd +

@@ -74,7 +74,7 @@ impl TcpTransport {
     /// Runs one request on a pooled connection. A connection goes back to the
     /// pool only after a complete exchange, so a stream is never reused in an
     /// unknown state.
-    async fn request(&self, range: &RemoteRange, op: Op, at: u64, io: Io<'_>) -> Result<()> {
+    async fn request(&self, range: &RemoteRange, op: Op, at: u64, io: Io<'_>) -> Result<u32> {
         let pool = self.pool(&range.addr);
         let pooled = pool.lock().pop();
         let mut conn = match pooled {
@@ -103,9 +103,9 @@ impl TcpTransport {
                 self.give_back(&pool, conn);
                 Err(e)
             }
-            Ok(Ok(())) => {
+            Ok(Ok(crc)) => {
                 self.give_back(&pool, conn);
-                Ok(())
+                Ok(crc)
             }
         }
     }
@@ -120,14 +120,15 @@ impl TcpTransport {
 
 enum Io<'a> {
     Out(&'a [u8]),
-    In(&'a mut [u8]),
+    /// Read into the buffer; with `true`, checksum it while it streams in.
+    In(&'a mut [u8], bool),
 }
 
 impl Io<'_> {
     fn len(&self) -> usize {
         match self {
             Io::Out(b) => b.len(),
-            Io::In(b) => b.len(),
+            Io::In(b, _) => b.len(),
         }
     }
 }
@@ -144,11 +145,12 @@ impl From<std::io::Error> for Exchange {
     }
 }
 
-async fn exchange(s: &mut TcpStream, req: &Request, io: Io<'_>) -> Result<(), Exchange> {
+/// One request/response. Returns the crc32c of the bytes read when asked.
+async fn exchange(s: &mut TcpStream, req: &Request, io: Io<'_>) -> Result<u32, Exchange> {
     let hdr = req.encode();
     match &io {
         Io::Out(data) => write_all_vectored(s, &hdr, data).await?,
-        Io::In(_) => s.write_all(&hdr).await?,
+        Io::In(..) => s.write_all(&hdr).await?,
     }
     let mut rh = [0u8; RESP_LEN];
     s.read_exact(&mut rh).await?;
@@ -180,7 +182,7 @@ async fn exchange(s: &mut TcpStream, req: &Request, io: Io<'_>) -> Result<(), Ex
                 )));
             }
         }
-        Io::In(buf) => {
+        Io::In(buf, with_crc) => {
             if resp.length != buf.len() as u64 {
                 return Err(Exchange::Io(std::io::Error::other(format!(
                     "store node returned {} bytes, expected {}",
@@ -188,31 +190,61 @@ async fn exchange(s: &mut TcpStream, req: &Request, io: Io<'_>) -> Result<(), Ex
                     buf.len()
                 ))));
             }
-            s.read_exact(buf).await?;
+            if !with_crc {
+                s.read_exact(buf).await?;
+                return Ok(0);
+            }
+            // Checksum each piece as it lands, while the sender keeps
+            // filling the socket: the check costs almost no extra time.
+            let mut crc = 0;
+            for piece in buf.chunks_mut(CRC_PIECE) {
+                s.read_exact(piece).await?;
+                crc = crc32c::crc32c_append(crc, piece);
+            }
+            return Ok(crc);
         }
     }
-    Ok(())
+    Ok(0)
 }
+
+/// Bytes received between checksum updates on a verified read.
+const CRC_PIECE: usize = 128 << 10;
 
 impl TcpTransport {
     /// Runs one request per chunk, up to `parallel` at once, each on its own
     /// pooled connection.
-    async fn chunked(&self, range: &RemoteRange, op: Op, at: u64, ios: Vec<Io<'_>>) -> Result<()> {
+    async fn chunked(&self, range: &RemoteRange, op: Op, at: u64, ios: Vec<Io<'_>>) -> Result<u32> {
         let mut futs = Vec::with_capacity(ios.len());
+        let mut lens = Vec::with_capacity(ios.len());
         let mut off = at;
         for io in ios {
-            let n = io.len() as u64;
+            let n = io.len();
+            lens.push(n);
             futs.push(self.request(range, op, off, io));
-            off += n;
+            off += n as u64;
         }
         if futs.len() == 1 {
             return futs.pop().expect("one future").await;
         }
-        futures::stream::iter(futs)
-            .buffer_unordered(self.cfg.parallel.max(1))
-            .try_collect::<Vec<()>>()
-            .await
-            .map(|_| ())
+        // `buffered` keeps results in order, so chunk checksums combine.
+        let crcs: Vec<u32> = futures::stream::iter(futs)
+            .buffered(self.cfg.parallel.max(1))
+            .try_collect()
+            .await?;
+        let mut it = crcs.into_iter().zip(lens);
+        let first = it.next().map_or(0, |(c, _)| c);
+        Ok(it.fold(first, |acc, (c, n)| crc32c::crc32c_combine(acc, c, n)))
+    }
+}
+
+impl TcpTransport {
+    async fn read_in(&self, src: &RemoteRange, at: u64, buf: &mut [u8], crc: bool) -> Result<u32> {
+        check_sub_range(src.len(), at, buf.len())?;
+        let ios = buf
+            .chunks_mut(self.cfg.chunk_bytes.max(1))
+            .map(|c| Io::In(c, crc))
+            .collect();
+        self.chunked(src, Op::Read, at, ios).await
     }
 }
 
@@ -229,7 +261,7 @@ impl Transport for TcpTransport {
                 .chunks(self.cfg.chunk_bytes.max(1))
                 .map(Io::Out)
                 .collect();
-            self.chunked(dst, Op::Write, at, ios).await
+            self.chunked(dst, Op::Write, at, ios).await.map(|_| ())
         })
     }
 
@@ -239,14 +271,16 @@ impl Transport for TcpTransport {
         at: u64,
         buf: &'a mut [u8],
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
-            check_sub_range(src.len(), at, buf.len())?;
-            let ios = buf
-                .chunks_mut(self.cfg.chunk_bytes.max(1))
-                .map(Io::In)
-                .collect();
-            self.chunked(src, Op::Read, at, ios).await
-        })
+        Box::pin(async move { self.read_in(src, at, buf, false).await.map(|_| ()) })
+    }
+
+    fn read_crc32c<'a>(
+        &'a self,
+        src: &'a RemoteRange,
+        at: u64,
+        buf: &'a mut [u8],
+    ) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(self.read_in(src, at, buf, true))
     }
 
     fn name(&self) -> &'static str {
