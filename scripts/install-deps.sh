@@ -3,8 +3,9 @@
 #   protobuf-compiler  protoc for the gRPC code generation
 #   redis-server       the Redis baseline of `strata bench`
 #   curl               admin-endpoint checks in scripts
+#   clang libclang-dev build-essential pkg-config  the bundled RocksDB build (bindgen, C++)
 set -euo pipefail
-pkgs=(protobuf-compiler redis-server curl)
+pkgs=(protobuf-compiler redis-server curl clang libclang-dev build-essential pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -5,5 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
-cargo build --workspace --bins
+# --all-targets (not --bins) so dependency features, and so the one RocksDB
+# build, are the same as for clippy and the tests.
+cargo build --workspace --all-targets
 cargo nextest run --workspace --no-fail-fast "$@"

@@ -360,9 +360,12 @@ async fn corrupted_replica_is_never_served() {
             let bytes = if i == 0 { &bad } else { &good };
             t.write(&range, 0, bytes).await.unwrap();
         }
-        m.put_end(pb::PutEndRequest { key: key.into(), crc32c: crc32c::crc32c(&good) })
-            .await
-            .unwrap();
+        m.put_end(pb::PutEndRequest {
+            key: key.into(),
+            crc32c: crc32c::crc32c(&good),
+        })
+        .await
+        .unwrap();
     }
     for _ in 0..5 {
         assert_eq!(cl.get("one-bad-of-two").await.unwrap(), good);
@@ -370,6 +373,9 @@ async fn corrupted_replica_is_never_served() {
     let e = cl.get("only-bad").await.unwrap_err();
     assert_eq!(e.code, Code::Corrupted, "{e}");
     let mut buf = vec![0u8; good.len()];
-    assert_eq!(cl.get_into("only-bad", &mut buf).await.unwrap_err().code, Code::Corrupted);
+    assert_eq!(
+        cl.get_into("only-bad", &mut buf).await.unwrap_err().code,
+        Code::Corrupted
+    );
     c.shutdown().await;
 }

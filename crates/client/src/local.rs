@@ -7,17 +7,25 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_common::{Error, Result};
 use strata_master::{Master, MasterConfig};
+use strata_ssd_agent::{SsdAgentConfig, SsdAgentHandle};
 use strata_store_node::{StoreNodeConfig, StoreNodeHandle};
 use tokio_util::sync::CancellationToken;
 
+/// Adjusts an SSD agent's configuration before it starts.
+type AgentTweak = Arc<dyn Fn(&mut SsdAgentConfig) + Send + Sync>;
+
 /// Builds an in-process cluster: `ClusterBuilder::new().store_nodes(3).build()`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClusterBuilder {
     store_nodes: usize,
     node_capacity: u64,
     segment_size: Option<u64>,
     prefault: bool,
     master: MasterConfig,
+    ssd_agents: usize,
+    ssd_capacity: u64,
+    ssd_dir: Option<std::path::PathBuf>,
+    ssd: Option<AgentTweak>,
 }
 
 impl Default for ClusterBuilder {
@@ -28,13 +36,45 @@ impl Default for ClusterBuilder {
             segment_size: None,
             prefault: false,
             master: MasterConfig::local(),
+            ssd_agents: 0,
+            ssd_capacity: 1 << 30,
+            ssd_dir: None,
+            ssd: None,
         }
+    }
+}
+
+impl std::fmt::Debug for ClusterBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterBuilder")
+            .field("store_nodes", &self.store_nodes)
+            .field("ssd_agents", &self.ssd_agents)
+            .finish()
     }
 }
 
 impl ClusterBuilder {
     pub fn new() -> Self {
         Self::default()
+    }
+    /// SSD agents (handles `local/ssd-0`, …) sharing one data directory.
+    pub fn ssd_agents(mut self, n: usize) -> Self {
+        self.ssd_agents = n;
+        self
+    }
+    pub fn ssd_capacity(mut self, bytes: u64) -> Self {
+        self.ssd_capacity = bytes;
+        self
+    }
+    /// The agents' shared data directory (default: a temporary one).
+    pub fn ssd_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.ssd_dir = Some(dir.into());
+        self
+    }
+    /// Adjusts every SSD agent's configuration.
+    pub fn ssd(mut self, f: impl Fn(&mut SsdAgentConfig) + Send + Sync + 'static) -> Self {
+        self.ssd = Some(Arc::new(f));
+        self
     }
     pub fn store_nodes(mut self, n: usize) -> Self {
         self.store_nodes = n;
@@ -62,7 +102,18 @@ impl ClusterBuilder {
 
     /// Starts the master and the nodes and waits until every node has
     /// registered its segments.
-    pub async fn build(self) -> Result<LocalCluster> {
+    pub async fn build(mut self) -> Result<LocalCluster> {
+        let tmp = tempfile::Builder::new()
+            .prefix("strata-local-")
+            .tempdir()
+            .map_err(|e| Error::internal(format!("cannot create a temporary directory: {e}")))?;
+        if self.master.state_dir.is_none() {
+            self.master.state_dir = Some(tmp.path().join("master"));
+        }
+        let ssd_dir = self
+            .ssd_dir
+            .clone()
+            .unwrap_or_else(|| tmp.path().join("ssd"));
         let root = CancellationToken::new();
         let master_token = root.child_token();
         let mh = strata_master::start(self.master.clone(), master_token.clone()).await?;
@@ -79,11 +130,19 @@ impl ClusterBuilder {
             node_capacity: self.node_capacity,
             segment_size: self.segment_size,
             prefault: self.prefault,
+            agents: Vec::new(),
+            ssd_dir,
+            ssd_capacity: self.ssd_capacity,
+            ssd_cfg: self.ssd.clone(),
+            _tmp: tmp,
         };
         for _ in 0..self.store_nodes {
             c.add_node().await?;
         }
         c.wait_registered(Duration::from_secs(10)).await?;
+        for i in 0..self.ssd_agents {
+            c.add_agent(&format!("local/ssd-{i}")).await?;
+        }
         Ok(c)
     }
 }
@@ -110,6 +169,30 @@ impl LocalNode {
     }
 }
 
+/// An SSD agent of a local cluster.
+pub struct LocalAgent {
+    pub handle: String,
+    pub data_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub owner_id: u64,
+    pub recovery: strata_ssd_agent::store::RecoveryReport,
+    pub store: Arc<strata_ssd_agent::store::OwnerStore>,
+    pub faults: Arc<strata_ssd_agent::store::Faults>,
+    token: CancellationToken,
+    task: Option<tokio::task::JoinHandle<Result<()>>>,
+}
+
+impl LocalAgent {
+    /// Stops the agent cleanly (flushes its index, releases its lock).
+    pub async fn stop(&mut self) -> Result<()> {
+        self.token.cancel();
+        match self.task.take() {
+            Some(t) => t.await.map_err(|e| Error::internal(e.to_string()))?,
+            None => Ok(()),
+        }
+    }
+}
+
 pub struct LocalCluster {
     pub master_addr: SocketAddr,
     pub master_admin: SocketAddr,
@@ -121,9 +204,59 @@ pub struct LocalCluster {
     node_capacity: u64,
     segment_size: Option<u64>,
     prefault: bool,
+    pub agents: Vec<LocalAgent>,
+    pub ssd_dir: std::path::PathBuf,
+    ssd_capacity: u64,
+    ssd_cfg: Option<AgentTweak>,
+    _tmp: tempfile::TempDir,
 }
 
 impl LocalCluster {
+    /// Starts an SSD agent with `handle` on the cluster's SSD directory.
+    pub async fn add_agent(&mut self, handle: &str) -> Result<&LocalAgent> {
+        let a = self.spawn_agent(handle.to_string()).await?;
+        self.agents.push(a);
+        Ok(self.agents.last().expect("just pushed"))
+    }
+
+    /// Stops agent `i` and starts it again with the same handle and directory.
+    pub async fn restart_agent(&mut self, i: usize) -> Result<&LocalAgent> {
+        // Drop the old agent entirely first: its store holds the index open.
+        let mut old = self.agents.remove(i);
+        old.stop().await?;
+        let handle = old.handle.clone();
+        drop(old);
+        let a = self.spawn_agent(handle).await?;
+        self.agents.insert(i, a);
+        Ok(&self.agents[i])
+    }
+
+    /// Starts an agent without adding it to `agents` (start several at once).
+    pub async fn spawn_agent(&self, handle: String) -> Result<LocalAgent> {
+        let handle = handle.as_str();
+        let mut cfg = SsdAgentConfig::local(
+            &self.master_addr(),
+            handle,
+            self.ssd_dir.clone(),
+            self.ssd_capacity,
+        );
+        if let Some(f) = &self.ssd_cfg {
+            f(&mut cfg);
+        }
+        let token = self.root.child_token();
+        let h: SsdAgentHandle = strata_ssd_agent::start(cfg, token.clone()).await?;
+        Ok(LocalAgent {
+            handle: handle.to_string(),
+            data_addr: h.data_addr,
+            admin_addr: h.admin_addr,
+            owner_id: h.owner_id,
+            recovery: h.recovery.clone(),
+            store: h.store.clone(),
+            faults: h.faults.clone(),
+            token,
+            task: Some(tokio::spawn(h.wait())),
+        })
+    }
     pub async fn add_node(&mut self) -> Result<&LocalNode> {
         let mut cfg = StoreNodeConfig::local(&self.master_addr.to_string(), self.node_capacity);
         if let Some(s) = self.segment_size {
@@ -169,6 +302,9 @@ impl LocalCluster {
 
     /// Stops every service cleanly and waits for their tasks.
     pub async fn shutdown(mut self) {
+        for a in &mut self.agents {
+            let _ = a.stop().await;
+        }
         for n in &mut self.nodes {
             n.stop().await;
         }

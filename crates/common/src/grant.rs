@@ -5,6 +5,20 @@
 /// Permission bits carried in a grant.
 pub const PERM_READ: u32 = 1;
 pub const PERM_WRITE: u32 = 2;
+/// Read of an SSD bucket range, served by the owning agent. Distinct from
+/// PERM_READ so a DRAM grant can never be replayed against a bucket.
+pub const PERM_SSD_READ: u32 = 4;
+
+/// The "segment id" a grant names for an SSD bucket: owner in the high bits,
+/// so one owner's grant cannot address another owner's bucket.
+pub fn ssd_segment_id(owner_id: u64, bucket_id: u64) -> u64 {
+    (owner_id << 40) | (bucket_id & ((1 << 40) - 1))
+}
+
+/// Inverse of [`ssd_segment_id`]: (owner_id, bucket_id).
+pub fn split_ssd_segment_id(id: u64) -> (u64, u64) {
+    (id >> 40, id & ((1 << 40) - 1))
+}
 
 pub const MAC_LEN: usize = 16;
 

@@ -66,20 +66,12 @@ async fn nodes(State(m): State<Arc<Master>>) -> Response {
     Json(m.describe_nodes()).into_response()
 }
 
-/// SSD owners register with `strata-ssd-agent`; none exist in a DRAM-only
-/// cluster, so the list is honestly empty.
-async fn owners() -> Response {
-    Json(json!({ "owners": [] })).into_response()
+async fn owners(State(m): State<Arc<Master>>) -> Response {
+    Json(m.describe_owners()).into_response()
 }
 
 async fn offload(State(m): State<Arc<Master>>) -> Response {
-    Json(json!({
-        "policy": m.config().offload_policy.to_string(),
-        "ssd_owners": 0,
-        "queued": 0,
-        "in_flight": 0,
-    }))
-    .into_response()
+    Json(m.describe_offload()).into_response()
 }
 
 impl Master {
@@ -105,13 +97,75 @@ impl Master {
                 "segment_id": r.seg.id,
                 "offset": r.offset,
                 "state": state,
-            })).collect::<Vec<_>>(),
+            })).chain(o.ssd.iter().map(|r| json!({
+                "kind": "ssd",
+                "owner_id": r.owner_id,
+                "bucket_id": r.bucket_id,
+                "offset": r.offset,
+                "state": state,
+            }))).collect::<Vec<_>>(),
+            "pins": o.pins,
             "lease_until": o.lease_until_ms,
             "leased": o.leased(now),
             "last_access": o.last_access_ms,
             "pinned": o.hard_pin,
             "soft_pinned": o.soft_pin,
         }))
+    }
+
+    pub fn describe_owners(&self) -> serde_json::Value {
+        let q = self.queue.lock();
+        let owners: Vec<serde_json::Value> = self
+            .owners
+            .snapshot()
+            .into_iter()
+            .map(|(o, live)| {
+                json!({
+                    "handle": o.handle,
+                    "owner_id": o.owner_id,
+                    "epoch": o.epoch,
+                    "instance": o.instance,
+                    "data_addr": o.data_addr,
+                    "bytes": o.used,
+                    "buckets": o.buckets,
+                    "capacity": o.capacity,
+                    "pending_offload_bytes": q.pending_bytes(o.owner_id),
+                    "unknown_files": o.unknown_files,
+                    "quarantined_files": o.quarantined_files,
+                    "live": live,
+                })
+            })
+            .collect();
+        json!({ "owners": owners, "durable_state": self.owners.kv_name() })
+    }
+
+    pub fn describe_offload(&self) -> serde_json::Value {
+        let q = self.queue.lock();
+        let (queued, assigned) = q.counts();
+        let c = q.counters;
+        let tasks: Vec<serde_json::Value> = q
+            .tasks()
+            .take(1000)
+            .map(|t| {
+                let state = match t.state {
+                    crate::offload::queue::TaskState::Queued { .. } => "queued",
+                    crate::offload::queue::TaskState::Assigned { .. } => "assigned",
+                };
+                json!({"task_id": t.id, "key": t.key, "owner_id": t.owner, "size": t.size, "attempts": t.attempts, "state": state})
+            })
+            .collect();
+        drop(q);
+        json!({
+            "policy": self.policy.name(),
+            "queued": queued,
+            "assigned": assigned,
+            "persisted": c.persisted,
+            "failed": c.failed,
+            "expired": c.expired,
+            "dropped": c.dropped,
+            "pins": self.total_pins(),
+            "tasks": tasks,
+        })
     }
 
     pub fn describe_nodes(&self) -> serde_json::Value {

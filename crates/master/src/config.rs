@@ -83,6 +83,8 @@ pub struct MasterConfig {
     pub eviction_ratio: f64,
     pub alloc_strategy: AllocStrategy,
     pub offload_policy: OffloadPolicy,
+    /// An offload task handed to an agent must be reported within this time.
+    pub offload_task_ttl: Duration,
 }
 
 impl Default for MasterConfig {
@@ -99,6 +101,7 @@ impl Default for MasterConfig {
             eviction_ratio: 0.05,
             alloc_strategy: AllocStrategy::Random,
             offload_policy: OffloadPolicy::Eager,
+            offload_task_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -130,6 +133,7 @@ impl MasterConfig {
             ("--lease-ttl", self.lease_ttl),
             ("--node-ttl", self.node_ttl),
             ("--put-timeout", self.put_timeout),
+            ("--offload-task-ttl", self.offload_task_ttl),
         ] {
             if d < Duration::from_millis(10) {
                 return Err(Error::invalid(format!("{name} must be at least 10ms")));
@@ -182,6 +186,9 @@ pub struct MasterArgs {
     /// SSD admission: eager | on-evict | reads:N [default: eager]
     #[arg(long, env = "STRATA_OFFLOAD_POLICY")]
     pub offload_policy: Option<String>,
+    /// An offload task not reported within this time is requeued [default: 30s]
+    #[arg(long, env = "STRATA_OFFLOAD_TASK_TTL")]
+    pub offload_task_ttl: Option<HumanDuration>,
     /// text | json [default: text]
     #[arg(long, env = "STRATA_LOG_FORMAT")]
     #[serde(skip)]
@@ -207,7 +214,8 @@ impl MasterArgs {
                     high_watermark,
                     eviction_ratio,
                     alloc_strategy,
-                    offload_policy
+                    offload_policy,
+                    offload_task_ttl
                 ]
             );
         }
@@ -230,6 +238,7 @@ impl MasterArgs {
                 Some(s) => s.parse().map_err(Error::invalid)?,
                 None => d.offload_policy,
             },
+            offload_task_ttl: self.offload_task_ttl.map_or(d.offload_task_ttl, |v| v.0),
         };
         cfg.validate()?;
         Ok(cfg)

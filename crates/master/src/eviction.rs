@@ -29,16 +29,23 @@ impl Master {
                     break;
                 }
                 // Re-check under the lock: a reader may have leased it meanwhile.
-                let victim: Option<Object> = {
+                // An object with an SSD copy keeps living there.
+                let victim: Option<(Object, bool)> = {
                     let mut s = self.objects.shard(&key);
-                    match s.get(&key) {
-                        Some(o) if o.evictable(now) => s.remove(&key),
+                    match s.get_mut(&key) {
+                        Some(o) if o.evictable(now) && !o.ssd.is_empty() => {
+                            Some((o.take_memory(), false))
+                        }
+                        Some(o) if o.evictable(now) => s.remove(&key).map(|o| (o, true)),
                         _ => None,
                     }
                 };
-                if let Some(o) = victim {
+                if let Some((o, gone)) = victim {
                     freed += o.release();
                     evicted += 1;
+                    if gone {
+                        self.metrics.keys.dec();
+                    }
                 }
             }
             if freed >= want {
@@ -47,7 +54,6 @@ impl Master {
         }
         if evicted > 0 {
             self.metrics.evictions.inc_by(evicted);
-            self.metrics.keys.sub(evicted as i64);
             tracing::debug!(evicted, freed, "evicted objects");
         }
         freed

@@ -5,10 +5,12 @@ pub mod admin;
 pub mod allocator;
 pub mod cluster;
 pub mod config;
+pub mod durable;
 pub mod eviction;
 pub mod master;
 pub mod metrics;
 pub mod objects;
+pub mod offload;
 pub mod service;
 
 pub use config::{MasterArgs, MasterConfig};
@@ -53,7 +55,7 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
         .advertise
         .clone()
         .unwrap_or_else(|| grpc_addr.to_string());
-    let master = Master::new(cfg.clone());
+    let master = Master::new(cfg.clone())?;
     let mut tasks = JoinSet::new();
 
     let refresh = master.clone();
@@ -123,6 +125,7 @@ async fn housekeeping(m: Arc<Master>, shutdown: CancellationToken) {
         let _ = tokio::task::spawn_blocking(move || {
             m2.expire_nodes(strata_common::time::unix_ms());
             m2.reclaim_expired_puts(Instant::now());
+            m2.expire_offload_tasks(strata_common::time::unix_ms());
         })
         .await;
     }

@@ -4,18 +4,25 @@
 use crate::allocator::aligned_len;
 use crate::cluster::{NodeEntry, SegmentEntry};
 use crate::config::{AllocStrategy, MasterConfig};
+use crate::durable::{DurableKv, FileKv, MemKv};
 use crate::metrics::MasterMetrics;
-use crate::objects::{ObjState, Object, ObjectTable, Replica};
+use crate::objects::{ObjState, Object, ObjectTable, Replica, SsdReplica};
+use crate::offload::owners::OwnerRegistry;
+use crate::offload::policy::{self, AdmissionPolicy};
+use crate::offload::queue::OffloadQueue;
 use parking_lot::{Mutex, RwLock};
 use rand::seq::SliceRandom;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use strata_common::grant::{GrantKey, GrantScope, PERM_READ, PERM_WRITE};
+use strata_common::grant::{
+    ssd_segment_id, GrantKey, GrantScope, PERM_READ, PERM_SSD_READ, PERM_WRITE,
+};
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
+use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
 
 pub const MAX_KEY_LEN: usize = 4096;
 pub const MAX_REPLICAS: u32 = 16;
@@ -35,6 +42,11 @@ pub struct Master {
     pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
     pub(crate) evict_wakeup: tokio::sync::Notify,
     pub metrics: MasterMetrics,
+    pub(crate) owners: OwnerRegistry,
+    pub(crate) queue: Mutex<OffloadQueue>,
+    pub(crate) policy: Box<dyn AdmissionPolicy>,
+    /// Pings data-plane addresses (is an SSD owner's holder still alive?).
+    pinger: TcpTransport,
 }
 
 /// What PutStart/PutEnd callers ask for.
@@ -75,11 +87,33 @@ pub fn validate_key(key: &str) -> Result<()> {
 }
 
 impl Master {
-    pub fn new(cfg: MasterConfig) -> Arc<Self> {
+    /// Opens the durable state (`--state-dir`, or memory without one).
+    pub fn new(cfg: MasterConfig) -> Result<Arc<Self>> {
+        let kv: Arc<dyn DurableKv> = match &cfg.state_dir {
+            Some(dir) => Arc::new(FileKv::open(dir)?),
+            None => {
+                tracing::warn!(
+                    "no --state-dir: SSD owner identities will not survive a master restart"
+                );
+                Arc::new(MemKv::new())
+            }
+        };
+        Self::with_kv(cfg, kv)
+    }
+
+    pub fn with_kv(cfg: MasterConfig, kv: Arc<dyn DurableKv>) -> Result<Arc<Self>> {
         let metrics = MasterMetrics::new();
         metrics.is_leader.set(1);
         metrics.term.set(1);
-        Arc::new(Master {
+        let policy = policy::from_config(cfg.offload_policy)?;
+        let owners = OwnerRegistry::new(kv, cfg.node_ttl.as_millis() as u64);
+        let pinger = TcpTransport::new(TcpTransportConfig {
+            connect_timeout: std::time::Duration::from_secs(1),
+            io_timeout: std::time::Duration::from_secs(1),
+            max_idle_per_node: 0,
+            ..Default::default()
+        });
+        Ok(Arc::new(Master {
             cfg,
             grant_key: GrantKey::random(),
             objects: ObjectTable::default(),
@@ -91,6 +125,36 @@ impl Master {
             pending_puts: Mutex::new(VecDeque::new()),
             evict_wakeup: tokio::sync::Notify::new(),
             metrics,
+            owners,
+            queue: Mutex::new(OffloadQueue::new(5, 500)),
+            policy,
+            pinger,
+        }))
+    }
+
+    fn ssd_view(&self, r: &SsdReplica, expires: u64, now: u64) -> Option<pb::Replica> {
+        let (addr, handle) = self.owners.endpoint(r.owner_id, now)?;
+        let scope = GrantScope {
+            perm: PERM_SSD_READ,
+            segment_id: ssd_segment_id(r.owner_id, r.bucket_id),
+            offset: r.offset,
+            length: r.length,
+            expires_unix_ms: expires,
+        };
+        Some(pb::Replica {
+            kind: pb::ReplicaKind::Ssd as i32,
+            node_id: handle,
+            data_addr: addr,
+            segment_id: scope.segment_id,
+            offset: r.offset,
+            length: r.length,
+            grant: Some(pb::Grant {
+                perm: PERM_SSD_READ,
+                expires_unix_ms: expires,
+                mac: self.grant_key.sign(&scope).to_vec(),
+            }),
+            state: pb::ReplicaState::Complete as i32,
+            owner_id: r.owner_id,
         })
     }
 
@@ -98,7 +162,7 @@ impl Master {
         &self.cfg
     }
 
-    fn replica_view(
+    pub(crate) fn replica_view(
         &self,
         r: &Replica,
         length: u64,
@@ -130,6 +194,7 @@ impl Master {
             } else {
                 pb::ReplicaState::Processing as i32
             },
+            owner_id: 0,
         }
     }
 
@@ -183,6 +248,8 @@ impl Master {
                     size: spec.size,
                     crc32c: 0,
                     replicas,
+                    ssd: Vec::new(),
+                    pins: 0,
                     state: ObjState::Processing { put_id, deadline },
                     lease_until_ms: 0,
                     last_access_ms: now,
@@ -209,6 +276,12 @@ impl Master {
     }
 
     pub fn put_end(&self, key: &str, crc32c: u32) -> Result<()> {
+        let size = self.commit(key, crc32c)?;
+        self.admit_on_put_end(key, size);
+        Ok(())
+    }
+
+    fn commit(&self, key: &str, crc32c: u32) -> Result<u64> {
         validate_key(key)?;
         let mut shard = self.objects.shard(key);
         let obj = shard.get_mut(key).ok_or_else(|| {
@@ -230,7 +303,7 @@ impl Master {
                 .node
                 .log_commit(key, r.seg.id, r.offset, obj.size, crc32c);
         }
-        Ok(())
+        Ok(obj.size)
     }
 
     pub fn put_revoke(&self, key: &str) -> Result<()> {
@@ -349,7 +422,7 @@ impl Master {
     pub fn get_replicas(&self, key: &str) -> Result<pb::GetReplicasResponse> {
         validate_key(key)?;
         let now = unix_ms();
-        let (size, crc, replicas, lease) = {
+        let (size, crc, replicas, ssd, lease) = {
             let mut shard = self.objects.shard(key);
             let obj = shard
                 .get_mut(key)
@@ -364,14 +437,22 @@ impl Master {
                 .lease_until_ms
                 .max(now + self.cfg.lease_ttl.as_millis() as u64);
             obj.last_access_ms = now;
+            let ssd = obj.ssd.clone();
             (
                 obj.size,
                 obj.crc32c,
                 obj.replicas.clone(),
+                ssd,
                 obj.lease_until_ms,
             )
         };
-        if replicas.is_empty() {
+        // Memory first, then SSD (served by the owning agent).
+        let mut views: Vec<pb::Replica> = replicas
+            .iter()
+            .map(|r| self.replica_view(r, size, PERM_READ, lease, true))
+            .collect();
+        views.extend(ssd.iter().filter_map(|r| self.ssd_view(r, lease, now)));
+        if views.is_empty() {
             return Err(Error::unavailable(format!(
                 "key {key:?} has no live replica"
             )));
@@ -379,10 +460,7 @@ impl Master {
         Ok(pb::GetReplicasResponse {
             size,
             crc32c: crc,
-            replicas: replicas
-                .iter()
-                .map(|r| self.replica_view(r, size, PERM_READ, lease, true))
-                .collect(),
+            replicas: views,
             lease_until_unix_ms: lease,
         })
     }
@@ -394,19 +472,27 @@ impl Master {
             .get(key)
             .ok_or_else(|| Error::not_found(format!("key {key:?} not found")))?;
         let complete = o.is_complete();
+        let now = unix_ms();
+        let mut replicas: Vec<pb::Replica> = o
+            .replicas
+            .iter()
+            .map(|r| pb::Replica {
+                grant: None,
+                ..self.replica_view(r, o.size, 0, 0, complete)
+            })
+            .collect();
+        replicas.extend(
+            o.ssd
+                .iter()
+                .filter_map(|r| self.ssd_view(r, 0, now))
+                .map(|r| pb::Replica { grant: None, ..r }),
+        );
         Ok(pb::InspectResponse {
             key: key.to_string(),
             size: o.size,
             crc32c: o.crc32c,
             complete,
-            replicas: o
-                .replicas
-                .iter()
-                .map(|r| pb::Replica {
-                    grant: None,
-                    ..self.replica_view(r, o.size, 0, 0, complete)
-                })
-                .collect(),
+            replicas,
             lease_until_unix_ms: o.lease_until_ms,
             hard_pin: o.hard_pin,
             soft_pin: o.soft_pin,
@@ -438,6 +524,14 @@ impl Master {
                     format!("key {key:?} is being written; revoke the put or remove with force"),
                 ));
             }
+            if !force && obj.pins > 0 {
+                return Err(Error::new(
+                    Code::Leased,
+                    format!(
+                        "key {key:?} is being copied to SSD; retry shortly or remove with force"
+                    ),
+                ));
+            }
             if !force && obj.leased(now) {
                 return Err(Error::new(
                     Code::Leased,
@@ -467,7 +561,7 @@ impl Master {
                 let keys: Vec<String> = s
                     .iter()
                     .filter_map(|(k, o)| {
-                        if o.is_complete() && (force || !o.leased(now)) {
+                        if o.is_complete() && (force || (!o.leased(now) && o.pins == 0)) {
                             Some(k.clone())
                         } else {
                             skipped += 1;
@@ -584,6 +678,7 @@ impl Master {
             })
             .collect();
         info.sort_by_key(|s| s.segment_id);
+        let (queued, assigned) = self.queue_counts();
         pb::StatResponse {
             keys: self.objects.len() as u64,
             capacity_bytes: info.iter().map(|s| s.capacity_bytes).sum(),
@@ -592,6 +687,22 @@ impl Master {
             segments: info.len() as u32,
             evictions: self.metrics.evictions.get(),
             segment_info: info,
+            owners: self
+                .owners
+                .snapshot()
+                .into_iter()
+                .map(|(o, live)| pb::OwnerInfo {
+                    handle: o.handle,
+                    owner_id: o.owner_id,
+                    used_bytes: o.used,
+                    buckets: o.buckets,
+                    capacity_bytes: o.capacity,
+                    live,
+                    data_addr: o.data_addr,
+                })
+                .collect(),
+            offload_queued: queued as u64,
+            offload_assigned: assigned as u64,
         }
     }
 
@@ -686,6 +797,41 @@ impl Master {
         }
     }
 
+    pub async fn register_owner(
+        &self,
+        req: pb::RegisterOwnerRequest,
+    ) -> Result<pb::RegisterOwnerResponse> {
+        let (owner_id, epoch) = self
+            .owners
+            .register(&req, |addr| async move { self.pinger.ping(&addr).await })
+            .await?;
+        // Whatever the previous incarnation held goes back to the queue, and
+        // its SSD replicas wait for the new incarnation's verified inventory.
+        let released = self.queue.lock().release_owner(owner_id, unix_ms());
+        for t in &released {
+            self.unpin(&t.key);
+        }
+        self.drop_ssd_replicas_of(owner_id);
+        Ok(pb::RegisterOwnerResponse {
+            owner_id,
+            epoch,
+            grant_key: self.grant_key.as_bytes().to_vec(),
+            heartbeat_interval_ms: (self.cfg.node_ttl.as_millis() as u64 / 4).clamp(20, 2000),
+        })
+    }
+
+    pub fn owner_heartbeat(
+        &self,
+        req: &pb::OwnerHeartbeatRequest,
+    ) -> Result<pb::OwnerHeartbeatResponse> {
+        self.owners.heartbeat(req)?;
+        let tasks = match req.max_tasks {
+            0 => Vec::new(),
+            n => self.take_tasks(req.owner_id, req.epoch, (n as usize).min(10_000)),
+        };
+        Ok(pb::OwnerHeartbeatResponse { tasks })
+    }
+
     /// Forgets a node: its segments are unmounted and every replica on them
     /// is dropped; objects left without replicas disappear.
     pub fn drop_node(&self, node_id: &str, why: &str) {
@@ -707,7 +853,7 @@ impl Master {
                 let before = o.replicas.len();
                 o.replicas.retain(|r| r.seg.is_mounted());
                 lost += (before - o.replicas.len()) as u64;
-                if o.replicas.is_empty() {
+                if o.replicas.is_empty() && o.ssd.is_empty() {
                     gone += 1;
                     false
                 } else {

@@ -14,6 +14,7 @@ pub struct MasterMetrics {
     pub request_duration: HistogramVec,
     pub evictions: IntCounter,
     pub offload_tasks: IntGaugeVec,
+    pub offload_results: IntCounterVec,
     pub is_leader: IntGauge,
     pub term: IntGauge,
     pub nodes: IntGauge,
@@ -78,6 +79,17 @@ impl MasterMetrics {
                 IntGaugeVec::new(
                     Opts::new("strata_master_offload_tasks", "Offload tasks by state"),
                     &["state"],
+                )
+                .expect("valid metric"),
+            ),
+            offload_results: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "strata_master_offload_results_total",
+                        "Offload task outcomes: persisted, failed_requeued, expired_requeued, dropped, source_gone",
+                    ),
+                    &["outcome"],
                 )
                 .expect("valid metric"),
             ),

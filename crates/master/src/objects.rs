@@ -19,6 +19,15 @@ pub struct Replica {
     pub alloc_len: u64,
 }
 
+/// A copy of an object's bytes in an SSD owner's bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SsdReplica {
+    pub owner_id: u64,
+    pub bucket_id: u64,
+    pub offset: u64,
+    pub length: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ObjState {
     /// PutStart granted space; bytes are being written until `deadline`.
@@ -30,7 +39,11 @@ pub enum ObjState {
 pub struct Object {
     pub size: u64,
     pub crc32c: u32,
+    /// DRAM replicas.
     pub replicas: Vec<Replica>,
+    pub ssd: Vec<SsdReplica>,
+    /// Offload tasks copying a DRAM replica right now: no eviction or free.
+    pub pins: u32,
     pub state: ObjState,
     pub lease_until_ms: u64,
     pub last_access_ms: u64,
@@ -42,12 +55,49 @@ impl Object {
     pub fn is_complete(&self) -> bool {
         self.state == ObjState::Complete
     }
+
+    /// A committed object known only from an SSD owner's inventory.
+    pub fn ssd_only(size: u64, crc32c: u32, r: SsdReplica) -> Object {
+        Object {
+            size,
+            crc32c,
+            replicas: Vec::new(),
+            ssd: vec![r],
+            pins: 0,
+            state: ObjState::Complete,
+            lease_until_ms: 0,
+            last_access_ms: strata_common::time::unix_ms(),
+            soft_pin: false,
+            hard_pin: false,
+        }
+    }
+
+    /// Moves the DRAM replicas out (to be released), keeping the object.
+    pub fn take_memory(&mut self) -> Object {
+        Object {
+            size: self.size,
+            crc32c: self.crc32c,
+            replicas: std::mem::take(&mut self.replicas),
+            ssd: Vec::new(),
+            pins: 0,
+            state: self.state,
+            lease_until_ms: 0,
+            last_access_ms: 0,
+            soft_pin: false,
+            hard_pin: false,
+        }
+    }
     pub fn leased(&self, now_ms: u64) -> bool {
         self.lease_until_ms > now_ms
     }
-    /// Eviction may take it: committed, unleased, not hard-pinned.
+    /// Eviction may take its DRAM: committed, unleased, not hard-pinned,
+    /// not being offloaded, and holding DRAM at all.
     pub fn evictable(&self, now_ms: u64) -> bool {
-        self.is_complete() && !self.leased(now_ms) && !self.hard_pin
+        self.is_complete()
+            && !self.leased(now_ms)
+            && !self.hard_pin
+            && self.pins == 0
+            && !self.replicas.is_empty()
     }
 
     /// Frees every replica's space, telling nodes about committed ranges.

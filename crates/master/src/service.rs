@@ -287,4 +287,63 @@ impl MasterRpc for MasterService {
         let r = Ok(self.master.heartbeat(req.get_ref()));
         self.done("heartbeat", t0, r)
     }
+
+    async fn register_owner(
+        &self,
+        req: Request<pb::RegisterOwnerRequest>,
+    ) -> Result<Response<pb::RegisterOwnerResponse>, Status> {
+        let t0 = Instant::now();
+        let r = self.master.register_owner(req.into_inner()).await;
+        self.done("register_owner", t0, r)
+    }
+
+    async fn owner_heartbeat(
+        &self,
+        req: Request<pb::OwnerHeartbeatRequest>,
+    ) -> Result<Response<pb::OwnerHeartbeatResponse>, Status> {
+        let t0 = Instant::now();
+        let r = self.master.owner_heartbeat(req.get_ref());
+        self.done("owner_heartbeat", t0, r)
+    }
+
+    async fn report_offload(
+        &self,
+        req: Request<pb::ReportOffloadRequest>,
+    ) -> Result<Response<pb::ReportOffloadResponse>, Status> {
+        let t0 = Instant::now();
+        let r = self
+            .master
+            .report_offload(req.into_inner())
+            .await
+            .map(|_| pb::ReportOffloadResponse {});
+        self.done("report_offload", t0, r)
+    }
+
+    async fn report_inventory(
+        &self,
+        req: Request<pb::ReportInventoryRequest>,
+    ) -> Result<Response<pb::ReportInventoryResponse>, Status> {
+        let t0 = Instant::now();
+        let r = self
+            .master
+            .report_inventory(req.into_inner())
+            .await
+            .map(|adopted| pb::ReportInventoryResponse { adopted });
+        self.done("report_inventory", t0, r)
+    }
+
+    async fn evict_memory(
+        &self,
+        req: Request<pb::EvictMemoryRequest>,
+    ) -> Result<Response<pb::EvictMemoryResponse>, Status> {
+        let t0 = Instant::now();
+        let keys = req.into_inner().keys;
+        let r = check_batch(keys.len()).map(|_| pb::EvictMemoryResponse {
+            results: keys
+                .iter()
+                .map(|k| status_of(self.master.evict_memory(k)))
+                .collect(),
+        });
+        self.done("evict_memory", t0, r)
+    }
 }

@@ -12,7 +12,7 @@ use strata_proto as pb;
 fn master_with(nodes: usize, seg: u64, f: impl FnOnce(&mut MasterConfig)) -> Arc<Master> {
     let mut cfg = MasterConfig::local();
     f(&mut cfg);
-    let m = Master::new(cfg);
+    let m = Master::new(cfg).unwrap();
     for i in 0..nodes {
         m.register_node(pb::RegisterNodeRequest {
             node_id: format!("n{i}"),

@@ -136,7 +136,7 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
     let mut tasks = JoinSet::new();
     tasks.spawn(strata_transport::tcp::serve(
         listener,
-        table.clone(),
+        table.clone() as Arc<dyn strata_transport::region::DataRegion>,
         metrics.server.clone(),
         shutdown.clone(),
     ));

@@ -2,10 +2,12 @@
 //! the cluster-wide segment id the master assigned. A one-sided transport
 //! (UCX) would register the same buffers with the NIC.
 
+use crate::frame::Request;
+use futures::future::BoxFuture;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::Arc;
-use strata_common::grant::{GrantKey, GrantScope};
+use strata_common::grant::{GrantKey, GrantScope, PERM_READ, PERM_WRITE};
 use strata_common::{Code, Error, Result};
 
 /// One contiguous DRAM buffer. Pages are allocated zeroed and lazily by the
@@ -107,6 +109,73 @@ impl Drop for Segment {
     }
 }
 
+/// Bytes a granted read is served from.
+pub enum ReadSource {
+    /// Registered memory, sent straight from the segment.
+    Segment(Arc<Segment>),
+    /// Bytes loaded for this read (e.g. from an SSD bucket), with a guard
+    /// (e.g. staging space) released once they are sent.
+    Owned(Vec<u8>, Option<Box<dyn std::any::Any + Send + Sync>>),
+}
+
+/// What a data-plane server serves: it authorises each request and supplies
+/// or receives the bytes. DRAM segments and SSD buckets both implement it.
+pub trait DataRegion: Send + Sync + 'static {
+    fn read<'a>(&'a self, req: &'a Request, now_ms: u64) -> BoxFuture<'a, Result<ReadSource>>;
+    /// Memory a granted write lands in.
+    fn write_target(&self, req: &Request, now_ms: u64) -> Result<Arc<Segment>>;
+    /// Answer to a ping: identifies the serving process (empty by default).
+    fn ping_payload(&self) -> Vec<u8> {
+        Vec::new()
+    }
+}
+
+/// Checks a grant's signature, expiry, permission and that
+/// `[offset, offset+length)` lies inside it.
+pub fn verify_grant(
+    key: &GrantKey,
+    grant: &GrantScope,
+    mac: &[u8],
+    want_perm: u32,
+    offset: u64,
+    length: u64,
+    now_ms: u64,
+) -> Result<()> {
+    if !key.verify(grant, mac) {
+        return Err(Error::new(
+            Code::PermissionDenied,
+            "grant signature does not verify (forged, altered or from another master)",
+        ));
+    }
+    if grant.expires_unix_ms < now_ms {
+        return Err(Error::new(
+            Code::PermissionDenied,
+            "grant expired; ask the master for fresh replicas",
+        ));
+    }
+    if grant.perm & want_perm == 0 {
+        return Err(Error::new(
+            Code::PermissionDenied,
+            "grant does not allow this operation",
+        ));
+    }
+    let inside = offset >= grant.offset
+        && offset
+            .checked_add(length)
+            .zip(grant.offset.checked_add(grant.length))
+            .is_some_and(|(end, gend)| end <= gend);
+    if !inside {
+        return Err(Error::new(
+            Code::PermissionDenied,
+            format!(
+                "access [{offset}, +{length}) is outside the granted range [{}, +{})",
+                grant.offset, grant.length
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The segments a node serves and the key that authenticates grants for them.
 /// Both change when the node (re)registers with the master.
 #[derive(Default)]
@@ -159,38 +228,7 @@ impl SegmentTable {
             .key
             .as_ref()
             .ok_or_else(|| Error::unavailable("node is not registered with a master"))?;
-        if !key.verify(grant, mac) {
-            return Err(Error::new(
-                Code::PermissionDenied,
-                "grant signature does not verify (forged, altered or from another master)",
-            ));
-        }
-        if grant.expires_unix_ms < now_ms {
-            return Err(Error::new(
-                Code::PermissionDenied,
-                "grant expired; ask the master for fresh replicas",
-            ));
-        }
-        if grant.perm & want_perm == 0 {
-            return Err(Error::new(
-                Code::PermissionDenied,
-                "grant does not allow this operation",
-            ));
-        }
-        let inside = offset >= grant.offset
-            && offset
-                .checked_add(length)
-                .zip(grant.offset.checked_add(grant.length))
-                .is_some_and(|(end, gend)| end <= gend);
-        if !inside {
-            return Err(Error::new(
-                Code::PermissionDenied,
-                format!(
-                    "access [{offset}, +{length}) is outside the granted range [{}, +{})",
-                    grant.offset, grant.length
-                ),
-            ));
-        }
+        verify_grant(key, grant, mac, want_perm, offset, length, now_ms)?;
         let seg = g.segments.get(&grant.segment_id).cloned().ok_or_else(|| {
             Error::not_found(format!(
                 "segment {} is not served by this node",
@@ -199,5 +237,22 @@ impl SegmentTable {
         })?;
         seg.check(offset, length)?;
         Ok(seg)
+    }
+}
+
+impl DataRegion for SegmentTable {
+    fn read<'a>(&'a self, req: &'a Request, now_ms: u64) -> BoxFuture<'a, Result<ReadSource>> {
+        let r = self
+            .authorize(
+                &req.grant, &req.mac, PERM_READ, req.offset, req.length, now_ms,
+            )
+            .map(ReadSource::Segment);
+        Box::pin(async move { r })
+    }
+
+    fn write_target(&self, req: &Request, now_ms: u64) -> Result<Arc<Segment>> {
+        self.authorize(
+            &req.grant, &req.mac, PERM_WRITE, req.offset, req.length, now_ms,
+        )
     }
 }

@@ -209,6 +209,11 @@ pub async fn stat(master: &str, a: StatArgs) -> anyhow::Result<()> {
                     "keys": s.keys, "nodes": s.nodes, "segments": s.segments,
                     "capacity_bytes": s.capacity_bytes, "allocated_bytes": s.allocated_bytes,
                     "evictions": s.evictions,
+                    "offload_queued": s.offload_queued, "offload_assigned": s.offload_assigned,
+                    "owners": s.owners.iter().map(|o| serde_json::json!({
+                        "handle": o.handle, "owner_id": o.owner_id, "bytes": o.used_bytes,
+                        "buckets": o.buckets, "capacity": o.capacity_bytes, "live": o.live,
+                    })).collect::<Vec<_>>(),
                     "segment_info": s.segment_info.iter().map(|g| serde_json::json!({
                         "segment_id": g.segment_id, "node": g.node_id, "data_addr": g.data_addr,
                         "capacity_bytes": g.capacity_bytes, "allocated_bytes": g.allocated_bytes,
@@ -234,6 +239,11 @@ pub async fn stat(master: &str, a: StatArgs) -> anyhow::Result<()> {
                 writeln!(out, "evictions: {}", s.evictions)?;
                 writeln!(
                     out,
+                    "offload:   {} queued, {} in flight",
+                    s.offload_queued, s.offload_assigned
+                )?;
+                writeln!(
+                    out,
                     "{:<8} {:<22} {:>12} {:>12} {:>14}",
                     "SEGMENT", "NODE", "CAPACITY", "ALLOCATED", "LARGEST FREE"
                 )?;
@@ -247,6 +257,25 @@ pub async fn stat(master: &str, a: StatArgs) -> anyhow::Result<()> {
                         format_size(g.allocated_bytes),
                         format_size(g.largest_free_bytes)
                     )?;
+                }
+                if !s.owners.is_empty() {
+                    writeln!(
+                        out,
+                        "{:<24} {:>6} {:>12} {:>8} {:>12} {:>5}",
+                        "SSD OWNER", "ID", "USED", "BUCKETS", "CAPACITY", "LIVE"
+                    )?;
+                    for o in &s.owners {
+                        writeln!(
+                            out,
+                            "{:<24} {:>6} {:>12} {:>8} {:>12} {:>5}",
+                            o.handle,
+                            o.owner_id,
+                            format_size(o.used_bytes),
+                            o.buckets,
+                            format_size(o.capacity_bytes),
+                            o.live
+                        )?;
+                    }
                 }
             }
         }

@@ -19,6 +19,15 @@ pub struct UpArgs {
     /// Master admin HTTP address
     #[arg(long, env = "STRATA_ADMIN_ADDR", default_value = "127.0.0.1:7401")]
     pub admin_addr: SocketAddr,
+    /// SSD agents to run (0: DRAM only)
+    #[arg(long, env = "STRATA_SSD_AGENTS", default_value_t = 1)]
+    pub ssd_agents: usize,
+    /// Directory the SSD agents keep buckets in [default: a temporary directory]
+    #[arg(long, env = "STRATA_SSD_DIR")]
+    pub ssd_dir: Option<std::path::PathBuf>,
+    /// Bytes each SSD agent may keep
+    #[arg(long, env = "STRATA_SSD_CAPACITY", default_value = "4GiB")]
+    pub ssd_capacity: ByteSize,
 }
 
 pub async fn run(a: UpArgs) -> anyhow::Result<()> {
@@ -27,8 +36,15 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
         "--store-nodes must be between 1 and 64"
     );
     let (listen, admin) = (a.listen, a.admin_addr);
-    let cluster = ClusterBuilder::new()
+    anyhow::ensure!(a.ssd_agents <= 16, "--ssd-agents must be at most 16");
+    let mut b = ClusterBuilder::new()
         .store_nodes(a.store_nodes)
+        .ssd_agents(a.ssd_agents)
+        .ssd_capacity(a.ssd_capacity.0);
+    if let Some(d) = &a.ssd_dir {
+        b = b.ssd_dir(d);
+    }
+    let cluster = b
         .node_capacity(a.node_capacity.0)
         .master(|m| {
             m.listen = listen;
@@ -51,6 +67,20 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     );
     for n in &cluster.nodes {
         println!("    {}  admin http://{}", n.data_addr, n.admin_addr);
+    }
+    if !cluster.agents.is_empty() {
+        println!(
+            "  ssd agents:   {} x {} in {}",
+            cluster.agents.len(),
+            format_size(a.ssd_capacity.0),
+            cluster.ssd_dir.display()
+        );
+        for g in &cluster.agents {
+            println!(
+                "    {} (owner {})  admin http://{}",
+                g.handle, g.owner_id, g.admin_addr
+            );
+        }
     }
     println!("Try: echo hello | strata --master {addr} put greeting - && strata --master {addr} get greeting");
     println!("Press Ctrl-C to stop.");

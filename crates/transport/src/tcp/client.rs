@@ -211,6 +211,38 @@ async fn exchange(s: &mut TcpStream, req: &Request, io: Io<'_>) -> Result<u32, E
 const CRC_PIECE: usize = 128 << 10;
 
 impl TcpTransport {
+    /// Asks the data-plane server at `addr` who it is (its ping payload).
+    pub async fn ping(&self, addr: &str) -> Result<Vec<u8>> {
+        let mut s = self.connect(addr).await?;
+        let req = Request {
+            op: Op::Ping,
+            req_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            grant: strata_common::grant::GrantScope {
+                perm: 0,
+                segment_id: 0,
+                offset: 0,
+                length: 0,
+                expires_unix_ms: 0,
+            },
+            mac: [0; strata_common::grant::MAC_LEN],
+            offset: 0,
+            length: 0,
+        };
+        let exchange = async {
+            s.write_all(&req.encode()).await?;
+            let mut rh = [0u8; RESP_LEN];
+            s.read_exact(&mut rh).await?;
+            let resp = Response::decode(&rh).map_err(std::io::Error::other)?;
+            let mut body = vec![0u8; resp.length.min(4096) as usize];
+            s.read_exact(&mut body).await?;
+            Ok::<_, std::io::Error>(body)
+        };
+        tokio::time::timeout(self.cfg.io_timeout, exchange)
+            .await
+            .map_err(|_| Error::new(Code::Timeout, format!("ping of {addr} timed out")))?
+            .map_err(|e| Error::unavailable(format!("ping of {addr} failed: {e}")))
+    }
+
     /// Runs one request per chunk, up to `parallel` at once, each on its own
     /// pooled connection.
     async fn chunked(&self, range: &RemoteRange, op: Op, at: u64, ios: Vec<Io<'_>>) -> Result<u32> {

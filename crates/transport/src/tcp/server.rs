@@ -1,10 +1,9 @@
 use super::write_all_vectored;
 use crate::frame::{Op, Request, Response, REQ_LEN};
-use crate::region::SegmentTable;
+use crate::region::{DataRegion, ReadSource};
 use prometheus::IntCounter;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_common::grant::{PERM_READ, PERM_WRITE};
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -33,7 +32,7 @@ pub struct ServerMetrics {
 /// in-flight connections to finish their current request.
 pub async fn serve(
     listener: TcpListener,
-    table: Arc<SegmentTable>,
+    table: Arc<dyn DataRegion>,
     metrics: ServerMetrics,
     shutdown: CancellationToken,
 ) {
@@ -59,7 +58,7 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let (table, metrics, shutdown) = (table.clone(), metrics.clone(), shutdown.clone());
         tracker.spawn(async move {
-            if let Err(e) = connection(stream, &table, &metrics, &shutdown).await {
+            if let Err(e) = connection(stream, table.as_ref(), &metrics, &shutdown).await {
                 tracing::debug!(%peer, error = %e, "data-plane connection closed");
             }
             drop(permit);
@@ -92,7 +91,7 @@ async fn respond_err(s: &mut TcpStream, req_id: u64, e: &Error) -> std::io::Resu
 
 async fn connection(
     mut s: TcpStream,
-    table: &SegmentTable,
+    table: &dyn DataRegion,
     m: &ServerMetrics,
     shutdown: &CancellationToken,
 ) -> std::io::Result<()> {
@@ -119,16 +118,18 @@ async fn connection(
             }
         };
         match req.op {
-            Op::Ping => respond_ok(&mut s, req.req_id).await?,
+            Op::Ping => {
+                let who = table.ping_payload();
+                let h = Response {
+                    status: Code::Ok,
+                    req_id: req.req_id,
+                    length: who.len() as u64,
+                }
+                .encode();
+                write_all_vectored(&mut s, &h, &who).await?;
+            }
             Op::Write => {
-                let auth = table.authorize(
-                    &req.grant,
-                    &req.mac,
-                    PERM_WRITE,
-                    req.offset,
-                    req.length,
-                    unix_ms(),
-                );
+                let auth = table.write_target(&req, unix_ms());
                 match auth {
                     Ok(seg) => {
                         // SAFETY: the grant verified above names exactly this
@@ -163,39 +164,36 @@ async fn connection(
                     }
                 }
             }
-            Op::Read => {
-                let auth = table.authorize(
-                    &req.grant,
-                    &req.mac,
-                    PERM_READ,
-                    req.offset,
-                    req.length,
-                    unix_ms(),
-                );
-                match auth {
-                    Ok(seg) => {
-                        let data = match seg.slice(req.offset, req.length) {
-                            Ok(d) => d,
-                            Err(e) => {
-                                respond_err(&mut s, req.req_id, &e).await?;
-                                continue;
-                            }
-                        };
-                        let h = Response {
-                            status: Code::Ok,
-                            req_id: req.req_id,
-                            length: data.len() as u64,
+            Op::Read => match table.read(&req, unix_ms()).await {
+                Ok(src) => {
+                    let data = match &src {
+                        ReadSource::Segment(seg) => seg.slice(req.offset, req.length),
+                        ReadSource::Owned(v, _) if v.len() as u64 == req.length => Ok(v.as_slice()),
+                        ReadSource::Owned(..) => Err(strata_common::Error::internal(
+                            "read returned a wrong length",
+                        )),
+                    };
+                    let data = match data {
+                        Ok(d) => d,
+                        Err(e) => {
+                            respond_err(&mut s, req.req_id, &e).await?;
+                            continue;
                         }
-                        .encode();
-                        write_all_vectored(&mut s, &h, data).await?;
-                        m.read_bytes.inc_by(req.length);
+                    };
+                    let h = Response {
+                        status: Code::Ok,
+                        req_id: req.req_id,
+                        length: data.len() as u64,
                     }
-                    Err(e) => {
-                        m.rejected.inc();
-                        respond_err(&mut s, req.req_id, &e).await?;
-                    }
+                    .encode();
+                    write_all_vectored(&mut s, &h, data).await?;
+                    m.read_bytes.inc_by(req.length);
                 }
-            }
+                Err(e) => {
+                    m.rejected.inc();
+                    respond_err(&mut s, req.req_id, &e).await?;
+                }
+            },
         }
     }
 }

@@ -1,0 +1,297 @@
+//! The SSD tier as the master sees it: owners (SSD agents) and their
+//! identity, the offload task queue, and SSD replicas.
+
+pub mod owners;
+pub mod policy;
+pub mod queue;
+
+use crate::master::Master;
+use crate::objects::SsdReplica;
+use strata_common::grant::PERM_READ;
+use strata_common::time::unix_ms;
+use strata_common::{Code, Error, Result};
+use strata_proto as pb;
+
+impl Master {
+    /// Queues `key` for offload if the policy wants it and an owner has room.
+    pub(crate) fn admit_on_put_end(&self, key: &str, size: u64) {
+        if !self.policy.on_put_end() {
+            return;
+        }
+        let now = unix_ms();
+        let mut q = self.queue.lock();
+        let Some(owner) = self.owners.pick_owner(size, now, &q) else {
+            return;
+        };
+        q.enqueue(key, owner, size, now);
+        drop(q);
+        self.refresh_offload_gauges();
+    }
+
+    /// Hands up to `max` tasks to `owner`, pinning each source. Tasks whose
+    /// source is gone are dropped on the spot.
+    pub(crate) fn take_tasks(&self, owner: u64, epoch: u64, max: usize) -> Vec<pb::OffloadTask> {
+        let now = unix_ms();
+        let ttl = self.cfg.offload_task_ttl.as_millis() as u64;
+        let taken = self.queue.lock().take(owner, epoch, max, now, ttl);
+        let mut out = Vec::with_capacity(taken.len());
+        for t in taken {
+            let deadline = match t.state {
+                queue::TaskState::Assigned { deadline_ms, .. } => deadline_ms,
+                queue::TaskState::Queued { .. } => continue,
+            };
+            let source = {
+                let mut shard = self.objects.shard(&t.key);
+                match shard.get_mut(&t.key) {
+                    Some(o) if o.is_complete() && !o.replicas.is_empty() => {
+                        o.pins += 1;
+                        Some((o.replicas[0].clone(), o.size, o.crc32c))
+                    }
+                    _ => None,
+                }
+            };
+            match source {
+                Some((r, size, crc)) => out.push(pb::OffloadTask {
+                    task_id: t.id,
+                    key: t.key.clone(),
+                    size,
+                    crc32c: crc,
+                    source: Some(self.replica_view(&r, size, PERM_READ, deadline, true)),
+                    deadline_unix_ms: deadline,
+                }),
+                None => {
+                    // Removed or lost before it could be copied: nothing to pin.
+                    self.queue.lock().drop_task(t.id);
+                    self.metrics
+                        .offload_results
+                        .with_label_values(&["source_gone"])
+                        .inc();
+                }
+            }
+        }
+        self.refresh_offload_gauges();
+        out
+    }
+
+    pub(crate) fn unpin(&self, key: &str) {
+        if let Some(o) = self.objects.shard(key).get_mut(key) {
+            o.pins = o.pins.saturating_sub(1);
+        }
+    }
+
+    pub async fn report_offload(&self, req: pb::ReportOffloadRequest) -> Result<()> {
+        self.owners.check_epoch(req.owner_id, req.epoch)?;
+        let now = unix_ms();
+        for r in req.results {
+            let no_room = r.code == Code::NoSpace as u32;
+            let res = self.queue.lock().report_with(
+                req.owner_id,
+                req.epoch,
+                r.task_id,
+                r.persisted,
+                no_room,
+                now,
+            );
+            let (task, outcome) = match res {
+                Ok(v) => v,
+                Err(e) => {
+                    // A late report for a task that expired and moved on: the
+                    // bytes it wrote stay unreferenced in its bucket.
+                    tracing::info!(task = r.task_id, error = %e, "ignoring offload report");
+                    continue;
+                }
+            };
+            self.unpin(&task.key);
+            match outcome {
+                queue::Outcome::Persisted => {
+                    let added = self.add_ssd_replica(
+                        &task.key,
+                        SsdReplica {
+                            owner_id: req.owner_id,
+                            bucket_id: r.bucket_id,
+                            offset: r.offset,
+                            length: task.size,
+                        },
+                        None,
+                    );
+                    self.metrics
+                        .offload_results
+                        .with_label_values(&[if added {
+                            "persisted"
+                        } else {
+                            "persisted_orphan"
+                        }])
+                        .inc();
+                }
+                queue::Outcome::Requeued => {
+                    tracing::warn!(
+                        key = task.key,
+                        attempts = task.attempts + 1,
+                        error = r.error,
+                        "offload failed; will retry"
+                    );
+                    self.metrics
+                        .offload_results
+                        .with_label_values(&["failed_requeued"])
+                        .inc();
+                }
+                queue::Outcome::Dropped(why) => {
+                    tracing::warn!(
+                        key = task.key,
+                        why,
+                        error = r.error,
+                        "offload failed for good; dropped"
+                    );
+                    self.metrics
+                        .offload_results
+                        .with_label_values(&["dropped"])
+                        .inc();
+                }
+            }
+        }
+        self.refresh_offload_gauges();
+        Ok(())
+    }
+
+    /// Adds an SSD replica to `key`. With `create` = Some((size, crc)) an
+    /// object the master does not know is created SSD-only (inventory after
+    /// a master restart). Returns whether the replica was recorded.
+    pub(crate) fn add_ssd_replica(
+        &self,
+        key: &str,
+        r: SsdReplica,
+        create: Option<(u64, u32)>,
+    ) -> bool {
+        let mut shard = self.objects.shard(key);
+        match shard.get_mut(key) {
+            Some(o) if o.is_complete() => {
+                if let Some((size, crc)) = create {
+                    if size != o.size || crc != o.crc32c {
+                        return false; // a stale copy of an older object
+                    }
+                }
+                if !o.ssd.iter().any(|s| s.owner_id == r.owner_id) {
+                    o.ssd.push(r);
+                }
+                true
+            }
+            Some(_) => false,
+            None => match create {
+                Some((size, crc)) => {
+                    shard.insert(
+                        key.to_string(),
+                        crate::objects::Object::ssd_only(size, crc, r),
+                    );
+                    self.metrics.keys.inc();
+                    true
+                }
+                None => false,
+            },
+        }
+    }
+
+    pub async fn report_inventory(&self, req: pb::ReportInventoryRequest) -> Result<u64> {
+        self.owners.check_epoch(req.owner_id, req.epoch)?;
+        let mut adopted = 0;
+        for o in req.objects {
+            if crate::master::validate_key(&o.key).is_err() || o.length == 0 {
+                continue;
+            }
+            let r = SsdReplica {
+                owner_id: req.owner_id,
+                bucket_id: o.bucket_id,
+                offset: o.offset,
+                length: o.length,
+            };
+            if self.add_ssd_replica(&o.key, r, Some((o.length, o.crc32c))) {
+                adopted += 1;
+            }
+        }
+        tracing::info!(owner = req.owner_id, adopted, "SSD inventory adopted");
+        Ok(adopted)
+    }
+
+    /// Expires tasks whose deadline passed; their sources are unpinned.
+    pub fn expire_offload_tasks(&self, now_ms: u64) -> usize {
+        let expired = self.queue.lock().expire(now_ms);
+        for t in &expired {
+            self.unpin(&t.key);
+            self.metrics
+                .offload_results
+                .with_label_values(&["expired_requeued"])
+                .inc();
+        }
+        if !expired.is_empty() {
+            self.refresh_offload_gauges();
+        }
+        expired.len()
+    }
+
+    /// Forgets every SSD replica of `owner` (it registered again; its
+    /// inventory report re-adds what it verified). Objects left with no
+    /// replica at all disappear.
+    pub(crate) fn drop_ssd_replicas_of(&self, owner: u64) {
+        let mut gone = 0i64;
+        for shard in self.objects.shards() {
+            shard.lock().retain(|_, o| {
+                o.ssd.retain(|r| r.owner_id != owner);
+                let keep = !o.replicas.is_empty() || !o.ssd.is_empty() || !o.is_complete();
+                gone += i64::from(!keep);
+                keep
+            });
+        }
+        self.metrics.keys.sub(gone);
+    }
+
+    /// Drops the DRAM replicas of a key that has an SSD replica.
+    pub fn evict_memory(&self, key: &str) -> Result<()> {
+        crate::master::validate_key(key)?;
+        let now = unix_ms();
+        let obj = {
+            let mut shard = self.objects.shard(key);
+            let o = shard
+                .get_mut(key)
+                .ok_or_else(|| Error::not_found(format!("key {key:?} not found")))?;
+            if o.ssd.is_empty() {
+                return Err(Error::new(
+                    Code::NotReady,
+                    format!("key {key:?} has no SSD replica yet"),
+                ));
+            }
+            if o.pins > 0 || o.leased(now) {
+                return Err(Error::new(
+                    Code::Leased,
+                    format!("key {key:?} is being read or offloaded; retry later"),
+                ));
+            }
+            o.take_memory()
+        };
+        obj.release();
+        Ok(())
+    }
+
+    pub(crate) fn refresh_offload_gauges(&self) {
+        let (queued, assigned) = self.queue.lock().counts();
+        self.metrics
+            .offload_tasks
+            .with_label_values(&["queued"])
+            .set(queued as i64);
+        self.metrics
+            .offload_tasks
+            .with_label_values(&["assigned"])
+            .set(assigned as i64);
+    }
+
+    /// (queued, assigned) offload tasks.
+    pub fn queue_counts(&self) -> (usize, usize) {
+        self.queue.lock().counts()
+    }
+
+    /// Pins currently held on objects (0 when no offload is in flight).
+    pub fn total_pins(&self) -> u64 {
+        self.objects
+            .shards()
+            .map(|s| s.lock().values().map(|o| o.pins as u64).sum::<u64>())
+            .sum()
+    }
+}

@@ -1,0 +1,403 @@
+//! The offload task state machine, free of I/O so it can be model-tested.
+//!
+//! A task is `Queued` (waiting, unpinned) or `Assigned` (handed to an agent
+//! with a deadline; its DRAM source is pinned). Every transition out of
+//! `Assigned` returns the key to unpin, so pins balance by construction:
+//! - report persisted → done (terminal);
+//! - report failed → back to `Queued` with backoff, or dropped after
+//!   `max_attempts` (terminal, counted with its reason);
+//! - deadline passed without a report → back to `Queued` (expired);
+//! - the agent re-registered (new epoch) → back to `Queued`.
+
+use std::collections::{HashMap, VecDeque};
+use strata_common::{Code, Error, Result};
+
+/// Bucket bytes an object costs beyond its own size (table entry, share of
+/// header), rounded up generously.
+pub const OBJECT_OVERHEAD: u64 = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskState {
+    Queued { not_before_ms: u64 },
+    Assigned { deadline_ms: u64, epoch: u64 },
+}
+
+#[derive(Debug, Clone)]
+pub struct Task {
+    pub id: u64,
+    pub key: String,
+    pub owner: u64,
+    pub size: u64,
+    pub attempts: u32,
+    pub state: TaskState,
+}
+
+/// What a report did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Persisted,
+    Requeued,
+    Dropped(&'static str),
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counters {
+    pub persisted: u64,
+    pub failed: u64,
+    pub expired: u64,
+    pub dropped: u64,
+}
+
+#[derive(Debug)]
+pub struct OffloadQueue {
+    next_id: u64,
+    tasks: HashMap<u64, Task>,
+    queued: HashMap<u64, VecDeque<u64>>,
+    pub max_attempts: u32,
+    pub backoff_base_ms: u64,
+    pub counters: Counters,
+}
+
+impl OffloadQueue {
+    pub fn new(max_attempts: u32, backoff_base_ms: u64) -> Self {
+        OffloadQueue {
+            next_id: 1,
+            tasks: HashMap::new(),
+            queued: HashMap::new(),
+            max_attempts: max_attempts.max(1),
+            backoff_base_ms,
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn enqueue(&mut self, key: &str, owner: u64, size: u64, now_ms: u64) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.tasks.insert(
+            id,
+            Task {
+                id,
+                key: key.to_string(),
+                owner,
+                size,
+                attempts: 0,
+                state: TaskState::Queued {
+                    not_before_ms: now_ms,
+                },
+            },
+        );
+        self.queued.entry(owner).or_default().push_back(id);
+        id
+    }
+
+    /// Hands up to `n` due tasks of `owner` to the agent at `epoch`. The
+    /// caller pins each returned task's source.
+    pub fn take(
+        &mut self,
+        owner: u64,
+        epoch: u64,
+        n: usize,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> Vec<Task> {
+        let mut out = Vec::new();
+        let Some(q) = self.queued.get_mut(&owner) else {
+            return out;
+        };
+        let mut later = VecDeque::new();
+        while out.len() < n {
+            let Some(id) = q.pop_front() else { break };
+            let Some(t) = self.tasks.get_mut(&id) else {
+                continue;
+            };
+            match t.state {
+                TaskState::Queued { not_before_ms } if not_before_ms <= now_ms => {
+                    t.state = TaskState::Assigned {
+                        deadline_ms: now_ms + ttl_ms,
+                        epoch,
+                    };
+                    out.push(t.clone());
+                }
+                TaskState::Queued { .. } => later.push_back(id),
+                TaskState::Assigned { .. } => {}
+            }
+        }
+        // Tasks still backing off keep their place at the front.
+        while let Some(id) = later.pop_back() {
+            q.push_front(id);
+        }
+        out
+    }
+
+    fn requeue(&mut self, id: u64, not_before_ms: u64) {
+        if let Some(t) = self.tasks.get_mut(&id) {
+            t.state = TaskState::Queued { not_before_ms };
+            self.queued.entry(t.owner).or_default().push_back(id);
+        }
+    }
+
+    /// Applies an agent's report. Errors (task unknown, not assigned to this
+    /// owner and epoch) leave the queue unchanged. On success the task's
+    /// source must be unpinned.
+    pub fn report(
+        &mut self,
+        owner: u64,
+        epoch: u64,
+        id: u64,
+        persisted: bool,
+        now_ms: u64,
+    ) -> Result<(Task, Outcome)> {
+        self.report_with(owner, epoch, id, persisted, false, now_ms)
+    }
+
+    /// Like `report`; `final_failure` drops a failed task at once (the owner
+    /// has no room: retrying cannot help).
+    pub fn report_with(
+        &mut self,
+        owner: u64,
+        epoch: u64,
+        id: u64,
+        persisted: bool,
+        final_failure: bool,
+        now_ms: u64,
+    ) -> Result<(Task, Outcome)> {
+        let t = self.tasks.get(&id).ok_or_else(|| {
+            Error::not_found(format!(
+                "offload task {id} is unknown (expired and reassigned, or done)"
+            ))
+        })?;
+        match t.state {
+            TaskState::Assigned { epoch: e, .. } if t.owner == owner && e == epoch => {}
+            _ => {
+                return Err(Error::new(
+                    Code::Leased,
+                    format!("offload task {id} is not assigned to owner {owner} epoch {epoch}"),
+                ))
+            }
+        }
+        let mut t = self.tasks.remove(&id).expect("checked above");
+        if persisted {
+            self.counters.persisted += 1;
+            return Ok((t, Outcome::Persisted));
+        }
+        self.counters.failed += 1;
+        t.attempts += 1;
+        if final_failure {
+            self.counters.dropped += 1;
+            return Ok((t, Outcome::Dropped("owner_full")));
+        }
+        if t.attempts >= self.max_attempts {
+            self.counters.dropped += 1;
+            return Ok((t, Outcome::Dropped("max_attempts")));
+        }
+        let backoff = self.backoff_base_ms.saturating_mul(1 << t.attempts.min(10));
+        let task = t.clone();
+        self.tasks.insert(id, t);
+        self.requeue(id, now_ms + backoff);
+        Ok((task, Outcome::Requeued))
+    }
+
+    /// Tasks whose deadline passed go back to the queue. Returns them (to unpin).
+    pub fn expire(&mut self, now_ms: u64) -> Vec<Task> {
+        let ids: Vec<u64> = self
+            .tasks
+            .values()
+            .filter(|t| matches!(t.state, TaskState::Assigned { deadline_ms, .. } if deadline_ms <= now_ms))
+            .map(|t| t.id)
+            .collect();
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(t) = self.tasks.get(&id) {
+                out.push(t.clone());
+            }
+            self.counters.expired += 1;
+            self.requeue(id, now_ms);
+        }
+        out
+    }
+
+    /// An owner registered again: its assigned tasks return to the queue.
+    pub fn release_owner(&mut self, owner: u64, now_ms: u64) -> Vec<Task> {
+        let ids: Vec<u64> = self
+            .tasks
+            .values()
+            .filter(|t| t.owner == owner && matches!(t.state, TaskState::Assigned { .. }))
+            .map(|t| t.id)
+            .collect();
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(t) = self.tasks.get(&id) {
+                out.push(t.clone());
+            }
+            self.requeue(id, now_ms);
+        }
+        out
+    }
+
+    /// Drops a task outright (its source is gone). Returns it if it was
+    /// assigned (its pin must be released).
+    pub fn drop_task(&mut self, id: u64) -> Option<Task> {
+        let t = self.tasks.remove(&id)?;
+        self.counters.dropped += 1;
+        matches!(t.state, TaskState::Assigned { .. }).then_some(t)
+    }
+
+    /// (queued, assigned) task counts.
+    pub fn counts(&self) -> (usize, usize) {
+        let assigned = self
+            .tasks
+            .values()
+            .filter(|t| matches!(t.state, TaskState::Assigned { .. }))
+            .count();
+        (self.tasks.len() - assigned, assigned)
+    }
+
+    /// Bytes queued or in flight for `owner` (counted against its capacity,
+    /// with each object's bucket overhead).
+    pub fn pending_bytes(&self, owner: u64) -> u64 {
+        self.tasks
+            .values()
+            .filter(|t| t.owner == owner)
+            .map(|t| t.size + OBJECT_OVERHEAD)
+            .sum()
+    }
+
+    pub fn tasks(&self) -> impl Iterator<Item = &Task> {
+        self.tasks.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn happy_path_and_retries() {
+        let mut q = OffloadQueue::new(3, 100);
+        let a = q.enqueue("a", 1, 10, 0);
+        let t = q.take(1, 1, 10, 0, 1000);
+        assert_eq!(t.len(), 1);
+        assert_eq!(q.counts(), (0, 1));
+        assert!(
+            q.report(1, 2, a, true, 0).is_err(),
+            "wrong epoch is refused"
+        );
+        assert!(
+            q.report(2, 1, a, true, 0).is_err(),
+            "wrong owner is refused"
+        );
+        let (_, o) = q.report(1, 1, a, false, 0).unwrap();
+        assert_eq!(o, Outcome::Requeued);
+        assert!(q.take(1, 1, 10, 50, 1000).is_empty(), "backing off");
+        assert_eq!(q.take(1, 1, 10, 200, 1000).len(), 1);
+        q.report(1, 1, a, false, 200).unwrap();
+        q.take(1, 1, 10, 10_000, 1000);
+        let (_, o) = q.report(1, 1, a, false, 10_000).unwrap();
+        assert_eq!(o, Outcome::Dropped("max_attempts"));
+        assert_eq!(q.counts(), (0, 0));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Enqueue(u8),
+        Take(u8, u8),
+        Report(usize, bool),
+        Advance(u16),
+        Restart(u8),
+        DropSource(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..8).prop_map(Op::Enqueue),
+            (0u8..3, 1u8..5).prop_map(|(o, n)| Op::Take(o, n)),
+            (0usize..64, any::<bool>()).prop_map(|(i, ok)| Op::Report(i, ok)),
+            (0u16..3000).prop_map(Op::Advance),
+            (0u8..3).prop_map(Op::Restart),
+            (0usize..64).prop_map(Op::DropSource),
+        ]
+    }
+
+    proptest! {
+        /// Random interleavings of batches, reports, timeouts and restarts:
+        /// pins always equal assigned tasks, every task reaches exactly one
+        /// terminal state once the system drains, and nothing is lost.
+        #[test]
+        fn model(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut q = OffloadQueue::new(3, 10);
+            let mut now = 0u64;
+            let mut epochs = [1u64; 3];
+            let mut pins: HashMap<u64, i64> = HashMap::new();
+            let mut terminal: HashMap<u64, &'static str> = HashMap::new();
+            let mut created = Vec::new();
+            let mut assigned: Vec<(u64, u64)> = Vec::new(); // (task, owner) as the agent saw them
+            let ttl = 1000;
+            let apply_report = |q: &mut OffloadQueue, pins: &mut HashMap<u64, i64>, terminal: &mut HashMap<u64, &'static str>, owner: u64, epoch: u64, id: u64, ok: bool, now: u64| {
+                if let Ok((t, o)) = q.report(owner, epoch, id, ok, now) {
+                    *pins.entry(t.id).or_default() -= 1;
+                    match o {
+                        Outcome::Persisted => { prop_assert!(terminal.insert(id, "persisted").is_none()); }
+                        Outcome::Dropped(_) => { prop_assert!(terminal.insert(id, "dropped").is_none()); }
+                        Outcome::Requeued => {}
+                    }
+                }
+                Ok(())
+            };
+            for op in ops {
+                match op {
+                    Op::Enqueue(k) => created.push(q.enqueue(&format!("k{k}"), (k % 3) as u64, 1, now)),
+                    Op::Take(o, n) => {
+                        for t in q.take(o as u64, epochs[o as usize], n as usize, now, ttl) {
+                            *pins.entry(t.id).or_default() += 1;
+                            assigned.push((t.id, o as u64));
+                        }
+                    }
+                    Op::Report(i, ok) if !assigned.is_empty() => {
+                        let (id, owner) = assigned.swap_remove(i % assigned.len());
+                        apply_report(&mut q, &mut pins, &mut terminal, owner, epochs[owner as usize], id, ok, now)?;
+                    }
+                    Op::Report(..) => {}
+                    Op::Advance(ms) => {
+                        now += ms as u64;
+                        for t in q.expire(now) { *pins.entry(t.id).or_default() -= 1; }
+                    }
+                    Op::Restart(o) => {
+                        epochs[o as usize] += 1;
+                        for t in q.release_owner(o as u64, now) { *pins.entry(t.id).or_default() -= 1; }
+                    }
+                    Op::DropSource(i) if !created.is_empty() => {
+                        let id = created[i % created.len()];
+                        if q.tasks.contains_key(&id) {
+                            if let Some(t) = q.drop_task(id) { *pins.entry(t.id).or_default() -= 1; }
+                            prop_assert!(terminal.insert(id, "dropped").is_none());
+                        }
+                    }
+                    Op::DropSource(_) => {}
+                }
+                let (_, a) = q.counts();
+                let pinned: i64 = pins.values().sum();
+                prop_assert_eq!(pinned, a as i64, "pins must equal assigned tasks");
+                prop_assert!(pins.values().all(|&p| p == 0 || p == 1));
+            }
+            // Drain: agents keep taking and persisting until nothing is left.
+            for _ in 0..100 {
+                now += 100_000;
+                for t in q.expire(now) { *pins.entry(t.id).or_default() -= 1; }
+                for o in 0..3u64 {
+                    for t in q.take(o, epochs[o as usize], 1000, now, ttl) {
+                        *pins.entry(t.id).or_default() += 1;
+                        apply_report(&mut q, &mut pins, &mut terminal, o, epochs[o as usize], t.id, true, now)?;
+                    }
+                }
+                if q.counts() == (0, 0) { break; }
+            }
+            prop_assert_eq!(q.counts(), (0, 0));
+            prop_assert!(pins.values().all(|&p| p == 0), "leaked pin");
+            for id in created {
+                prop_assert!(terminal.contains_key(&id), "task {} never ended", id);
+            }
+        }
+    }
+}

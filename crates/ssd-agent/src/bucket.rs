@@ -1,0 +1,365 @@
+//! Bucket files: many objects in one file, self-describing and checksummed.
+//!
+//! Layout, version 1 (little endian):
+//! ```text
+//! header (64 bytes)
+//!   0 magic "STRBUCK1" | 8 version u32 | 12 header_len u32 = 64
+//!  16 owner_id u64     | 24 bucket_id u64
+//!  32 object_count u32 | 36 reserved u32
+//!  40 data_len u64     | 48 table_len u64
+//!  56 header crc32c u32 (over bytes 0..56) | 60 reserved u32
+//! data (data_len bytes): the objects back to back
+//! table (table_len bytes): per object: key_len u16, key, offset u64 (from
+//!   file start), length u64, crc32c u32
+//! table crc32c u32
+//! ```
+//! Files are named `o{owner:016x}-b{bucket:016x}.bkt` and created with
+//! O_EXCL, so no two writers ever share one.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use strata_common::{Code, Error, Result};
+
+pub const MAGIC: &[u8; 8] = b"STRBUCK1";
+pub const VERSION: u32 = 1;
+pub const HEADER_LEN: u64 = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub owner_id: u64,
+    pub bucket_id: u64,
+    pub object_count: u32,
+    pub data_len: u64,
+    pub table_len: u64,
+}
+
+impl Header {
+    pub fn file_len(&self) -> u64 {
+        HEADER_LEN + self.data_len + self.table_len + 4
+    }
+
+    fn encode(&self) -> [u8; HEADER_LEN as usize] {
+        let mut b = [0u8; HEADER_LEN as usize];
+        b[0..8].copy_from_slice(MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&(HEADER_LEN as u32).to_le_bytes());
+        b[16..24].copy_from_slice(&self.owner_id.to_le_bytes());
+        b[24..32].copy_from_slice(&self.bucket_id.to_le_bytes());
+        b[32..36].copy_from_slice(&self.object_count.to_le_bytes());
+        b[40..48].copy_from_slice(&self.data_len.to_le_bytes());
+        b[48..56].copy_from_slice(&self.table_len.to_le_bytes());
+        let crc = crc32c::crc32c(&b[0..56]);
+        b[56..60].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Header> {
+        let bad = |why: &str| Error::new(Code::Corrupted, format!("bucket header {why}"));
+        if b.len() < HEADER_LEN as usize {
+            return Err(bad("is truncated"));
+        }
+        if &b[0..8] != MAGIC {
+            return Err(bad("has no Strata bucket magic"));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if u32_at(56) != crc32c::crc32c(&b[0..56]) {
+            return Err(bad("fails its checksum"));
+        }
+        if u32_at(8) != VERSION {
+            return Err(bad(&format!("has unsupported version {}", u32_at(8))));
+        }
+        Ok(Header {
+            owner_id: u64_at(16),
+            bucket_id: u64_at(24),
+            object_count: u32_at(32),
+            data_len: u64_at(40),
+            table_len: u64_at(48),
+        })
+    }
+}
+
+pub fn file_name(owner_id: u64, bucket_id: u64) -> String {
+    format!("o{owner_id:016x}-b{bucket_id:016x}.bkt")
+}
+
+/// Parses a bucket file name into (owner_id, bucket_id).
+pub fn parse_name(name: &str) -> Option<(u64, u64)> {
+    let rest = name.strip_prefix('o')?.strip_suffix(".bkt")?;
+    let (o, b) = rest.split_once("-b")?;
+    if o.len() != 16 || b.len() != 16 {
+        return None;
+    }
+    Some((
+        u64::from_str_radix(o, 16).ok()?,
+        u64::from_str_radix(b, 16).ok()?,
+    ))
+}
+
+/// The exact size of the bucket file `write` would create for `objects`.
+pub fn file_len_for(objects: &[(&str, &[u8], u32)]) -> u64 {
+    let data: u64 = objects.iter().map(|o| o.1.len() as u64).sum();
+    let table: u64 = objects.iter().map(|o| 2 + o.0.len() as u64 + 20).sum();
+    HEADER_LEN + data + table + 4
+}
+
+/// One object placed in a bucket.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Entry {
+    pub key: String,
+    pub offset: u64,
+    pub length: u64,
+    pub crc32c: u32,
+}
+
+/// Writes a new bucket file with O_EXCL and fsyncs it (and its directory).
+/// On any failure the partial file is removed. Returns the entries and the
+/// file's length.
+pub fn write(
+    dir: &Path,
+    owner_id: u64,
+    bucket_id: u64,
+    objects: &[(&str, &[u8], u32)],
+    pause_mid_write: Option<std::time::Duration>,
+) -> Result<(Vec<Entry>, u64)> {
+    let path = dir.join(file_name(owner_id, bucket_id));
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| io_err(&path, e))?;
+    let res = write_inner(f, &path, owner_id, bucket_id, objects, pause_mid_write);
+    if res.is_err() {
+        // Only ever a file this call created (O_EXCL above).
+        let _ = std::fs::remove_file(&path);
+    }
+    let out = res?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err(&path, e))?;
+    Ok(out)
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> Error {
+    let code = if e.raw_os_error() == Some(28) {
+        Code::NoSpace
+    } else {
+        Code::Internal
+    };
+    Error::new(code, format!("writing bucket {}: {e}", path.display()))
+}
+
+fn write_inner(
+    mut f: File,
+    path: &Path,
+    owner_id: u64,
+    bucket_id: u64,
+    objects: &[(&str, &[u8], u32)],
+    pause_mid_write: Option<std::time::Duration>,
+) -> Result<(Vec<Entry>, u64)> {
+    let mut entries = Vec::with_capacity(objects.len());
+    let mut table = Vec::new();
+    let mut off = HEADER_LEN;
+    for (key, data, crc) in objects {
+        let kb = key.as_bytes();
+        let klen =
+            u16::try_from(kb.len()).map_err(|_| Error::invalid("key longer than 65535 bytes"))?;
+        table.extend_from_slice(&klen.to_le_bytes());
+        table.extend_from_slice(kb);
+        table.extend_from_slice(&off.to_le_bytes());
+        table.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        table.extend_from_slice(&crc.to_le_bytes());
+        entries.push(Entry {
+            key: key.to_string(),
+            offset: off,
+            length: data.len() as u64,
+            crc32c: *crc,
+        });
+        off += data.len() as u64;
+    }
+    let header = Header {
+        owner_id,
+        bucket_id,
+        object_count: objects.len() as u32,
+        data_len: off - HEADER_LEN,
+        table_len: table.len() as u64,
+    };
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut f);
+    let e = |e| io_err(path, e);
+    w.write_all(&header.encode()).map_err(e)?;
+    for (_, data, _) in objects {
+        w.write_all(data).map_err(e)?;
+    }
+    if let Some(p) = pause_mid_write {
+        // Test hook: leave a half-written file on disk for a while (a crash
+        // here must never be served or adopted).
+        w.flush().map_err(e)?;
+        std::thread::sleep(p);
+    }
+    w.write_all(&table).map_err(e)?;
+    w.write_all(&crc32c::crc32c(&table).to_le_bytes())
+        .map_err(e)?;
+    w.flush().map_err(e)?;
+    drop(w);
+    f.sync_all().map_err(e)?;
+    Ok((entries, header.file_len()))
+}
+
+/// Opens a bucket and checks what recovery checks: the header is intact and
+/// names this owner and bucket, the file length adds up, and the object
+/// table is intact. Object bytes are checked lazily, on read.
+pub fn verify(path: &Path, owner_id: u64, bucket_id: u64) -> Result<(Header, Vec<Entry>)> {
+    let mut f = File::open(path).map_err(|e| {
+        Error::new(
+            Code::Corrupted,
+            format!("cannot open {}: {e}", path.display()),
+        )
+    })?;
+    let mut hb = [0u8; HEADER_LEN as usize];
+    f.read_exact(&mut hb).map_err(|_| {
+        Error::new(
+            Code::Corrupted,
+            format!("{}: header is truncated", path.display()),
+        )
+    })?;
+    let h = Header::decode(&hb)
+        .map_err(|e| Error::new(e.code, format!("{}: {}", path.display(), e.message)))?;
+    if h.owner_id != owner_id || h.bucket_id != bucket_id {
+        return Err(Error::new(
+            Code::Corrupted,
+            format!(
+                "{}: header names owner {} bucket {}, expected owner {owner_id} bucket {bucket_id}",
+                path.display(),
+                h.owner_id,
+                h.bucket_id
+            ),
+        ));
+    }
+    let len = f
+        .metadata()
+        .map_err(|e| Error::internal(e.to_string()))?
+        .len();
+    if len != h.file_len() {
+        return Err(Error::new(
+            Code::Corrupted,
+            format!(
+                "{}: file is {len} bytes, header says {}",
+                path.display(),
+                h.file_len()
+            ),
+        ));
+    }
+    if h.table_len > 64 << 20 {
+        return Err(Error::new(
+            Code::Corrupted,
+            format!("{}: object table too large", path.display()),
+        ));
+    }
+    let mut table = vec![0u8; h.table_len as usize + 4];
+    f.read_exact_at(&mut table, HEADER_LEN + h.data_len)
+        .map_err(|e| Error::new(Code::Corrupted, format!("{}: {e}", path.display())))?;
+    let (t, crc) = table.split_at(h.table_len as usize);
+    if crc32c::crc32c(t) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
+        return Err(Error::new(
+            Code::Corrupted,
+            format!("{}: object table fails its checksum", path.display()),
+        ));
+    }
+    let entries = parse_table(t, &h)
+        .map_err(|why| Error::new(Code::Corrupted, format!("{}: {why}", path.display())))?;
+    Ok((h, entries))
+}
+
+fn parse_table(mut t: &[u8], h: &Header) -> std::result::Result<Vec<Entry>, String> {
+    let mut out = Vec::with_capacity(h.object_count as usize);
+    for _ in 0..h.object_count {
+        let take = |t: &mut &[u8], n: usize| -> std::result::Result<Vec<u8>, String> {
+            if t.len() < n {
+                return Err("object table is truncated".into());
+            }
+            let (a, b) = t.split_at(n);
+            *t = b;
+            Ok(a.to_vec())
+        };
+        let klen = u16::from_le_bytes(take(&mut t, 2)?.try_into().expect("2")) as usize;
+        let key =
+            String::from_utf8(take(&mut t, klen)?).map_err(|_| "key is not UTF-8".to_string())?;
+        let offset = u64::from_le_bytes(take(&mut t, 8)?.try_into().expect("8"));
+        let length = u64::from_le_bytes(take(&mut t, 8)?.try_into().expect("8"));
+        let crc32c = u32::from_le_bytes(take(&mut t, 4)?.try_into().expect("4"));
+        let end = offset.checked_add(length).ok_or("object range overflows")?;
+        if offset < HEADER_LEN || end > HEADER_LEN + h.data_len {
+            return Err(format!("object {key:?} lies outside the data region"));
+        }
+        out.push(Entry {
+            key,
+            offset,
+            length,
+            crc32c,
+        });
+    }
+    if !t.is_empty() {
+        return Err("object table has trailing bytes".into());
+    }
+    Ok(out)
+}
+
+/// Reads `length` bytes at `offset` of a bucket file.
+pub fn read_range(path: &PathBuf, offset: u64, length: u64) -> Result<Vec<u8>> {
+    let f = File::open(path)
+        .map_err(|e| Error::new(Code::NotFound, format!("bucket {}: {e}", path.display())))?;
+    let mut buf = vec![0u8; length as usize];
+    f.read_exact_at(&mut buf, offset)
+        .map_err(|e| Error::new(Code::Corrupted, format!("reading {}: {e}", path.display())))?;
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_verify_and_detect_damage() {
+        let d = tempfile::tempdir().unwrap();
+        let a = vec![1u8; 1000];
+        let b = vec![2u8; 10];
+        let objs = [
+            ("a", a.as_slice(), crc32c::crc32c(&a)),
+            ("b", b.as_slice(), crc32c::crc32c(&b)),
+        ];
+        let (entries, len) = write(d.path(), 3, 9, &objs, None).unwrap();
+        assert_eq!(len, file_len_for(&objs));
+        assert_eq!(entries[1].offset, HEADER_LEN + 1000);
+        let p = d.path().join(file_name(3, 9));
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), len);
+        let (h, e2) = verify(&p, 3, 9).unwrap();
+        assert_eq!((h.object_count, e2), (2, entries.clone()));
+        assert_eq!(read_range(&p, entries[1].offset, 10).unwrap(), b);
+        // O_EXCL: the same bucket id is never written twice.
+        assert!(write(d.path(), 3, 9, &objs, None).is_err());
+        assert!(
+            p.exists(),
+            "a refused write must not remove the existing file"
+        );
+        // Wrong owner, truncation, damaged header.
+        assert!(verify(&p, 4, 9)
+            .unwrap_err()
+            .message
+            .contains("expected owner 4"));
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() - 7]).unwrap();
+        assert!(verify(&p, 3, 9)
+            .unwrap_err()
+            .message
+            .contains("header says"));
+        let mut dmg = bytes.clone();
+        dmg[20] ^= 1;
+        std::fs::write(&p, &dmg).unwrap();
+        assert!(verify(&p, 3, 9).unwrap_err().message.contains("checksum"));
+        assert_eq!(parse_name(&file_name(3, 9)), Some((3, 9)));
+        assert_eq!(parse_name("o12-b34.bkt"), None);
+        assert_eq!(parse_name("notes.txt"), None);
+    }
+}

@@ -1,0 +1,218 @@
+//! The owner's RocksDB index: bucket → objects, key → location, and the
+//! persisted bucket-id counter. Keys are versioned (`v1/…`); values are JSON
+//! so fields can be added compatibly. All calls block: run them off the
+//! async runtime (`spawn_blocking`).
+
+use crate::bucket::Entry;
+use rocksdb::{Options, WriteBatch, WriteOptions, DB};
+use std::path::Path;
+use strata_common::{Code, Error, Result};
+
+const OWNER_ID: &[u8] = b"v1/meta/owner_id";
+const HANDLE: &[u8] = b"v1/meta/handle";
+const NEXT_BUCKET: &[u8] = b"v1/meta/next_bucket";
+const BUCKET_PREFIX: &str = "v1/bucket/";
+const KEY_PREFIX: &str = "v1/key/";
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BucketRecord {
+    pub bucket_id: u64,
+    pub file_len: u64,
+    pub created_unix_ms: u64,
+    pub objects: Vec<Entry>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeyLocation {
+    pub bucket_id: u64,
+    pub offset: u64,
+    pub length: u64,
+    pub crc32c: u32,
+}
+
+pub struct Index {
+    db: DB,
+}
+
+fn db_err(e: rocksdb::Error) -> Error {
+    Error::internal(format!("index: {e}"))
+}
+
+fn sync() -> WriteOptions {
+    let mut w = WriteOptions::default();
+    w.set_sync(true);
+    w
+}
+
+impl Index {
+    pub fn open(path: &Path) -> Result<Index> {
+        let mut o = Options::default();
+        o.create_if_missing(true);
+        o.set_keep_log_file_num(4);
+        let db = DB::open(&o, path).map_err(|e| {
+            Error::new(
+                Code::Unavailable,
+                format!("cannot open index {}: {e}", path.display()),
+            )
+        })?;
+        Ok(Index { db })
+    }
+
+    fn get_u64(&self, k: &[u8]) -> Result<Option<u64>> {
+        match self.db.get(k).map_err(db_err)? {
+            None => Ok(None),
+            Some(v) => Ok(Some(u64::from_le_bytes(v.as_slice().try_into().map_err(
+                |_| {
+                    Error::new(
+                        Code::Corrupted,
+                        format!("index value of {} is malformed", String::from_utf8_lossy(k)),
+                    )
+                },
+            )?))),
+        }
+    }
+
+    /// Binds the index to its owner on first use; afterwards refuses a
+    /// different owner id (the master lost its durable state).
+    pub fn bind_owner(&self, owner_id: u64, handle: &str) -> Result<()> {
+        match self.get_u64(OWNER_ID)? {
+            Some(id) if id == owner_id => Ok(()),
+            Some(id) => Err(Error::new(
+                Code::Corrupted,
+                format!(
+                    "the master maps handle {handle:?} to owner {owner_id}, but this index belongs to owner {id}: \
+                     the master lost its --state-dir; restore it (or move this owner's directory away to start empty)"
+                ),
+            )),
+            None => {
+                let mut b = WriteBatch::default();
+                b.put(OWNER_ID, owner_id.to_le_bytes());
+                b.put(HANDLE, handle.as_bytes());
+                self.db.write_opt(b, &sync()).map_err(db_err)
+            }
+        }
+    }
+
+    /// Reserves the next bucket id, durably, before its file exists: a crash
+    /// can skip an id but never reuse one.
+    pub fn reserve_bucket_id(&self) -> Result<u64> {
+        let id = self.get_u64(NEXT_BUCKET)?.unwrap_or(1);
+        self.db
+            .put_opt(NEXT_BUCKET, (id + 1).to_le_bytes(), &sync())
+            .map_err(db_err)?;
+        Ok(id)
+    }
+
+    /// Records a written bucket and its keys in one atomic batch.
+    pub fn add_bucket(&self, rec: &BucketRecord) -> Result<()> {
+        let mut b = WriteBatch::default();
+        b.put(
+            format!("{BUCKET_PREFIX}{:016x}", rec.bucket_id),
+            serde_json::to_vec(rec).map_err(|e| Error::internal(e.to_string()))?,
+        );
+        for e in &rec.objects {
+            let loc = KeyLocation {
+                bucket_id: rec.bucket_id,
+                offset: e.offset,
+                length: e.length,
+                crc32c: e.crc32c,
+            };
+            b.put(
+                format!("{KEY_PREFIX}{}", e.key),
+                serde_json::to_vec(&loc).map_err(|e| Error::internal(e.to_string()))?,
+            );
+        }
+        self.db.write_opt(b, &sync()).map_err(db_err)
+    }
+
+    /// Removes a bucket and the keys that still point into it.
+    pub fn remove_bucket(&self, rec: &BucketRecord) -> Result<()> {
+        let mut b = WriteBatch::default();
+        b.delete(format!("{BUCKET_PREFIX}{:016x}", rec.bucket_id));
+        for e in &rec.objects {
+            if self
+                .key(&e.key)?
+                .is_some_and(|l| l.bucket_id == rec.bucket_id)
+            {
+                b.delete(format!("{KEY_PREFIX}{}", e.key));
+            }
+        }
+        self.db.write_opt(b, &sync()).map_err(db_err)
+    }
+
+    pub fn key(&self, key: &str) -> Result<Option<KeyLocation>> {
+        match self.db.get(format!("{KEY_PREFIX}{key}")).map_err(db_err)? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| Error::new(Code::Corrupted, format!("index entry of {key:?}: {e}"))),
+        }
+    }
+
+    pub fn buckets(&self) -> Result<Vec<BucketRecord>> {
+        let mut out = Vec::new();
+        for item in self.db.prefix_iterator(BUCKET_PREFIX.as_bytes()) {
+            let (k, v) = item.map_err(db_err)?;
+            if !k.starts_with(BUCKET_PREFIX.as_bytes()) {
+                break;
+            }
+            out.push(serde_json::from_slice(&v).map_err(|e| {
+                Error::new(
+                    Code::Corrupted,
+                    format!("index bucket record {}: {e}", String::from_utf8_lossy(&k)),
+                )
+            })?);
+        }
+        Ok(out)
+    }
+
+    pub fn flush(&self) -> Result<()> {
+        self.db.flush().map_err(db_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_owner_and_buckets_persist() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let ix = Index::open(d.path()).unwrap();
+            ix.bind_owner(7, "h").unwrap();
+            assert_eq!(ix.reserve_bucket_id().unwrap(), 1);
+            assert_eq!(ix.reserve_bucket_id().unwrap(), 2);
+            let rec = BucketRecord {
+                bucket_id: 2,
+                file_len: 100,
+                created_unix_ms: 1,
+                objects: vec![Entry {
+                    key: "k".into(),
+                    offset: 64,
+                    length: 10,
+                    crc32c: 5,
+                }],
+            };
+            ix.add_bucket(&rec).unwrap();
+        }
+        let ix = Index::open(d.path()).unwrap();
+        assert!(ix
+            .bind_owner(8, "h")
+            .unwrap_err()
+            .message
+            .contains("lost its --state-dir"));
+        ix.bind_owner(7, "h").unwrap();
+        assert_eq!(
+            ix.reserve_bucket_id().unwrap(),
+            3,
+            "never reuses an id after restart"
+        );
+        let b = ix.buckets().unwrap();
+        assert_eq!(b.len(), 1);
+        assert_eq!(ix.key("k").unwrap().unwrap().bucket_id, 2);
+        ix.remove_bucket(&b[0]).unwrap();
+        assert!(ix.key("k").unwrap().is_none());
+        assert!(ix.buckets().unwrap().is_empty());
+    }
+}

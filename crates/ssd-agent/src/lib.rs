@@ -1,0 +1,523 @@
+//! `strata-ssd-agent`: the SSD tier of one owner. It holds the owner's
+//! identity (a stable `--handle`, mapped by the master to an `owner_id` with a
+//! fencing epoch), writes offloaded objects into bucket files in a directory
+//! other owners may share, indexes them in RocksDB, recovers exactly its own
+//! buckets after a restart, and serves SSD reads on the data plane.
+
+pub mod bucket;
+pub mod config;
+pub mod index;
+pub mod lock;
+pub mod offload;
+pub mod region;
+pub mod staging;
+pub mod store;
+
+pub use config::{SsdAgentArgs, SsdAgentConfig};
+
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use store::{Faults, OwnerStore, RecoveryReport};
+use strata_common::grant::GrantKey;
+use strata_common::{Code, Error, Result};
+use strata_proto as pb;
+use strata_proto::master_client::MasterClient;
+use strata_transport::tcp::{ServerMetrics, TcpTransport, TcpTransportConfig};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+struct AgentMetrics {
+    registry: Registry,
+    used: IntGauge,
+    capacity: IntGauge,
+    buckets: IntGauge,
+    objects: IntGauge,
+    unknown_files: IntGauge,
+    quarantined_files: IntGauge,
+    outcomes: IntCounterVec,
+    staging: staging::StagingMetrics,
+    server: ServerMetrics,
+}
+
+impl AgentMetrics {
+    fn new() -> Self {
+        let r = Registry::new();
+        let g = |n: &str, h: &str| {
+            let m = IntGauge::new(n, h).expect("valid metric");
+            let _ = r.register(Box::new(m.clone()));
+            m
+        };
+        let c = |n: &str, h: &str| {
+            let m = IntCounter::new(n, h).expect("valid metric");
+            let _ = r.register(Box::new(m.clone()));
+            m
+        };
+        let outcomes = IntCounterVec::new(
+            Opts::new(
+                "strata_ssd_agent_offload_tasks_total",
+                "Offload tasks by outcome",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let _ = r.register(Box::new(outcomes.clone()));
+        let wait = Histogram::with_opts(
+            HistogramOpts::new(
+                "strata_ssd_agent_staging_wait_seconds",
+                "Time reads waited for staging space",
+            )
+            .buckets(vec![
+                0.0001, 0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0,
+            ]),
+        )
+        .expect("valid metric");
+        let _ = r.register(Box::new(wait.clone()));
+        AgentMetrics {
+            used: g(
+                "strata_ssd_agent_used_bytes",
+                "Bytes of this owner's bucket files",
+            ),
+            capacity: g(
+                "strata_ssd_agent_capacity_bytes",
+                "Bytes this owner may keep",
+            ),
+            buckets: g("strata_ssd_agent_buckets", "Buckets of this owner"),
+            objects: g(
+                "strata_ssd_agent_objects",
+                "Objects in this owner's buckets",
+            ),
+            unknown_files: g(
+                "strata_ssd_agent_unknown_files",
+                "Files in the bucket directory that are not bucket files (left alone)",
+            ),
+            quarantined_files: g(
+                "strata_ssd_agent_quarantined_files",
+                "This owner's damaged or unindexed files moved to quarantine/",
+            ),
+            outcomes,
+            staging: staging::StagingMetrics {
+                capacity: g(
+                    "strata_ssd_agent_staging_capacity_bytes",
+                    "Read staging arena of this process",
+                ),
+                in_use: g(
+                    "strata_ssd_agent_staging_in_use_bytes",
+                    "Staging bytes held by reads",
+                ),
+                waiters: g(
+                    "strata_ssd_agent_staging_waiters",
+                    "Reads waiting for staging space",
+                ),
+                wait_seconds: wait,
+                timeouts: c(
+                    "strata_ssd_agent_staging_timeouts_total",
+                    "Reads that gave up waiting for staging space",
+                ),
+            },
+            server: ServerMetrics {
+                read_bytes: c(
+                    "strata_ssd_agent_read_bytes_total",
+                    "Bytes served to SSD readers",
+                ),
+                written_bytes: c(
+                    "strata_ssd_agent_data_plane_written_bytes_total",
+                    "Always 0: agents take no writes",
+                ),
+                rejected: c(
+                    "strata_ssd_agent_rejected_requests_total",
+                    "Data-plane requests refused",
+                ),
+            },
+            registry: r,
+        }
+    }
+}
+
+pub struct SsdAgentHandle {
+    pub data_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub owner_id: u64,
+    pub recovery: RecoveryReport,
+    pub store: Arc<OwnerStore>,
+    pub faults: Arc<Faults>,
+    fatal: Arc<parking_lot::Mutex<Option<Error>>>,
+    tasks: JoinSet<()>,
+}
+
+impl SsdAgentHandle {
+    /// Waits for every task; returns the error that stopped the agent, if any.
+    pub async fn wait(mut self) -> Result<()> {
+        while self.tasks.join_next().await.is_some() {}
+        match self.fatal.lock().take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+fn instance_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!(
+        "pid {}@{} started {}",
+        std::process::id(),
+        host.trim(),
+        strata_common::time::unix_ms()
+    )
+}
+
+/// Registration state shared by the worker loop.
+struct Session {
+    client: MasterClient<Channel>,
+    handle: String,
+    advertise: String,
+    capacity: u64,
+    instance: String,
+}
+
+impl Session {
+    async fn register(&mut self) -> Result<pb::RegisterOwnerResponse> {
+        let req = pb::RegisterOwnerRequest {
+            handle: self.handle.clone(),
+            data_addr: self.advertise.clone(),
+            capacity_bytes: self.capacity,
+            instance: self.instance.clone(),
+        };
+        Ok(self
+            .client
+            .register_owner(req)
+            .await
+            .map_err(Error::from)?
+            .into_inner())
+    }
+
+    /// Registers, retrying while the master is unreachable.
+    async fn register_retrying(
+        &mut self,
+        shutdown: &CancellationToken,
+    ) -> Result<pb::RegisterOwnerResponse> {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.register().await {
+                Ok(r) => return Ok(r),
+                Err(e) if e.retryable() => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "cannot register with master");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Err(Error::unavailable("shutting down")),
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn report_inventory(
+        &mut self,
+        store: &OwnerStore,
+        owner_id: u64,
+        epoch: u64,
+    ) -> Result<u64> {
+        let objects = store
+            .inventory()
+            .into_iter()
+            .map(|(b, e)| pb::SsdObject {
+                key: e.key,
+                bucket_id: b,
+                offset: e.offset,
+                length: e.length,
+                crc32c: e.crc32c,
+            })
+            .collect();
+        let r = self
+            .client
+            .report_inventory(pb::ReportInventoryRequest {
+                owner_id,
+                epoch,
+                objects,
+            })
+            .await
+            .map_err(Error::from)?;
+        Ok(r.into_inner().adopted)
+    }
+}
+
+pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<SsdAgentHandle> {
+    cfg.validate()?;
+    let instance = instance_id();
+    let owner_dir = cfg
+        .data_dir
+        .join("owners")
+        .join(lock::encode_handle(&cfg.handle));
+    let lock = lock::lock_handle(&owner_dir, &cfg.handle, &instance)?;
+    let metrics = Arc::new(AgentMetrics::new());
+    metrics.capacity.set(cfg.capacity as i64);
+
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| Error::invalid(format!("cannot bind --listen {}: {e}", cfg.listen)))?;
+    let data_addr = listener.local_addr()?;
+    let advertise = cfg
+        .advertise
+        .clone()
+        .unwrap_or_else(|| data_addr.to_string());
+    let staging =
+        staging::Staging::new(cfg.staging_bytes, cfg.staging_wait, metrics.staging.clone());
+    let region = Arc::new(region::BucketRegion::new(staging, instance.clone()));
+    let mut tasks = JoinSet::new();
+    tasks.spawn(strata_transport::tcp::serve(
+        listener,
+        region.clone() as Arc<dyn strata_transport::region::DataRegion>,
+        metrics.server.clone(),
+        shutdown.clone(),
+    ));
+
+    let index_path = owner_dir.join("index");
+    let index = tokio::task::spawn_blocking(move || index::Index::open(&index_path))
+        .await
+        .map_err(|e| Error::internal(e.to_string()))??;
+
+    let mut session = Session {
+        client: MasterClient::new(strata_common::grpc::master_channel(&cfg.master)?)
+            .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE)
+            .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE),
+        handle: cfg.handle.clone(),
+        advertise: advertise.clone(),
+        capacity: cfg.capacity,
+        instance: instance.clone(),
+    };
+    let reg = session.register_retrying(&shutdown).await?;
+    let key = GrantKey::from_bytes(&reg.grant_key)
+        .ok_or_else(|| Error::internal("master sent a malformed grant key"))?;
+    let faults = Arc::new(Faults::from_env());
+    let store = {
+        let (dir, handle, cap, f) = (
+            cfg.data_dir.clone(),
+            cfg.handle.clone(),
+            cfg.capacity,
+            faults.clone(),
+        );
+        let owner_id = reg.owner_id;
+        tokio::task::spawn_blocking(move || OwnerStore::new(&dir, index, owner_id, &handle, cap, f))
+            .await
+            .map_err(|e| Error::internal(e.to_string()))??
+    };
+    let store = Arc::new(store);
+    let s2 = store.clone();
+    let recovery = tokio::task::spawn_blocking(move || s2.recover())
+        .await
+        .map_err(|e| Error::internal(e.to_string()))??;
+    tracing::info!(
+        handle = cfg.handle,
+        owner_id = reg.owner_id,
+        epoch = reg.epoch,
+        ?recovery,
+        "SSD owner recovered"
+    );
+    let adopted = session
+        .report_inventory(&store, reg.owner_id, reg.epoch)
+        .await?;
+    tracing::info!(adopted, "inventory reported to the master");
+    region.install(key, store.clone());
+
+    let ready = Arc::new(AtomicBool::new(true));
+    let router = admin_router(&metrics, &store, ready.clone(), recovery.clone());
+    let (admin_addr, admin_task) =
+        strata_common::admin::serve(cfg.admin_addr, router, shutdown.clone()).await?;
+    tasks.spawn(async move {
+        let _ = admin_task.await;
+    });
+
+    let worker = offload::Worker {
+        store: store.clone(),
+        transport: Arc::new(TcpTransport::new(TcpTransportConfig::default())),
+        bucket_keys: cfg.bucket_keys,
+        bucket_bytes: cfg.bucket_bytes,
+        outcomes: metrics.outcomes.clone(),
+    };
+    let (owner_id, epoch, interval) = (
+        reg.owner_id,
+        reg.epoch,
+        Duration::from_millis(reg.heartbeat_interval_ms),
+    );
+    let m2 = metrics.clone();
+    let sd = shutdown.clone();
+    let max_tasks = cfg.max_tasks;
+    let poll = cfg.poll_interval.min(interval);
+    let fatal = Arc::new(parking_lot::Mutex::new(None));
+    let f2 = fatal.clone();
+    tasks.spawn(async move {
+        let _lock = lock; // held until the agent stops
+        if let Err(e) = run_loop(session, worker, m2, owner_id, epoch, max_tasks, poll, &sd).await {
+            tracing::error!(error = %e, "SSD agent stopping");
+            *f2.lock() = Some(e);
+            sd.cancel();
+        }
+        ready.store(false, Ordering::Release);
+    });
+    tracing::info!(%data_addr, %admin_addr, handle = cfg.handle, owner_id, "strata-ssd-agent started");
+    Ok(SsdAgentHandle {
+        data_addr,
+        admin_addr,
+        owner_id,
+        recovery,
+        store,
+        faults,
+        fatal,
+        tasks,
+    })
+}
+
+fn admin_router(
+    m: &Arc<AgentMetrics>,
+    store: &Arc<OwnerStore>,
+    ready: Arc<AtomicBool>,
+    recovery: RecoveryReport,
+) -> axum::Router {
+    let (m2, s2) = (m.clone(), store.clone());
+    let refresh = Arc::new(move || {
+        let st = s2.stats();
+        m2.used.set(st.used as i64);
+        m2.buckets.set(st.buckets as i64);
+        m2.objects.set(st.objects as i64);
+        m2.unknown_files.set(st.unknown_files as i64);
+        m2.quarantined_files.set(st.quarantined as i64);
+    });
+    let s3 = store.clone();
+    strata_common::admin::base_router(
+        m.registry.clone(),
+        Arc::new(move || ready.load(Ordering::Acquire)),
+        Some(refresh),
+    )
+    .route(
+        "/api/v1/owner",
+        axum::routing::get(move || {
+            let (s, rec) = (s3.clone(), recovery.clone());
+            async move {
+                axum::Json(serde_json::json!({
+                    "handle": s.handle,
+                    "owner_id": s.owner_id,
+                    "capacity": s.capacity,
+                    "stats": s.stats(),
+                    "recovery": rec,
+                }))
+            }
+        }),
+    )
+}
+
+/// Heartbeats, takes offload batches, writes them, reports. Returns an
+/// error only when this process must stop (fenced by a newer registration).
+#[allow(clippy::too_many_arguments)]
+async fn run_loop(
+    mut session: Session,
+    worker: offload::Worker,
+    m: Arc<AgentMetrics>,
+    mut owner_id: u64,
+    mut epoch: u64,
+    max_tasks: u32,
+    poll: Duration,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    loop {
+        let st = worker.store.stats();
+        m.used.set(st.used as i64);
+        m.buckets.set(st.buckets as i64);
+        let room = st.used < worker.store.capacity;
+        let req = pb::OwnerHeartbeatRequest {
+            owner_id,
+            epoch,
+            used_bytes: st.used,
+            buckets: st.buckets,
+            capacity_bytes: worker.store.capacity,
+            max_tasks: if room { max_tasks } else { 0 },
+            unknown_files: st.unknown_files,
+            quarantined_files: st.quarantined,
+        };
+        let mut wait = poll;
+        match session
+            .client
+            .owner_heartbeat(req)
+            .await
+            .map_err(Error::from)
+        {
+            Ok(r) => {
+                let tasks = r.into_inner().tasks;
+                if !tasks.is_empty() {
+                    let results = worker.process(&tasks).await;
+                    if worker.drop_report() {
+                        tracing::warn!(
+                            tasks = results.len(),
+                            "injected fault: dropping this offload report"
+                        );
+                    } else if let Err(e) = session
+                        .client
+                        .report_offload(pb::ReportOffloadRequest {
+                            owner_id,
+                            epoch,
+                            results,
+                        })
+                        .await
+                    {
+                        // The master expires and requeues the tasks.
+                        tracing::warn!(error = %Error::from(e), "offload report failed");
+                    }
+                    wait = Duration::ZERO;
+                }
+            }
+            Err(e) if e.code == Code::PermissionDenied => {
+                return Err(Error::new(
+                    Code::PermissionDenied,
+                    format!(
+                        "fenced: another process registered handle {:?} ({})",
+                        session.handle, e.message
+                    ),
+                ));
+            }
+            Err(e) if e.code == Code::NotFound => {
+                // The master restarted and forgot us: register again and
+                // re-report what we hold.
+                tracing::warn!("master no longer knows this owner; registering again");
+                let reg = session.register_retrying(shutdown).await?;
+                if reg.owner_id != owner_id {
+                    return Err(Error::new(
+                        Code::Corrupted,
+                        format!(
+                            "master now maps handle {:?} to owner {} (was {owner_id}): it lost its --state-dir",
+                            session.handle, reg.owner_id
+                        ),
+                    ));
+                }
+                (owner_id, epoch) = (reg.owner_id, reg.epoch);
+                if let Err(e) = session
+                    .report_inventory(&worker.store, owner_id, epoch)
+                    .await
+                {
+                    tracing::warn!(error = %e, "inventory report failed");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "owner heartbeat failed");
+                wait = poll.max(Duration::from_millis(200));
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+    let store = worker.store.clone();
+    let _ = tokio::task::spawn_blocking(move || store.flush()).await;
+    Ok(())
+}
+
+pub async fn run(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<()> {
+    let h = start(cfg, shutdown.clone()).await?;
+    h.wait().await?;
+    tracing::info!("strata-ssd-agent stopped");
+    Ok(())
+}
