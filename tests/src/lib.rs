@@ -1,5 +1,7 @@
 //! Helpers shared by the cluster-level tests.
 
+pub mod procs;
+
 pub use strata_client::{ClusterBuilder, LocalCluster};
 
 /// Deterministic test bytes for `key` of `len` bytes.

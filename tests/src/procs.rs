@@ -1,0 +1,155 @@
+//! Helpers for tests that run the real binaries as processes.
+
+use crate::bin;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process killed (SIGKILL) when dropped.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    pub fn signal(&self, sig: &str) {
+        let st = Command::new("kill")
+            .args([sig, &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    /// Waits (bounded) for the process to exit and returns its code.
+    pub async fn exit_code(&mut self, within: Duration) -> Option<i32> {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < within {
+            if let Some(st) = self.0.try_wait().unwrap() {
+                return st.code();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+}
+
+pub struct Master {
+    pub proc: Proc,
+    pub addr: String,
+    pub admin: std::net::SocketAddr,
+}
+
+pub fn spawn(name: &str, args: &[String]) -> Proc {
+    Proc(
+        Command::new(bin(name))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+pub async fn wait_ready(admin: std::net::SocketAddr) {
+    for _ in 0..500 {
+        if let Ok(r) = reqwest::get(format!("http://{admin}/ready")).await {
+            if r.status().is_success() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{admin} never became ready");
+}
+
+pub async fn start_master(extra: &[&str]) -> Master {
+    let (p, a) = (free_port(), free_port());
+    let mut args = vec![
+        "--listen".to_string(),
+        format!("127.0.0.1:{p}"),
+        "--admin-addr".into(),
+        format!("127.0.0.1:{a}"),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let proc = spawn("strata-master", &args);
+    let admin = format!("127.0.0.1:{a}").parse().unwrap();
+    wait_ready(admin).await;
+    Master {
+        proc,
+        addr: format!("127.0.0.1:{p}"),
+        admin,
+    }
+}
+
+pub async fn start_node(master: &str, node_id: &str) -> (Proc, String) {
+    let (d, a) = (free_port(), free_port());
+    let args: Vec<String> = [
+        "--master",
+        master,
+        "--listen",
+        &format!("127.0.0.1:{d}"),
+        "--admin-addr",
+        &format!("127.0.0.1:{a}"),
+        "--capacity",
+        "64MiB",
+        "--node-id",
+        node_id,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let p = spawn("strata-store-node", &args);
+    wait_ready(format!("127.0.0.1:{a}").parse().unwrap()).await;
+    (p, format!("127.0.0.1:{d}"))
+}
+
+/// Starts `strata-ssd-agent`; with `wait`, until it answers /ready.
+pub async fn start_agent(
+    master: &str,
+    handle: &str,
+    dir: &std::path::Path,
+    env: &[(&str, &str)],
+    wait: bool,
+) -> (Proc, std::net::SocketAddr) {
+    let (d, a) = (free_port(), free_port());
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{a}").parse().unwrap();
+    let mut cmd = Command::new(bin("strata-ssd-agent"));
+    cmd.args([
+        "--master",
+        master,
+        "--handle",
+        handle,
+        "--capacity",
+        "256MiB",
+    ])
+    .arg("--data-dir")
+    .arg(dir)
+    .args([
+        "--listen",
+        &format!("127.0.0.1:{d}"),
+        "--admin-addr",
+        &admin.to_string(),
+    ])
+    .env("RUST_LOG", "warn")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let p = Proc(cmd.spawn().unwrap());
+    if wait {
+        wait_ready(admin).await;
+    }
+    (p, admin)
+}

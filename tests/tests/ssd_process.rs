@@ -1,0 +1,136 @@
+//! The SSD agent as a real process: one process per handle, and a SIGKILL
+//! in the middle of writing a bucket.
+
+use std::time::Duration;
+use strata_client::{Client, ClientConfig, PutOptions};
+use strata_proto as pb;
+use strata_tests::procs::{start_agent, start_master, start_node};
+use strata_tests::{http_get, payload};
+
+async fn json(admin: std::net::SocketAddr, path: &str) -> serde_json::Value {
+    let (_, body) = http_get(admin, path).await;
+    serde_json::from_str(&body).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_live_agent_with_the_same_handle_fails_at_start() {
+    let state = tempfile::tempdir().unwrap();
+    let m = start_master(&["--state-dir", state.path().to_str().unwrap()]).await;
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_first, _) = start_agent(&m.addr, "node-7/nvme0", d1.path(), &[], true).await;
+    // Same directory: the lock file names the holder at once.
+    for dir in [d1.path(), d2.path()] {
+        let (mut second, _) = start_agent(&m.addr, "node-7/nvme0", dir, &[], false).await;
+        let code = second.exit_code(Duration::from_secs(15)).await;
+        assert!(
+            matches!(code, Some(c) if c != 0),
+            "second agent must exit non-zero, got {code:?}"
+        );
+        let mut err = String::new();
+        use std::io::Read;
+        second
+            .0
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(
+            err.contains("node-7/nvme0") && err.contains("pid"),
+            "{}: {err}",
+            dir.display()
+        );
+    }
+    // Another handle on the same directory is fine.
+    let (_other, _) = start_agent(&m.addr, "node-7/nvme1", d1.path(), &[], true).await;
+    let v = json(m.admin, "/api/v1/owners").await;
+    assert_eq!(v["owners"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_bucket_loses_nothing_and_serves_nothing_half_written() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = start_master(&[
+        "--state-dir",
+        state.path().to_str().unwrap(),
+        "--offload-task-ttl",
+        "1s",
+        "--node-ttl",
+        "2s",
+    ])
+    .await;
+    let (_node, _) = start_node(&m.addr, "n1").await;
+    // The agent stalls halfway through its first bucket write.
+    let (agent, _) = start_agent(
+        &m.addr,
+        "h/0",
+        dir.path(),
+        &[("STRATA_TEST_FAULTS", "write_delay_ms=60000")],
+        true,
+    )
+    .await;
+    let cl = Client::connect(ClientConfig::new(&m.addr)).await.unwrap();
+    let keys: Vec<String> = (0..5).map(|i| format!("kill-{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        cl.put(k, &payload(i as u64, 300_000), &PutOptions::default())
+            .await
+            .unwrap();
+    }
+    let buckets = dir.path().join("buckets");
+    let mut partial = false;
+    for _ in 0..500 {
+        let v = json(m.admin, "/api/v1/offload").await;
+        let files = std::fs::read_dir(&buckets).map(|d| d.count()).unwrap_or(0);
+        if v["assigned"].as_u64() > Some(0) && v["pins"].as_u64() > Some(0) && files > 0 {
+            partial = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        partial,
+        "the agent should be mid-bucket with pinned sources"
+    );
+    drop(agent); // SIGKILL
+                 // Restart without faults: the half-written file is quarantined, the
+                 // tasks expire and are requeued, and everything persists.
+    let (_agent2, admin2) = start_agent(&m.addr, "h/0", dir.path(), &[], true).await;
+    let rec = json(admin2, "/api/v1/owner").await;
+    assert_eq!(rec["recovery"]["quarantined"], 1, "{rec}");
+    assert_eq!(rec["recovery"]["buckets"], 0, "{rec}");
+    let mut done = false;
+    for _ in 0..750 {
+        let v = json(m.admin, "/api/v1/offload").await;
+        if v["persisted"].as_u64() >= Some(5)
+            && v["queued"] == 0
+            && v["assigned"] == 0
+            && v["pins"] == 0
+        {
+            done = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        done,
+        "all tasks persist after the restart: {}",
+        json(m.admin, "/api/v1/offload").await
+    );
+    let r = cl
+        .master_client()
+        .evict_memory(pb::EvictMemoryRequest { keys: keys.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.results.iter().all(|s| s.code == 0), "{:?}", r.results);
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(cl.get(k).await.unwrap(), payload(i as u64, 300_000), "{k}");
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("quarantine"))
+            .unwrap()
+            .count(),
+        1
+    );
+}
