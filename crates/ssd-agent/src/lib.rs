@@ -427,7 +427,8 @@ async fn run_loop(
         let st = worker.store.stats();
         m.used.set(st.used as i64);
         m.buckets.set(st.buckets as i64);
-        let room = st.used < worker.store.capacity;
+        let room = st.used < worker.store.capacity
+            && !worker.store.faults.pause_offload.load(Ordering::Relaxed);
         let req = pb::OwnerHeartbeatRequest {
             owner_id,
             epoch,

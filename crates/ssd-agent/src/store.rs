@@ -20,6 +20,8 @@ pub struct Faults {
     pub fail_writes: AtomicU32,
     pub write_delay_ms: AtomicU64,
     pub drop_reports: AtomicU32,
+    /// Take no offload tasks while set (benchmarks queue work first).
+    pub pause_offload: std::sync::atomic::AtomicBool,
 }
 
 impl Faults {

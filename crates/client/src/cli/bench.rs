@@ -3,6 +3,7 @@
 //! Redis on loopback, all in one run, with the ratios printed.
 
 mod baselines;
+mod offload;
 mod report;
 
 use crate::local::ClusterBuilder;
@@ -55,6 +56,15 @@ pub struct BenchArgs {
     /// Keys per batch in the metadata-path benchmark
     #[arg(long, default_value_t = 128)]
     pub meta_batch: usize,
+    /// Object sizes of the SSD offload benchmark (--local only; empty skips it)
+    #[arg(long, value_delimiter = ',', default_value = "64KiB,1MiB")]
+    pub offload_sizes: Vec<ByteSize>,
+    /// Bytes offloaded per size
+    #[arg(long, default_value = "512MiB")]
+    pub offload_bytes: ByteSize,
+    /// Directory of the benchmark's SSD agent (put it on the disk to measure)
+    #[arg(long)]
+    pub ssd_dir: Option<std::path::PathBuf>,
     /// Print the results as JSON instead of a table
     #[arg(long)]
     pub json: bool,
@@ -177,15 +187,24 @@ pub async fn run(master: &str, args: BenchArgs) -> anyhow::Result<()> {
         !args.sizes.is_empty() && args.sizes.iter().all(|s| s.0 > 0),
         "--sizes must be positive"
     );
-    let local = if args.local {
+    let mut local = if args.local {
         Some(
-            ClusterBuilder::new()
-                .store_nodes(args.store_nodes)
-                .node_capacity(args.node_capacity.0)
-                .prefault(true)
-                .build()
-                .await
-                .context("cannot start the local cluster")?,
+            {
+                // Bucket files stay until SSD eviction exists: room for all.
+                let ssd = args.offload_bytes.0 * (args.offload_sizes.len() as u64 + 1) * 2;
+                let mut b = ClusterBuilder::new()
+                    .store_nodes(args.store_nodes)
+                    .node_capacity(args.node_capacity.0)
+                    .ssd_capacity(ssd.max(1 << 30))
+                    .prefault(true);
+                if let Some(d) = &args.ssd_dir {
+                    b = b.ssd_dir(d);
+                }
+                b
+            }
+            .build()
+            .await
+            .context("cannot start the local cluster")?,
         )
     } else {
         None
@@ -247,6 +266,11 @@ pub async fn run(master: &str, args: BenchArgs) -> anyhow::Result<()> {
         report.rows.push(w.batch(true, w.keys).await?);
         report.rows.push(w.batch(false, ops).await?);
         client.remove_all(true).await?;
+    }
+    if let Some(c) = local.as_mut() {
+        if !args.offload_sizes.is_empty() {
+            offload::run(c, &client, &args, &run_id, &mut report).await?;
+        }
     }
     if args.meta_keys > 0 {
         report.rows.push(
