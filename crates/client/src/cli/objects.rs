@@ -191,13 +191,17 @@ pub async fn stat(master: &str, a: StatArgs) -> anyhow::Result<()> {
                 writeln!(out, "pinned:   {}", i.hard_pin)?;
                 writeln!(out, "replicas: {}", i.replicas.len())?;
                 for r in &i.replicas {
+                    let place = if r.kind == pb::ReplicaKind::Ssd as i32 {
+                        let (_, bucket) = strata_common::grant::split_ssd_segment_id(r.segment_id);
+                        format!("bucket {bucket:<5}")
+                    } else {
+                        format!("segment {:<4}", r.segment_id)
+                    };
+                    let kind = kind_name(r.kind);
                     writeln!(
                         out,
-                        "  {:<7} {:<22} segment {:<4} offset {}",
-                        kind_name(r.kind),
-                        r.node_id,
-                        r.segment_id,
-                        r.offset
+                        "  {kind:<7} {:<22} {place} offset {}",
+                        r.node_id, r.offset
                     )?;
                 }
             }
