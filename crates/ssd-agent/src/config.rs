@@ -47,7 +47,7 @@ impl Default for SsdAgentConfig {
             staging_wait: Duration::from_secs(5),
             bucket_keys: 500,
             bucket_bytes: 256 << 20,
-            max_tasks: 256,
+            max_tasks: 1024,
             poll_interval: Duration::from_millis(200),
         }
     }
@@ -148,7 +148,7 @@ pub struct SsdAgentArgs {
     /// Bytes per bucket; larger objects get their own [default: 256MiB]
     #[arg(long, env = "STRATA_BUCKET_BYTES")]
     pub bucket_bytes: Option<ByteSize>,
-    /// Offload tasks taken per cycle [default: 256]
+    /// Offload tasks taken per cycle [default: 1024]
     #[arg(long, env = "STRATA_MAX_TASKS")]
     pub max_tasks: Option<u32>,
     /// text | json [default: text]

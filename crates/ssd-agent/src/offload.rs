@@ -31,6 +31,45 @@ pub fn plan_buckets(sizes: &[u64], max_keys: usize, max_bytes: u64) -> Vec<Vec<u
     out
 }
 
+/// Source copies in flight per bucket.
+const FETCH_CONCURRENCY: usize = 16;
+
+/// A bucket being written on the blocking pool, and the tasks in it.
+struct PendingWrite {
+    tasks: Vec<usize>,
+    handle: tokio::task::JoinHandle<strata_common::Result<crate::index::BucketRecord>>,
+}
+
+impl PendingWrite {
+    async fn finish(self, tasks: &[pb::OffloadTask], results: &mut Vec<pb::OffloadResult>) {
+        let written = self
+            .handle
+            .await
+            .map_err(|e| Error::internal(format!("bucket write task failed: {e}")))
+            .and_then(|r| r);
+        match written {
+            Ok(rec) => {
+                for (&i, e) in self.tasks.iter().zip(&rec.objects) {
+                    results.push(pb::OffloadResult {
+                        task_id: tasks[i].task_id,
+                        persisted: true,
+                        bucket_id: rec.bucket_id,
+                        offset: e.offset,
+                        error: String::new(),
+                        code: 0,
+                    });
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, objects = self.tasks.len(), "bucket write failed");
+                for &i in &self.tasks {
+                    results.push(failed(&tasks[i], format!("bucket write: {e}"), e.code));
+                }
+            }
+        }
+    }
+}
+
 pub struct Worker {
     pub store: Arc<OwnerStore>,
     pub transport: Arc<dyn Transport>,
@@ -79,63 +118,49 @@ impl Worker {
     }
 
     /// Processes one batch; returns exactly one result per task.
+    /// Processes one batch; returns exactly one result per task. The sources
+    /// of bucket n+1 are copied while bucket n is written and synced.
     pub async fn process(&self, tasks: &[pb::OffloadTask]) -> Vec<pb::OffloadResult> {
         let sizes: Vec<u64> = tasks.iter().map(|t| t.size).collect();
         let mut results = Vec::with_capacity(tasks.len());
+        let mut writing: Option<PendingWrite> = None;
         for group in plan_buckets(&sizes, self.bucket_keys, self.bucket_bytes) {
             let mut futs = Vec::with_capacity(group.len());
             for &i in &group {
                 futs.push(async move { (i, self.fetch(&tasks[i]).await) });
             }
             let fetched: Vec<(usize, Result<Vec<u8>, String>)> =
-                futures::stream::iter(futs).buffered(8).collect().await;
-            let mut ok: Vec<(usize, Vec<u8>)> = Vec::new();
+                futures::stream::iter(futs).buffered(FETCH_CONCURRENCY).collect().await;
+            let mut ok: Vec<usize> = Vec::new();
+            let mut owned: Vec<(String, Vec<u8>, u32)> = Vec::new();
             for (i, r) in fetched {
                 match r {
-                    Ok(data) => ok.push((i, data)),
-                    Err(why) => {
-                        results.push(failed(&tasks[i], why, strata_common::Code::Unavailable))
+                    Ok(data) => {
+                        ok.push(i);
+                        owned.push((tasks[i].key.clone(), data, tasks[i].crc32c));
                     }
+                    Err(why) => results.push(failed(&tasks[i], why, strata_common::Code::Unavailable)),
                 }
+            }
+            // One bucket in flight at a time: finish the previous write first.
+            if let Some(w) = writing.take() {
+                w.finish(tasks, &mut results).await;
             }
             if ok.is_empty() {
                 continue;
             }
             let store = self.store.clone();
-            let owned: Vec<(String, Vec<u8>, u32)> = ok
-                .iter_mut()
-                .map(|(i, d)| (tasks[*i].key.clone(), std::mem::take(d), tasks[*i].crc32c))
-                .collect();
-            let written = tokio::task::spawn_blocking(move || {
-                let objs: Vec<(&str, &[u8], u32)> = owned
-                    .iter()
-                    .map(|(k, d, c)| (k.as_str(), d.as_slice(), *c))
-                    .collect();
-                store.write_bucket(&objs)
-            })
-            .await
-            .map_err(|e| Error::internal(format!("bucket write task failed: {e}")))
-            .and_then(|r| r);
-            match written {
-                Ok(rec) => {
-                    for ((i, _), e) in ok.iter().zip(&rec.objects) {
-                        results.push(pb::OffloadResult {
-                            task_id: tasks[*i].task_id,
-                            persisted: true,
-                            bucket_id: rec.bucket_id,
-                            offset: e.offset,
-                            error: String::new(),
-                            code: 0,
-                        });
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, objects = ok.len(), "bucket write failed");
-                    for (i, _) in &ok {
-                        results.push(failed(&tasks[*i], format!("bucket write: {e}"), e.code));
-                    }
-                }
-            }
+            writing = Some(PendingWrite {
+                tasks: ok,
+                handle: tokio::task::spawn_blocking(move || {
+                    let objs: Vec<(&str, &[u8], u32)> =
+                        owned.iter().map(|(k, d, c)| (k.as_str(), d.as_slice(), *c)).collect();
+                    store.write_bucket(&objs)
+                }),
+            });
+        }
+        if let Some(w) = writing.take() {
+            w.finish(tasks, &mut results).await;
         }
         for r in &results {
             let outcome = if r.persisted { "persisted" } else { "failed" };
