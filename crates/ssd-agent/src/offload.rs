@@ -129,8 +129,10 @@ impl Worker {
             for &i in &group {
                 futs.push(async move { (i, self.fetch(&tasks[i]).await) });
             }
-            let fetched: Vec<(usize, Result<Vec<u8>, String>)> =
-                futures::stream::iter(futs).buffered(FETCH_CONCURRENCY).collect().await;
+            let fetched: Vec<(usize, Result<Vec<u8>, String>)> = futures::stream::iter(futs)
+                .buffered(FETCH_CONCURRENCY)
+                .collect()
+                .await;
             let mut ok: Vec<usize> = Vec::new();
             let mut owned: Vec<(String, Vec<u8>, u32)> = Vec::new();
             for (i, r) in fetched {
@@ -139,7 +141,9 @@ impl Worker {
                         ok.push(i);
                         owned.push((tasks[i].key.clone(), data, tasks[i].crc32c));
                     }
-                    Err(why) => results.push(failed(&tasks[i], why, strata_common::Code::Unavailable)),
+                    Err(why) => {
+                        results.push(failed(&tasks[i], why, strata_common::Code::Unavailable))
+                    }
                 }
             }
             // One bucket in flight at a time: finish the previous write first.
@@ -153,8 +157,10 @@ impl Worker {
             writing = Some(PendingWrite {
                 tasks: ok,
                 handle: tokio::task::spawn_blocking(move || {
-                    let objs: Vec<(&str, &[u8], u32)> =
-                        owned.iter().map(|(k, d, c)| (k.as_str(), d.as_slice(), *c)).collect();
+                    let objs: Vec<(&str, &[u8], u32)> = owned
+                        .iter()
+                        .map(|(k, d, c)| (k.as_str(), d.as_slice(), *c))
+                        .collect();
                     store.write_bucket(&objs)
                 }),
             });
