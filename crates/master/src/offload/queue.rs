@@ -53,6 +53,9 @@ pub struct OffloadQueue {
     next_id: u64,
     tasks: HashMap<u64, Task>,
     queued: HashMap<u64, VecDeque<u64>>,
+    /// Kept in step with `tasks` so the hot paths never scan it.
+    assigned: usize,
+    pending: HashMap<u64, u64>,
     pub max_attempts: u32,
     pub backoff_base_ms: u64,
     pub counters: Counters,
@@ -64,6 +67,8 @@ impl OffloadQueue {
             next_id: 1,
             tasks: HashMap::new(),
             queued: HashMap::new(),
+            assigned: 0,
+            pending: HashMap::new(),
             max_attempts: max_attempts.max(1),
             backoff_base_ms,
             counters: Counters::default(),
@@ -87,7 +92,20 @@ impl OffloadQueue {
             },
         );
         self.queued.entry(owner).or_default().push_back(id);
+        *self.pending.entry(owner).or_default() += size + OBJECT_OVERHEAD;
         id
+    }
+
+    /// Removes a task for good, keeping the counters in step.
+    fn forget(&mut self, id: u64) -> Option<Task> {
+        let t = self.tasks.remove(&id)?;
+        if matches!(t.state, TaskState::Assigned { .. }) {
+            self.assigned -= 1;
+        }
+        if let Some(p) = self.pending.get_mut(&t.owner) {
+            *p = p.saturating_sub(t.size + OBJECT_OVERHEAD);
+        }
+        Some(t)
     }
 
     /// Hands up to `n` due tasks of `owner` to the agent at `epoch`. The
@@ -116,6 +134,7 @@ impl OffloadQueue {
                         deadline_ms: now_ms + ttl_ms,
                         epoch,
                     };
+                    self.assigned += 1;
                     out.push(t.clone());
                 }
                 TaskState::Queued { .. } => later.push_back(id),
@@ -131,6 +150,9 @@ impl OffloadQueue {
 
     fn requeue(&mut self, id: u64, not_before_ms: u64) {
         if let Some(t) = self.tasks.get_mut(&id) {
+            if matches!(t.state, TaskState::Assigned { .. }) {
+                self.assigned -= 1;
+            }
             t.state = TaskState::Queued { not_before_ms };
             self.queued.entry(t.owner).or_default().push_back(id);
         }
@@ -175,7 +197,7 @@ impl OffloadQueue {
                 ))
             }
         }
-        let mut t = self.tasks.remove(&id).expect("checked above");
+        let mut t = self.forget(id).expect("checked above");
         if persisted {
             self.counters.persisted += 1;
             return Ok((t, Outcome::Persisted));
@@ -192,8 +214,13 @@ impl OffloadQueue {
         }
         let backoff = self.backoff_base_ms.saturating_mul(1 << t.attempts.min(10));
         let task = t.clone();
+        // Back in, counted as queued again.
+        t.state = TaskState::Queued {
+            not_before_ms: now_ms + backoff,
+        };
+        *self.pending.entry(t.owner).or_default() += t.size + OBJECT_OVERHEAD;
+        self.queued.entry(t.owner).or_default().push_back(id);
         self.tasks.insert(id, t);
-        self.requeue(id, now_ms + backoff);
         Ok((task, Outcome::Requeued))
     }
 
@@ -237,29 +264,20 @@ impl OffloadQueue {
     /// Drops a task outright (its source is gone). Returns it if it was
     /// assigned (its pin must be released).
     pub fn drop_task(&mut self, id: u64) -> Option<Task> {
-        let t = self.tasks.remove(&id)?;
+        let t = self.forget(id)?;
         self.counters.dropped += 1;
         matches!(t.state, TaskState::Assigned { .. }).then_some(t)
     }
 
     /// (queued, assigned) task counts.
     pub fn counts(&self) -> (usize, usize) {
-        let assigned = self
-            .tasks
-            .values()
-            .filter(|t| matches!(t.state, TaskState::Assigned { .. }))
-            .count();
-        (self.tasks.len() - assigned, assigned)
+        (self.tasks.len() - self.assigned, self.assigned)
     }
 
     /// Bytes queued or in flight for `owner` (counted against its capacity,
     /// with each object's bucket overhead).
     pub fn pending_bytes(&self, owner: u64) -> u64 {
-        self.tasks
-            .values()
-            .filter(|t| t.owner == owner)
-            .map(|t| t.size + OBJECT_OVERHEAD)
-            .sum()
+        self.pending.get(&owner).copied().unwrap_or(0)
     }
 
     pub fn tasks(&self) -> impl Iterator<Item = &Task> {
@@ -377,6 +395,12 @@ mod tests {
                     Op::DropSource(_) => {}
                 }
                 let (_, a) = q.counts();
+                let scanned = q.tasks.values().filter(|t| matches!(t.state, TaskState::Assigned { .. })).count();
+                prop_assert_eq!(a, scanned, "assigned counter drifted");
+                for o in 0..3u64 {
+                    let want: u64 = q.tasks.values().filter(|t| t.owner == o).map(|t| t.size + OBJECT_OVERHEAD).sum();
+                    prop_assert_eq!(q.pending_bytes(o), want, "pending bytes drifted");
+                }
                 let pinned: i64 = pins.values().sum();
                 prop_assert_eq!(pinned, a as i64, "pins must equal assigned tasks");
                 prop_assert!(pins.values().all(|&p| p == 0 || p == 1));
