@@ -6,6 +6,7 @@ pub mod config;
 pub mod error;
 pub mod grant;
 pub mod grpc;
+pub mod metrics;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;

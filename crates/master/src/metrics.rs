@@ -23,17 +23,13 @@ pub struct MasterMetrics {
     pub lost_replicas: IntCounter,
 }
 
-fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
-    // Names are static and unique per registry, so this cannot fail.
-    let _ = r.register(Box::new(c.clone()));
-    c
-}
+use strata_common::metrics::register as reg;
 
 impl MasterMetrics {
     pub fn new() -> Self {
         let r = Registry::new();
-        let g = |n: &str, h: &str| reg(&r, IntGauge::new(n, h).expect("valid metric"));
-        let c = |n: &str, h: &str| reg(&r, IntCounter::new(n, h).expect("valid metric"));
+        let g = |n: &str, h: &str| strata_common::metrics::gauge(&r, n, h);
+        let c = |n: &str, h: &str| strata_common::metrics::counter(&r, n, h);
         MasterMetrics {
             keys: g(
                 "strata_master_keys",

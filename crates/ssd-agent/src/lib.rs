@@ -15,7 +15,7 @@ pub mod store;
 
 pub use config::{SsdAgentArgs, SsdAgentConfig};
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -46,16 +46,8 @@ struct AgentMetrics {
 impl AgentMetrics {
     fn new() -> Self {
         let r = Registry::new();
-        let g = |n: &str, h: &str| {
-            let m = IntGauge::new(n, h).expect("valid metric");
-            let _ = r.register(Box::new(m.clone()));
-            m
-        };
-        let c = |n: &str, h: &str| {
-            let m = IntCounter::new(n, h).expect("valid metric");
-            let _ = r.register(Box::new(m.clone()));
-            m
-        };
+        let g = |n: &str, h: &str| strata_common::metrics::gauge(&r, n, h);
+        let c = |n: &str, h: &str| strata_common::metrics::counter(&r, n, h);
         let outcomes = IntCounterVec::new(
             Opts::new(
                 "strata_ssd_agent_offload_tasks_total",

@@ -56,16 +56,8 @@ struct NodeMetrics {
 impl NodeMetrics {
     fn new() -> Self {
         let r = Registry::new();
-        let g = |n: &str, h: &str| {
-            let m = IntGauge::new(n, h).expect("valid metric");
-            let _ = r.register(Box::new(m.clone()));
-            m
-        };
-        let c = |n: &str, h: &str| {
-            let m = IntCounter::new(n, h).expect("valid metric");
-            let _ = r.register(Box::new(m.clone()));
-            m
-        };
+        let g = |n: &str, h: &str| strata_common::metrics::gauge(&r, n, h);
+        let c = |n: &str, h: &str| strata_common::metrics::counter(&r, n, h);
         NodeMetrics {
             capacity: g(
                 "strata_store_node_capacity_bytes",

@@ -38,13 +38,7 @@ impl DurableKv for MemKv {
     }
 
     fn list(&self, prefix: String) -> BoxFuture<'_, Result<Vec<(String, String)>>> {
-        let v = self
-            .map
-            .lock()
-            .range(prefix.clone()..)
-            .take_while(|(k, _)| k.starts_with(&prefix))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let v = super::prefix_entries(&self.map.lock(), &prefix);
         Box::pin(async move { Ok(v) })
     }
 

@@ -79,3 +79,14 @@ where
         "key {key} is too contended"
     )))
 }
+
+/// The entries of `map` whose key starts with `prefix`, in key order.
+pub(crate) fn prefix_entries(
+    map: &std::collections::BTreeMap<String, String>,
+    prefix: &str,
+) -> Vec<(String, String)> {
+    map.range(prefix.to_string()..)
+        .take_while(|(k, _)| k.starts_with(prefix))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
