@@ -224,41 +224,32 @@ impl OffloadQueue {
         Ok((task, Outcome::Requeued))
     }
 
-    /// Tasks whose deadline passed go back to the queue. Returns them (to unpin).
-    pub fn expire(&mut self, now_ms: u64) -> Vec<Task> {
-        let ids: Vec<u64> = self
+    /// Assigned tasks matching `f` go back to the queue. Returns them (to unpin).
+    fn requeue_assigned(&mut self, now_ms: u64, f: impl Fn(&Task, u64) -> bool) -> Vec<Task> {
+        let out: Vec<Task> = self
             .tasks
             .values()
-            .filter(|t| matches!(t.state, TaskState::Assigned { deadline_ms, .. } if deadline_ms <= now_ms))
-            .map(|t| t.id)
+            .filter(
+                |t| matches!(t.state, TaskState::Assigned { deadline_ms, .. } if f(t, deadline_ms)),
+            )
+            .cloned()
             .collect();
-        let mut out = Vec::new();
-        for id in ids {
-            if let Some(t) = self.tasks.get(&id) {
-                out.push(t.clone());
-            }
-            self.counters.expired += 1;
-            self.requeue(id, now_ms);
+        for t in &out {
+            self.requeue(t.id, now_ms);
         }
+        out
+    }
+
+    /// Tasks whose deadline passed go back to the queue. Returns them (to unpin).
+    pub fn expire(&mut self, now_ms: u64) -> Vec<Task> {
+        let out = self.requeue_assigned(now_ms, |_, deadline| deadline <= now_ms);
+        self.counters.expired += out.len() as u64;
         out
     }
 
     /// An owner registered again: its assigned tasks return to the queue.
     pub fn release_owner(&mut self, owner: u64, now_ms: u64) -> Vec<Task> {
-        let ids: Vec<u64> = self
-            .tasks
-            .values()
-            .filter(|t| t.owner == owner && matches!(t.state, TaskState::Assigned { .. }))
-            .map(|t| t.id)
-            .collect();
-        let mut out = Vec::new();
-        for id in ids {
-            if let Some(t) = self.tasks.get(&id) {
-                out.push(t.clone());
-            }
-            self.requeue(id, now_ms);
-        }
-        out
+        self.requeue_assigned(now_ms, |t, _| t.owner == owner)
     }
 
     /// Drops a task outright (its source is gone). Returns it if it was
