@@ -152,7 +152,7 @@ async fn lease_blocks_remove_until_it_ends_and_force_works() {
 async fn get_before_put_end_is_not_ready_and_abandoned_put_is_reclaimed() {
     let c = ClusterBuilder::new()
         .store_nodes(1)
-        .master(|m| m.put_timeout = Duration::from_millis(600))
+        .master(|m| m.put_timeout = Duration::from_secs(2))
         .build()
         .await
         .unwrap();
