@@ -1,7 +1,6 @@
 use crate::retry::Backoff;
 use futures::StreamExt;
 use std::sync::Arc;
-use strata_common::grant::{GrantScope, MAC_LEN};
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
@@ -62,29 +61,7 @@ pub struct Client {
     cfg: Arc<ClientConfig>,
 }
 
-/// The data-plane range (and grant) of a replica the master handed out.
-pub fn remote_range(r: &pb::Replica) -> Result<RemoteRange> {
-    let g = r
-        .grant
-        .as_ref()
-        .ok_or_else(|| Error::internal("master sent a replica without a grant"))?;
-    let mac: [u8; MAC_LEN] = g
-        .mac
-        .as_slice()
-        .try_into()
-        .map_err(|_| Error::internal("master sent a malformed grant"))?;
-    Ok(RemoteRange {
-        addr: r.data_addr.clone(),
-        scope: GrantScope {
-            perm: g.perm,
-            segment_id: r.segment_id,
-            offset: r.offset,
-            length: r.length,
-            expires_unix_ms: g.expires_unix_ms,
-        },
-        mac,
-    })
-}
+pub use strata_transport::remote_range;
 
 fn from_status(s: Option<pb::Status>) -> Result<()> {
     match s {

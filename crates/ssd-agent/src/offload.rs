@@ -93,18 +93,7 @@ impl Worker {
     /// Copies one source replica, checking the committed checksum.
     async fn fetch(&self, t: &pb::OffloadTask) -> Result<Vec<u8>, String> {
         let src = t.source.as_ref().ok_or("task has no source replica")?;
-        let g = src.grant.as_ref().ok_or("source has no grant")?;
-        let range = strata_transport::RemoteRange {
-            addr: src.data_addr.clone(),
-            scope: strata_common::grant::GrantScope {
-                perm: g.perm,
-                segment_id: src.segment_id,
-                offset: src.offset,
-                length: src.length,
-                expires_unix_ms: g.expires_unix_ms,
-            },
-            mac: g.mac.as_slice().try_into().map_err(|_| "malformed grant")?,
-        };
+        let range = strata_transport::remote_range(src).map_err(|e| e.to_string())?;
         let mut buf = vec![0u8; t.size as usize];
         let crc = self
             .transport

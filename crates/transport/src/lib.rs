@@ -63,6 +63,30 @@ pub trait Transport: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 }
 
+/// The data-plane range (and grant) of a replica the master handed out.
+pub fn remote_range(r: &strata_proto::Replica) -> Result<RemoteRange> {
+    let g = r
+        .grant
+        .as_ref()
+        .ok_or_else(|| strata_common::Error::internal("master sent a replica without a grant"))?;
+    let mac: [u8; strata_common::grant::MAC_LEN] = g
+        .mac
+        .as_slice()
+        .try_into()
+        .map_err(|_| strata_common::Error::internal("master sent a malformed grant"))?;
+    Ok(RemoteRange {
+        addr: r.data_addr.clone(),
+        scope: GrantScope {
+            perm: g.perm,
+            segment_id: r.segment_id,
+            offset: r.offset,
+            length: r.length,
+            expires_unix_ms: g.expires_unix_ms,
+        },
+        mac,
+    })
+}
+
 /// Checks that `[at, at+len)` lies inside a range of `range_len` bytes.
 pub(crate) fn check_sub_range(range_len: u64, at: u64, len: usize) -> Result<()> {
     let end = at.checked_add(len as u64);
