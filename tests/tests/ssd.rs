@@ -181,13 +181,17 @@ async fn failed_writes_and_lost_reports_are_retried_until_persisted() {
     c.shutdown().await;
 }
 
+/// A full owner makes room by evicting its least recently used buckets
+/// (telling the master first): disk use never passes the capacity, and every
+/// key stays readable (from DRAM, where its SSD copy was evicted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_owner_gets_no_more_offload_and_never_exceeds_capacity() {
+async fn a_full_owner_evicts_old_buckets_and_never_exceeds_capacity() {
     let cap = 3 << 20;
     let c = ClusterBuilder::new()
         .store_nodes(1)
         .ssd_agents(1)
         .ssd_capacity(cap)
+        .ssd(|a| a.bucket_bytes = 1 << 20)
         .build()
         .await
         .unwrap();
@@ -197,13 +201,28 @@ async fn a_full_owner_gets_no_more_offload_and_never_exceeds_capacity() {
         cl.put(k, &payload(i as u64, 512 * 1024), &PutOptions::default())
             .await
             .unwrap();
+        // One at a time, so the owner always has room for what is queued.
+        assert!(wait_until(Duration::from_secs(10), || drained(&c)).await);
+        assert!(c.agents[0].store.stats().used <= cap);
     }
     assert!(wait_until(Duration::from_secs(10), || drained(&c)).await);
     let st = c.agents[0].store.stats();
     assert!(st.used <= cap, "used {} > capacity {cap}", st.used);
     let on_ssd = ssd_keys(&c, &keys).await;
-    assert!((4..12).contains(&on_ssd), "some but not all fit: {on_ssd}");
-    // Everything is still readable (from DRAM where SSD had no room).
+    assert!(
+        (2..12).contains(&on_ssd),
+        "old buckets were evicted: {on_ssd}"
+    );
+    let (_, metrics) = http_get(c.agents[0].admin_addr, "/metrics").await;
+    let evicted = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("strata_ssd_agent_evicted_buckets_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(evicted >= 1, "{metrics}");
+    // The master forgot every evicted replica: SSD replicas it lists are
+    // exactly the objects the agent holds.
+    assert_eq!(on_ssd as u64, c.agents[0].store.stats().objects);
     for (i, k) in keys.iter().enumerate() {
         assert_eq!(cl.get(k).await.unwrap(), payload(i as u64, 512 * 1024));
     }

@@ -212,7 +212,9 @@ impl Client {
                     }
                 }
             }
-            if round == 0 && (expired || last.retryable()) {
+            // A replica that vanished (its SSD bucket was evicted) or expired:
+            // ask the master again, once.
+            if round == 0 && (expired || last.retryable() || last.code == Code::NotFound) {
                 info = self.replicas(key).await?;
                 if buf.len() as u64 != info.size {
                     return Err(Error::unavailable(format!(
@@ -317,19 +319,17 @@ impl Client {
     /// Gets many objects with one GetReplicas round trip.
     pub async fn batch_get(&self, keys: &[&str]) -> Result<Vec<Result<Vec<u8>>>> {
         let infos = self.batch_replicas(keys).await?;
-        let mut futs = Vec::with_capacity(keys.len());
-        for (k, info) in keys.iter().zip(infos) {
-            futs.push(async move {
-                let info = info?;
-                let mut buf = vec![0u8; info.size as usize];
-                self.read_verified(k, info, &mut buf).await?;
-                Ok(buf)
-            });
-        }
-        Ok(futures::stream::iter(futs)
-            .buffered(self.cfg.batch_concurrency.max(1))
-            .collect()
-            .await)
+        let mut bufs: Vec<Vec<u8>> = infos
+            .iter()
+            .map(|i| vec![0u8; i.as_ref().map_or(0, |i| i.size as usize)])
+            .collect();
+        let slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let done = self.batch_read(keys, infos, slices).await;
+        Ok(done
+            .into_iter()
+            .zip(bufs)
+            .map(|(r, b)| r.map(|_| b))
+            .collect())
     }
 
     /// Like [`Client::batch_get`] into the caller's buffers (one per key, each
@@ -341,10 +341,11 @@ impl Client {
     ) -> Result<Vec<Result<usize>>> {
         let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
         let infos = self.batch_replicas(&keys).await?;
-        let mut futs = Vec::with_capacity(items.len());
+        let mut sizes = Vec::with_capacity(items.len());
+        let mut slices = Vec::with_capacity(items.len());
+        let mut infos_ok = Vec::with_capacity(items.len());
         for ((k, buf), info) in items.iter_mut().zip(infos) {
-            futs.push(async move {
-                let info = info?;
+            let info = info.and_then(|info| {
                 let n = info.size as usize;
                 if buf.len() < n {
                     return Err(Error::invalid(format!(
@@ -352,14 +353,94 @@ impl Client {
                         buf.len()
                     )));
                 }
-                self.read_verified(k, info, &mut buf[..n]).await?;
-                Ok(n)
+                Ok(info)
             });
+            let n = info.as_ref().map_or(0, |i| i.size as usize);
+            sizes.push(n);
+            slices.push(&mut buf[..n]);
+            infos_ok.push(info);
         }
-        Ok(futures::stream::iter(futs)
+        let done = self.batch_read(&keys, infos_ok, slices).await;
+        Ok(done
+            .into_iter()
+            .zip(sizes)
+            .map(|(r, n)| r.map(|_| n))
+            .collect())
+    }
+
+    /// Reads a batch into `bufs` (each exactly the object's size). Objects
+    /// held only on SSD are read with one request per SSD agent; the rest,
+    /// and any batched read that failed, go replica by replica.
+    async fn batch_read(
+        &self,
+        keys: &[&str],
+        infos: Vec<Result<pb::GetReplicasResponse>>,
+        mut bufs: Vec<&mut [u8]>,
+    ) -> Vec<Result<()>> {
+        let mut pending: Vec<Option<pb::GetReplicasResponse>> = Vec::with_capacity(keys.len());
+        let mut out: Vec<Result<()>> = Vec::with_capacity(keys.len());
+        for info in infos {
+            match info {
+                Ok(i) => {
+                    pending.push(Some(i));
+                    out.push(Ok(()));
+                }
+                Err(e) => {
+                    pending.push(None);
+                    out.push(Err(e));
+                }
+            }
+        }
+        // SSD-only objects: one batched request per agent.
+        let ssd_only = |i: &pb::GetReplicasResponse| {
+            !i.replicas.is_empty()
+                && i.replicas
+                    .iter()
+                    .all(|r| r.kind == pb::ReplicaKind::Ssd as i32)
+        };
+        let mut ranges = Vec::new();
+        let mut idx = Vec::new();
+        for (i, p) in pending.iter().enumerate() {
+            if let Some(info) = p.as_ref().filter(|i| ssd_only(i)) {
+                if let Ok(r) = remote_range(&info.replicas[0]) {
+                    ranges.push(r);
+                    idx.push(i);
+                }
+            }
+        }
+        if !ranges.is_empty() {
+            let mut slots: Vec<Option<&mut [u8]>> =
+                bufs.iter_mut().map(|b| Some(&mut **b)).collect();
+            let items: Vec<(&RemoteRange, &mut [u8])> = idx
+                .iter()
+                .zip(&ranges)
+                .filter_map(|(&i, r)| slots[i].take().map(|b| (r, b)))
+                .collect();
+            let res = self.transport.read_many(items).await;
+            for (&i, r) in idx.iter().zip(res) {
+                let want = pending[i].as_ref().map(|p| p.crc32c);
+                if matches!((r, want), (Ok(crc), Some(w)) if crc == w) {
+                    pending[i] = None; // done
+                }
+            }
+        }
+        let mut futs = Vec::new();
+        let mut which = Vec::new();
+        for ((i, p), buf) in pending.into_iter().enumerate().zip(bufs) {
+            if let Some(info) = p {
+                which.push(i);
+                let key = keys[i];
+                futs.push(async move { self.read_verified(key, info, buf).await });
+            }
+        }
+        let rest: Vec<Result<()>> = futures::stream::iter(futs)
             .buffered(self.cfg.batch_concurrency.max(1))
             .collect()
-            .await)
+            .await;
+        for (i, r) in which.into_iter().zip(rest) {
+            out[i] = r;
+        }
+        out
     }
 
     async fn batch_replicas(&self, keys: &[&str]) -> Result<Vec<Result<pb::GetReplicasResponse>>> {

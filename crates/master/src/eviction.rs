@@ -12,11 +12,31 @@ const SCAN_BATCH: usize = 4096;
 /// Scans one eviction call may make before it gives up.
 const MAX_SCANS: usize = 64;
 
+/// What eviction does with one victim.
+enum Fate {
+    /// Free its DRAM now (it lives on in SSD, or is dropped).
+    Free(Object, bool),
+    /// `on-evict`: copy it to SSD first; DRAM is freed once persisted.
+    Offload(u64),
+    /// Already waiting for its SSD copy.
+    Pending(u64),
+    Skip,
+}
+
 impl Master {
     /// Evicts until at least `want` bytes are freed or nothing evictable is
-    /// left. Returns the bytes freed.
+    /// left, freeing at once (the path a put waiting for space takes: it
+    /// never stalls on the SSD tier). Returns the bytes freed.
     pub fn evict(&self, want: u64) -> u64 {
+        self.evict_with(want, false)
+    }
+
+    /// With `offload` (background eviction under `on-evict`), victims with
+    /// no SSD copy are queued for offload and freed once persisted; their
+    /// bytes count toward `want`. A victim no owner can take is dropped.
+    fn evict_with(&self, want: u64, offload: bool) -> u64 {
         let mut freed = 0;
+        let mut pending = 0;
         let mut evicted = 0u64;
         for _ in 0..MAX_SCANS {
             let now = unix_ms();
@@ -24,39 +44,105 @@ impl Master {
             if victims.is_empty() {
                 break;
             }
+            let mut progressed = false;
             for key in victims {
-                if freed >= want {
+                if freed + pending >= want {
                     break;
                 }
                 // Re-check under the lock: a reader may have leased it meanwhile.
                 // An object with an SSD copy keeps living there.
-                let victim: Option<(Object, bool)> = {
+                let fate = {
                     let mut s = self.objects.shard(&key);
                     match s.get_mut(&key) {
                         Some(o) if o.evictable(now) && !o.ssd.is_empty() => {
-                            Some((o.take_memory(), false))
+                            Fate::Free(o.take_memory(), false)
                         }
-                        Some(o) if o.evictable(now) => s.remove(&key).map(|o| (o, true)),
-                        _ => None,
+                        Some(o) if o.evictable(now) && offload && o.offload_then_free => {
+                            Fate::Pending(alloc_bytes(o))
+                        }
+                        Some(o) if o.evictable(now) && offload => {
+                            o.offload_then_free = true;
+                            Fate::Offload(o.size)
+                        }
+                        Some(o) if o.evictable(now) => match s.remove(&key) {
+                            Some(o) => Fate::Free(o, true),
+                            None => Fate::Skip,
+                        },
+                        _ => Fate::Skip,
                     }
                 };
-                if let Some((o, gone)) = victim {
-                    freed += o.release();
-                    evicted += 1;
-                    if gone {
-                        self.metrics.keys.dec();
+                match fate {
+                    Fate::Free(o, gone) => {
+                        freed += o.release();
+                        evicted += 1;
+                        progressed = true;
+                        if gone {
+                            self.metrics.keys.dec();
+                        }
                     }
+                    Fate::Offload(size) => {
+                        if self.enqueue_offload(&key, size) {
+                            pending += self.objects.shard(&key).get(&key).map_or(0, alloc_bytes);
+                            progressed = true;
+                        } else {
+                            // The SSD tier cannot take it: simply dropped.
+                            freed += self.drop_if_evictable(&key);
+                            evicted += 1;
+                            progressed = true;
+                        }
+                    }
+                    Fate::Pending(bytes) => pending += bytes,
+                    Fate::Skip => {}
                 }
             }
-            if freed >= want {
+            if freed + pending >= want || !progressed {
                 break;
             }
         }
         if evicted > 0 {
             self.metrics.evictions.inc_by(evicted);
-            tracing::debug!(evicted, freed, "evicted objects");
+            tracing::debug!(evicted, freed, pending, "evicted objects");
         }
         freed
+    }
+
+    /// Drops an object outright if eviction may still take it (no SSD copy
+    /// appeared, no reader leased it). Returns the DRAM bytes freed.
+    pub(crate) fn drop_if_evictable(&self, key: &str) -> u64 {
+        let now = unix_ms();
+        let gone = {
+            let mut s = self.objects.shard(key);
+            match s.get(key) {
+                Some(o) if o.evictable(now) && o.ssd.is_empty() => s.remove(key),
+                _ => None,
+            }
+        };
+        match gone {
+            Some(o) => {
+                self.metrics.keys.dec();
+                o.release()
+            }
+            None => 0,
+        }
+    }
+
+    /// `on-evict`: the SSD copy of a victim exists, so its DRAM goes now
+    /// (unless a reader holds it; the next pass frees it then).
+    pub(crate) fn free_after_offload(&self, key: &str) {
+        let now = unix_ms();
+        let mem = {
+            let mut s = self.objects.shard(key);
+            match s.get_mut(key) {
+                Some(o) if o.offload_then_free && o.evictable(now) && !o.ssd.is_empty() => {
+                    Some(o.take_memory())
+                }
+                _ => None,
+            }
+        };
+        if let Some(o) = mem {
+            o.release();
+            self.metrics.evictions.inc();
+        }
     }
 
     /// The `n` evictable objects to go first: unpinned before soft-pinned,
@@ -92,6 +178,10 @@ impl Master {
             return 0;
         }
         let target = cap * (hw - self.cfg.eviction_ratio).max(0.0);
-        self.evict((allocated - target).max(0.0) as u64)
+        self.evict_with((allocated - target).max(0.0) as u64, self.policy.on_evict())
     }
+}
+
+fn alloc_bytes(o: &Object) -> u64 {
+    o.replicas.iter().map(|r| r.alloc_len).sum()
 }

@@ -47,6 +47,9 @@ pub struct Master {
     pub(crate) policy: Box<dyn AdmissionPolicy>,
     /// Pings data-plane addresses (is an SSD owner's holder still alive?).
     pinger: TcpTransport,
+    /// Per owner: SSD copies it should forget (removed keys, stale copies),
+    /// delivered with its next heartbeats.
+    pub(crate) ssd_drops: Mutex<HashMap<u64, Vec<pb::SsdObject>>>,
 }
 
 /// What PutStart/PutEnd callers ask for.
@@ -129,6 +132,7 @@ impl Master {
             queue: Mutex::new(OffloadQueue::new(5, 500)),
             policy,
             pinger,
+            ssd_drops: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -255,6 +259,8 @@ impl Master {
                     last_access_ms: now,
                     soft_pin: spec.soft_pin,
                     hard_pin: spec.hard_pin,
+                    reads: 0,
+                    offload_then_free: false,
                 },
             );
         }
@@ -326,6 +332,7 @@ impl Master {
         };
         if let Some(o) = obj {
             self.metrics.keys.dec();
+            self.forget_ssd(key, &o.ssd);
             o.release();
         }
         Ok(())
@@ -422,7 +429,7 @@ impl Master {
     pub fn get_replicas(&self, key: &str) -> Result<pb::GetReplicasResponse> {
         validate_key(key)?;
         let now = unix_ms();
-        let (size, crc, replicas, ssd, lease) = {
+        let (size, crc, replicas, ssd, lease, reads) = {
             let mut shard = self.objects.shard(key);
             let obj = shard
                 .get_mut(key)
@@ -437,6 +444,9 @@ impl Master {
                 .lease_until_ms
                 .max(now + self.cfg.lease_ttl.as_millis() as u64);
             obj.last_access_ms = now;
+            if !obj.replicas.is_empty() {
+                obj.reads = obj.reads.saturating_add(1);
+            }
             let ssd = obj.ssd.clone();
             (
                 obj.size,
@@ -444,8 +454,12 @@ impl Master {
                 obj.replicas.clone(),
                 ssd,
                 obj.lease_until_ms,
+                obj.reads,
             )
         };
+        if !replicas.is_empty() {
+            self.admit_on_read(key, size, reads, !ssd.is_empty());
+        }
         // Memory first, then SSD (served by the owning agent).
         let mut views: Vec<pb::Replica> = replicas
             .iter()
@@ -545,6 +559,7 @@ impl Master {
         };
         if let Some(o) = obj {
             self.metrics.keys.dec();
+            self.forget_ssd(key, &o.ssd);
             o.release();
         }
         Ok(())
@@ -556,7 +571,7 @@ impl Master {
         let now = unix_ms();
         let (mut removed, mut skipped) = (0, 0);
         for shard in self.objects.shards() {
-            let victims: Vec<Object> = {
+            let victims: Vec<(String, Object)> = {
                 let mut s = shard.lock();
                 let keys: Vec<String> = s
                     .iter()
@@ -569,11 +584,14 @@ impl Master {
                         }
                     })
                     .collect();
-                keys.iter().filter_map(|k| s.remove(k)).collect()
+                keys.into_iter()
+                    .filter_map(|k| s.remove(&k).map(|o| (k, o)))
+                    .collect()
             };
             removed += victims.len() as u64;
             self.metrics.keys.sub(victims.len() as i64);
-            for o in victims {
+            for (k, o) in victims {
+                self.forget_ssd(&k, &o.ssd);
                 o.release();
             }
         }
@@ -829,7 +847,10 @@ impl Master {
             0 => Vec::new(),
             n => self.take_tasks(req.owner_id, req.epoch, (n as usize).min(10_000)),
         };
-        Ok(pb::OwnerHeartbeatResponse { tasks })
+        Ok(pb::OwnerHeartbeatResponse {
+            tasks,
+            drops: self.take_ssd_drops(req.owner_id),
+        })
     }
 
     /// Forgets a node: its segments are unmounted and every replica on them

@@ -49,6 +49,11 @@ pub struct Object {
     pub last_access_ms: u64,
     pub soft_pin: bool,
     pub hard_pin: bool,
+    /// Demand reads served while the object was in DRAM (`reads:N`).
+    pub reads: u32,
+    /// Eviction queued it for offload (`on-evict`): its DRAM is freed once
+    /// the SSD copy exists, or the object is dropped if the copy fails.
+    pub offload_then_free: bool,
 }
 
 impl Object {
@@ -69,11 +74,14 @@ impl Object {
             last_access_ms: strata_common::time::unix_ms(),
             soft_pin: false,
             hard_pin: false,
+            reads: 0,
+            offload_then_free: false,
         }
     }
 
     /// Moves the DRAM replicas out (to be released), keeping the object.
     pub fn take_memory(&mut self) -> Object {
+        self.offload_then_free = false;
         Object {
             size: self.size,
             crc32c: self.crc32c,
@@ -85,6 +93,8 @@ impl Object {
             last_access_ms: 0,
             soft_pin: false,
             hard_pin: false,
+            reads: 0,
+            offload_then_free: false,
         }
     }
     pub fn leased(&self, now_ms: u64) -> bool {

@@ -346,4 +346,13 @@ impl MasterRpc for MasterService {
         });
         self.done("evict_memory", t0, r)
     }
+
+    async fn evict_buckets(
+        &self,
+        req: Request<pb::EvictBucketsRequest>,
+    ) -> Result<Response<pb::EvictBucketsResponse>, Status> {
+        let t0 = Instant::now();
+        let r = self.master.evict_buckets(req.get_ref());
+        self.done("evict_buckets", t0, r)
+    }
 }

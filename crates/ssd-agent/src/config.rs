@@ -31,6 +31,13 @@ pub struct SsdAgentConfig {
     pub max_tasks: u32,
     /// Pause between offload cycles when there is no work.
     pub poll_interval: Duration,
+    /// Above this share of `capacity`, buckets are evicted (LRU)...
+    pub high_watermark: f64,
+    /// ...until usage is back at this share.
+    pub low_watermark: f64,
+    /// A bucket whose live bytes (not removed) fall below this share is
+    /// dropped at the next eviction pass.
+    pub sparse_below: f64,
 }
 
 impl Default for SsdAgentConfig {
@@ -49,6 +56,9 @@ impl Default for SsdAgentConfig {
             bucket_bytes: 256 << 20,
             max_tasks: 1024,
             poll_interval: Duration::from_millis(200),
+            high_watermark: 0.95,
+            low_watermark: 0.85,
+            sparse_below: 0.25,
         }
     }
 }
@@ -95,6 +105,18 @@ impl SsdAgentConfig {
         }
         if self.bucket_bytes < 4096 {
             return Err(Error::invalid("--bucket-bytes must be at least 4KiB"));
+        }
+        let share = |v: f64| (0.0..=1.0).contains(&v);
+        if !share(self.high_watermark)
+            || !share(self.low_watermark)
+            || self.low_watermark > self.high_watermark
+        {
+            return Err(Error::invalid(
+                "--low-watermark and --high-watermark must be shares in [0, 1] with low <= high",
+            ));
+        }
+        if !share(self.sparse_below) {
+            return Err(Error::invalid("--sparse-below must be a share in [0, 1]"));
         }
         if self.staging_bytes < 4096 {
             return Err(Error::invalid("--staging-bytes must be at least 4KiB"));
@@ -151,6 +173,15 @@ pub struct SsdAgentArgs {
     /// Offload tasks taken per cycle [default: 1024]
     #[arg(long, env = "STRATA_MAX_TASKS")]
     pub max_tasks: Option<u32>,
+    /// Evict buckets above this share of --capacity [default: 0.95]
+    #[arg(long, env = "STRATA_HIGH_WATERMARK")]
+    pub high_watermark: Option<f64>,
+    /// ...down to this share [default: 0.85]
+    #[arg(long, env = "STRATA_LOW_WATERMARK")]
+    pub low_watermark: Option<f64>,
+    /// Drop a bucket once less than this share of its bytes is live [default: 0.25]
+    #[arg(long, env = "STRATA_SPARSE_BELOW")]
+    pub sparse_below: Option<f64>,
     /// text | json [default: text]
     #[arg(long, env = "STRATA_LOG_FORMAT")]
     #[serde(skip)]
@@ -176,7 +207,10 @@ impl SsdAgentArgs {
                     staging_wait,
                     bucket_keys,
                     bucket_bytes,
-                    max_tasks
+                    max_tasks,
+                    high_watermark,
+                    low_watermark,
+                    sparse_below
                 ]
             );
         }
@@ -195,6 +229,9 @@ impl SsdAgentArgs {
             bucket_bytes: self.bucket_bytes.map_or(d.bucket_bytes, |v| v.0),
             max_tasks: self.max_tasks.unwrap_or(d.max_tasks),
             poll_interval: d.poll_interval,
+            high_watermark: self.high_watermark.unwrap_or(d.high_watermark),
+            low_watermark: self.low_watermark.unwrap_or(d.low_watermark),
+            sparse_below: self.sparse_below.unwrap_or(d.sparse_below),
         };
         cfg.validate()?;
         Ok(cfg)

@@ -13,6 +13,13 @@ const HANDLE: &[u8] = b"v1/meta/handle";
 const NEXT_BUCKET: &[u8] = b"v1/meta/next_bucket";
 const BUCKET_PREFIX: &str = "v1/bucket/";
 const KEY_PREFIX: &str = "v1/key/";
+/// `v1/dead/{bucket:016x}/{offset:016x}`: an object removed from Strata whose
+/// bytes still sit in its bucket until the bucket is dropped.
+const DEAD_PREFIX: &str = "v1/dead/";
+
+fn dead_key(bucket_id: u64, offset: u64) -> String {
+    format!("{DEAD_PREFIX}{bucket_id:016x}/{offset:016x}")
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BucketRecord {
@@ -145,6 +152,10 @@ impl Index {
     pub fn remove_bucket(&self, rec: &BucketRecord) -> Result<()> {
         let mut b = WriteBatch::default();
         b.delete(format!("{BUCKET_PREFIX}{:016x}", rec.bucket_id));
+        b.delete_range(
+            format!("{DEAD_PREFIX}{:016x}/", rec.bucket_id),
+            format!("{DEAD_PREFIX}{:016x}0", rec.bucket_id),
+        );
         for e in &rec.objects {
             if self
                 .key(&e.key)?
@@ -154,6 +165,48 @@ impl Index {
             }
         }
         self.db.write_opt(b, &sync()).map_err(db_err)
+    }
+
+    /// Records that the object at `(bucket, offset)` was removed, and drops
+    /// the key's location if it still points there, in one synced batch.
+    pub fn mark_dead(&self, key: &str, bucket_id: u64, offset: u64) -> Result<()> {
+        let mut b = WriteBatch::default();
+        b.put(dead_key(bucket_id, offset), b"");
+        if self
+            .key(key)?
+            .is_some_and(|l| l.bucket_id == bucket_id && l.offset == offset)
+        {
+            b.delete(format!("{KEY_PREFIX}{key}"));
+        }
+        self.db.write_opt(b, &sync()).map_err(db_err)
+    }
+
+    /// Every removed object still inside a bucket: (bucket, offset).
+    pub fn dead(&self) -> Result<Vec<(u64, u64)>> {
+        let mut out = Vec::new();
+        for item in self.db.prefix_iterator(DEAD_PREFIX.as_bytes()) {
+            let (k, _) = item.map_err(db_err)?;
+            let Some(rest) = k.strip_prefix(DEAD_PREFIX.as_bytes()) else {
+                break;
+            };
+            let parsed = std::str::from_utf8(rest).ok().and_then(|r| {
+                let (b, o) = r.split_once('/')?;
+                Some((
+                    u64::from_str_radix(b, 16).ok()?,
+                    u64::from_str_radix(o, 16).ok()?,
+                ))
+            });
+            match parsed {
+                Some(v) => out.push(v),
+                None => {
+                    return Err(Error::new(
+                        Code::Corrupted,
+                        format!("malformed index key {}", String::from_utf8_lossy(&k)),
+                    ))
+                }
+            }
+        }
+        Ok(out)
     }
 
     pub fn key(&self, key: &str) -> Result<Option<KeyLocation>> {
@@ -225,8 +278,12 @@ mod tests {
         let b = ix.buckets().unwrap();
         assert_eq!(b.len(), 1);
         assert_eq!(ix.key("k").unwrap().unwrap().bucket_id, 2);
+        ix.mark_dead("k", 2, 64).unwrap();
+        assert!(ix.key("k").unwrap().is_none());
+        assert_eq!(ix.dead().unwrap(), vec![(2, 64)]);
         ix.remove_bucket(&b[0]).unwrap();
         assert!(ix.key("k").unwrap().is_none());
+        assert!(ix.dead().unwrap().is_empty());
         assert!(ix.buckets().unwrap().is_empty());
     }
 }

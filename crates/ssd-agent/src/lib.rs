@@ -6,6 +6,7 @@
 
 pub mod bucket;
 pub mod config;
+pub mod eviction;
 pub mod index;
 pub mod lock;
 pub mod offload;
@@ -40,6 +41,7 @@ struct AgentMetrics {
     quarantined_files: IntGauge,
     outcomes: IntCounterVec,
     staging: staging::StagingMetrics,
+    eviction: eviction::EvictionMetrics,
     server: ServerMetrics,
 }
 
@@ -109,6 +111,28 @@ impl AgentMetrics {
                     "strata_ssd_agent_staging_timeouts_total",
                     "Reads that gave up waiting for staging space",
                 ),
+                remote_leases: g(
+                    "strata_ssd_agent_staging_remote_leases",
+                    "Staging space lent to remote readers right now",
+                ),
+                remote_expired: c(
+                    "strata_ssd_agent_staging_remote_expired_total",
+                    "Remote staging leases reclaimed after their TTL",
+                ),
+            },
+            eviction: eviction::EvictionMetrics {
+                buckets: c(
+                    "strata_ssd_agent_evicted_buckets_total",
+                    "Buckets evicted (capacity or mostly removed objects)",
+                ),
+                bytes: c(
+                    "strata_ssd_agent_evicted_bytes_total",
+                    "Bytes of bucket files evicted",
+                ),
+                removed_objects: c(
+                    "strata_ssd_agent_removed_objects_total",
+                    "Objects forgotten because their key was removed from Strata",
+                ),
             },
             server: ServerMetrics {
                 read_bytes: c(
@@ -135,6 +159,8 @@ pub struct SsdAgentHandle {
     pub owner_id: u64,
     pub recovery: RecoveryReport,
     pub store: Arc<OwnerStore>,
+    /// The read staging arena (tests hold space in it to fill it up).
+    pub staging: staging::Staging,
     pub faults: Arc<Faults>,
     fatal: Arc<parking_lot::Mutex<Option<Error>>>,
     tasks: JoinSet<()>,
@@ -259,8 +285,21 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         .unwrap_or_else(|| data_addr.to_string());
     let staging =
         staging::Staging::new(cfg.staging_bytes, cfg.staging_wait, metrics.staging.clone());
-    let region = Arc::new(region::BucketRegion::new(staging, instance.clone()));
+    let region = Arc::new(region::BucketRegion::new(staging.clone(), instance.clone()));
     let mut tasks = JoinSet::new();
+    {
+        // Reclaims staging lent to remote readers that never gave it back.
+        let (staging, sd) = (staging.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    _ = sd.cancelled() => break,
+                    _ = tick.tick() => { staging.reap(std::time::Instant::now()); }
+                }
+            }
+        });
+    }
     tasks.spawn(strata_transport::tcp::serve(
         listener,
         region.clone() as Arc<dyn strata_transport::region::DataRegion>,
@@ -331,6 +370,13 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         bucket_bytes: cfg.bucket_bytes,
         outcomes: metrics.outcomes.clone(),
     };
+    let evictor = eviction::Evictor {
+        store: store.clone(),
+        high_watermark: cfg.high_watermark,
+        low_watermark: cfg.low_watermark,
+        sparse_below: cfg.sparse_below,
+        metrics: metrics.eviction.clone(),
+    };
     let (owner_id, epoch, interval) = (
         reg.owner_id,
         reg.epoch,
@@ -344,7 +390,11 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
     let f2 = fatal.clone();
     tasks.spawn(async move {
         let _lock = lock; // held until the agent stops
-        if let Err(e) = run_loop(session, worker, m2, owner_id, epoch, max_tasks, poll, &sd).await {
+        let r = run_loop(
+            session, worker, evictor, m2, owner_id, epoch, max_tasks, poll, &sd,
+        )
+        .await;
+        if let Err(e) = r {
             tracing::error!(error = %e, "SSD agent stopping");
             *f2.lock() = Some(e);
             sd.cancel();
@@ -358,6 +408,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         owner_id,
         recovery,
         store,
+        staging,
         faults,
         fatal,
         tasks,
@@ -408,6 +459,7 @@ fn admin_router(
 async fn run_loop(
     mut session: Session,
     worker: offload::Worker,
+    evictor: eviction::Evictor,
     m: Arc<AgentMetrics>,
     mut owner_id: u64,
     mut epoch: u64,
@@ -416,6 +468,9 @@ async fn run_loop(
     shutdown: &CancellationToken,
 ) -> Result<()> {
     loop {
+        if let Err(e) = evictor.pass(&mut session.client, owner_id, epoch, 0).await {
+            tracing::warn!(error = %e, "bucket eviction pass failed");
+        }
         let st = worker.store.stats();
         m.used.set(st.used as i64);
         m.buckets.set(st.buckets as i64);
@@ -439,8 +494,22 @@ async fn run_loop(
             .map_err(Error::from)
         {
             Ok(r) => {
-                let tasks = r.into_inner().tasks;
+                let r = r.into_inner();
+                evictor.apply_drops(r.drops).await;
+                let tasks = r.tasks;
                 if !tasks.is_empty() {
+                    // Make room for the batch first (buckets add headers and
+                    // tables: count a little per object).
+                    let need: u64 = tasks
+                        .iter()
+                        .map(|t| t.size + 128 + t.key.len() as u64)
+                        .sum();
+                    if let Err(e) = evictor
+                        .pass(&mut session.client, owner_id, epoch, need)
+                        .await
+                    {
+                        tracing::warn!(error = %e, "could not make room for offloads");
+                    }
                     let results = worker.process(&tasks).await;
                     if worker.drop_report() {
                         tracing::warn!(

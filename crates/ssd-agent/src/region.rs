@@ -3,14 +3,14 @@
 //! DRAM grant nor another owner's grant can read these files.
 
 use crate::staging::Staging;
-use crate::store::OwnerStore;
+use crate::store::{BucketReadGuard, OwnerStore};
 use futures::future::BoxFuture;
 use parking_lot::RwLock;
 use std::sync::Arc;
 use strata_common::grant::{split_ssd_segment_id, GrantKey, PERM_SSD_READ};
 use strata_common::{Code, Error, Result};
 use strata_transport::frame::Request;
-use strata_transport::region::{verify_grant, DataRegion, ReadSource, Segment};
+use strata_transport::region::{verify_grant, Chunk, ChunkStream, DataRegion, ReadSource, Segment};
 
 pub struct BucketRegion {
     /// Installed once registered: grant key and the owner's store.
@@ -26,6 +26,10 @@ impl BucketRegion {
             staging,
             instance,
         }
+    }
+
+    pub fn staging(&self) -> &Staging {
+        &self.staging
     }
 
     pub fn install(&self, key: GrantKey, store: Arc<OwnerStore>) {
@@ -60,12 +64,22 @@ impl DataRegion for BucketRegion {
                     ),
                 ));
             }
-            let guard = self.staging.acquire(req.length).await?;
-            let (offset, length) = (req.offset, req.length);
-            let data = tokio::task::spawn_blocking(move || store.read(bucket, offset, length))
-                .await
-                .map_err(|e| Error::internal(format!("read task failed: {e}")))??;
-            Ok(ReadSource::Owned(data, Some(Box::new(guard))))
+            let read = store.begin_read(bucket)?;
+            let expect = store
+                .object_at(bucket, req.offset)
+                .filter(|(len, _)| *len == req.length)
+                .map(|(_, crc)| crc);
+            Ok(ReadSource::Stream(Box::new(SsdRead {
+                store,
+                staging: self.staging.clone(),
+                bucket,
+                next: req.offset,
+                remaining: req.length,
+                requested: req.length,
+                expect,
+                crc: 0,
+                _read: read,
+            })))
         })
     }
 
@@ -78,5 +92,63 @@ impl DataRegion for BucketRegion {
 
     fn ping_payload(&self) -> Vec<u8> {
         self.instance.as_bytes().to_vec()
+    }
+}
+
+/// One SSD read, staged through the shared arena a piece at a time. The
+/// bucket cannot be deleted while it runs; when the range is exactly one
+/// object its checksum is checked before the last piece leaves, so damaged
+/// bytes never complete a response.
+struct SsdRead {
+    store: Arc<OwnerStore>,
+    staging: Staging,
+    bucket: u64,
+    next: u64,
+    remaining: u64,
+    requested: u64,
+    expect: Option<u32>,
+    crc: u32,
+    _read: BucketReadGuard,
+}
+
+impl ChunkStream for SsdRead {
+    fn next_chunk(&mut self) -> BoxFuture<'_, Result<Option<Chunk>>> {
+        Box::pin(async move {
+            if self.remaining == 0 {
+                return Ok(None);
+            }
+            let n = self.remaining.min(self.staging.piece_bytes());
+            let guard = self.staging.acquire(n, self.requested).await?;
+            let (store, bucket, at) = (self.store.clone(), self.bucket, self.next);
+            let data = tokio::task::spawn_blocking(move || store.read_piece(bucket, at, n))
+                .await
+                .map_err(|e| Error::internal(format!("read task failed: {e}")))??;
+            self.next += n;
+            self.remaining -= n;
+            if self.expect.is_some() {
+                self.crc = crc32c::crc32c_append(self.crc, &data);
+            }
+            if let (0, Some(want)) = (self.remaining, self.expect) {
+                if self.crc != want {
+                    tracing::error!(
+                        bucket = self.bucket,
+                        offset = self.next - self.requested,
+                        "object failed its checksum on read"
+                    );
+                    return Err(Error::new(
+                        Code::Corrupted,
+                        format!(
+                            "object at bucket {} offset {} failed its checksum",
+                            self.bucket,
+                            self.next - self.requested
+                        ),
+                    ));
+                }
+            }
+            Ok(Some(Chunk {
+                data,
+                guard: Some(Box::new(guard)),
+            }))
+        })
     }
 }

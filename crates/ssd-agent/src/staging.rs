@@ -2,9 +2,15 @@
 //! memory bounded by `--staging-bytes`, shared by all readers. A read that
 //! finds it full waits, first come first served (tokio's semaphore is FIFO),
 //! for at most `--staging-wait`, then fails with an error that says what to
-//! change. Space is released when the guard drops, on every path.
+//! change. A read larger than the arena is staged piece by piece, so size
+//! alone never fails a read. Space is released when its guard drops, on every
+//! path; space lent to a remote reader (a one-sided transport reading the
+//! staged bytes itself) is reclaimed after a TTL if it is never given back.
 
+use parking_lot::Mutex;
 use prometheus::{Histogram, IntCounter, IntGauge};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_common::{Code, Error, Result};
@@ -12,6 +18,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Granularity of arena accounting.
 const UNIT: u64 = 4096;
+/// Largest piece one reader stages at a time.
+const MAX_PIECE: u64 = 4 << 20;
 
 #[derive(Clone)]
 pub struct StagingMetrics {
@@ -20,13 +28,25 @@ pub struct StagingMetrics {
     pub waiters: IntGauge,
     pub wait_seconds: Histogram,
     pub timeouts: IntCounter,
+    /// Space lent to remote readers right now.
+    pub remote_leases: IntGauge,
+    /// Remote leases reclaimed because their TTL passed.
+    pub remote_expired: IntCounter,
 }
 
+/// Shared handle to the arena (cheap to clone).
+#[derive(Clone)]
 pub struct Staging {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     sem: Arc<Semaphore>,
     capacity: u64,
     wait: Duration,
     m: StagingMetrics,
+    lent: Mutex<HashMap<u64, (Instant, StagingGuard)>>,
+    next_lease: AtomicU64,
 }
 
 /// Staged bytes; released on drop.
@@ -34,6 +54,12 @@ pub struct StagingGuard {
     _permit: OwnedSemaphorePermit,
     bytes: u64,
     m: StagingMetrics,
+}
+
+impl StagingGuard {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
 }
 
 impl Drop for StagingGuard {
@@ -47,48 +73,231 @@ impl Staging {
         let units = (capacity / UNIT).clamp(1, u32::MAX as u64 / 2);
         m.capacity.set((units * UNIT) as i64);
         Staging {
-            sem: Arc::new(Semaphore::new(units as usize)),
-            capacity: units * UNIT,
-            wait,
-            m,
+            inner: Arc::new(Inner {
+                sem: Arc::new(Semaphore::new(units as usize)),
+                capacity: units * UNIT,
+                wait,
+                m,
+                lent: Mutex::new(HashMap::new()),
+                next_lease: AtomicU64::new(1),
+            }),
         }
     }
 
-    /// Reserves room for `bytes` (a read larger than the arena reserves all
-    /// of it, so it still proceeds, alone).
-    pub async fn acquire(&self, bytes: u64) -> Result<StagingGuard> {
-        let units = bytes.div_ceil(UNIT).clamp(1, self.capacity / UNIT);
+    pub fn capacity(&self) -> u64 {
+        self.inner.capacity
+    }
+
+    /// Bytes held right now (by local readers and remote leases).
+    pub fn in_use(&self) -> u64 {
+        self.inner.capacity - self.inner.sem.available_permits() as u64 * UNIT
+    }
+
+    /// How much one reader stages at once: a quarter of the arena (so a few
+    /// readers make progress together), between 4 KiB and 4 MiB.
+    pub fn piece_bytes(&self) -> u64 {
+        (self.inner.capacity / 4 / UNIT * UNIT).clamp(UNIT, MAX_PIECE)
+    }
+
+    /// Reserves room for `bytes` (at most the arena: larger reads must be
+    /// staged in pieces of [`Staging::piece_bytes`]). Waits FIFO for at most
+    /// `--staging-wait`; `requested` is the whole read, for the error.
+    pub async fn acquire(&self, bytes: u64, requested: u64) -> Result<StagingGuard> {
+        let i = &self.inner;
+        let units = bytes.div_ceil(UNIT).clamp(1, i.capacity / UNIT);
         let t0 = Instant::now();
-        self.m.waiters.inc();
-        let r = tokio::time::timeout(self.wait, self.sem.clone().acquire_many_owned(units as u32))
-            .await;
-        self.m.waiters.dec();
-        self.m.wait_seconds.observe(t0.elapsed().as_secs_f64());
+        i.m.waiters.inc();
+        // Decrement on every path, including this future being dropped
+        // (client gone, request cancelled) while it waits.
+        let _waiting = scopeguard(|| i.m.waiters.dec());
+        let r = tokio::time::timeout(i.wait, i.sem.clone().acquire_many_owned(units as u32)).await;
+        i.m.wait_seconds.observe(t0.elapsed().as_secs_f64());
         match r {
             Ok(Ok(permit)) => {
                 let staged = units * UNIT;
-                self.m.in_use.add(staged as i64);
+                i.m.in_use.add(staged as i64);
                 Ok(StagingGuard {
                     _permit: permit,
                     bytes: staged,
-                    m: self.m.clone(),
+                    m: i.m.clone(),
                 })
             }
             Ok(Err(_)) => Err(Error::unavailable("the SSD agent is shutting down")),
             Err(_) => {
-                self.m.timeouts.inc();
-                let in_use = self.capacity - self.sem.available_permits() as u64 * UNIT;
+                i.m.timeouts.inc();
+                // This reader still counts as a waiter until the guard drops.
+                let waiting = (i.m.waiters.get() - 1).max(0);
                 let msg = format!(
-                    "SSD read of {bytes} bytes waited {:?} for staging space: arena {} bytes, {in_use} in use, {} waiting; \
-                     raise --staging-bytes (STRATA_STAGING_BYTES) on the SSD agent that owns this disk \
-                     (size it to concurrent readers x bytes per read)",
-                    self.wait,
-                    self.capacity,
-                    self.m.waiters.get()
+                    "SSD read of {requested} bytes waited {:?} for staging space: arena {} bytes, {} in use, \
+                     {waiting} other readers waiting; raise --staging-bytes (STRATA_STAGING_BYTES) on the SSD agent \
+                     that owns this disk (size it to concurrent readers x bytes each stages at once, {} here)",
+                    i.wait,
+                    i.capacity,
+                    self.in_use(),
+                    self.piece_bytes()
                 );
-                tracing::warn!("{msg}");
+                tracing::warn!(
+                    requested,
+                    arena = i.capacity,
+                    in_use = self.in_use(),
+                    waiters = waiting,
+                    setting = "--staging-bytes / STRATA_STAGING_BYTES",
+                    "{msg}"
+                );
                 Err(Error::new(Code::ResourceExhausted, msg))
             }
         }
+    }
+
+    /// Stages `bytes` for a remote reader that will fetch them itself and
+    /// return the lease; if it never does, [`Staging::reap`] reclaims the
+    /// space after `ttl`. Returns the lease id.
+    pub async fn lend(&self, bytes: u64, ttl: Duration) -> Result<u64> {
+        let g = self.acquire(bytes, bytes).await?;
+        let id = self.inner.next_lease.fetch_add(1, Ordering::Relaxed);
+        let mut lent = self.inner.lent.lock();
+        lent.insert(id, (Instant::now() + ttl, g));
+        self.inner.m.remote_leases.set(lent.len() as i64);
+        Ok(id)
+    }
+
+    /// The remote reader is done with a lease. False if it was unknown
+    /// (already reclaimed).
+    pub fn give_back(&self, lease: u64) -> bool {
+        let mut lent = self.inner.lent.lock();
+        let found = lent.remove(&lease).is_some();
+        self.inner.m.remote_leases.set(lent.len() as i64);
+        found
+    }
+
+    /// Reclaims leases whose TTL passed. Returns how many.
+    pub fn reap(&self, now: Instant) -> usize {
+        let mut lent = self.inner.lent.lock();
+        let before = lent.len();
+        lent.retain(|id, (deadline, g)| {
+            let keep = *deadline > now;
+            if !keep {
+                tracing::warn!(
+                    lease = id,
+                    bytes = g.bytes(),
+                    "remote reader never returned its staging space; reclaimed"
+                );
+            }
+            keep
+        });
+        let reaped = before - lent.len();
+        self.inner.m.remote_leases.set(lent.len() as i64);
+        self.inner.m.remote_expired.inc_by(reaped as u64);
+        reaped
+    }
+}
+
+/// Runs `f` when dropped.
+fn scopeguard<F: FnOnce()>(f: F) -> impl Drop {
+    struct G<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for G<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f()
+            }
+        }
+    }
+    G(Some(f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn metrics() -> StagingMetrics {
+        let r = prometheus::Registry::new();
+        StagingMetrics {
+            capacity: strata_common::metrics::gauge(&r, "c", "c"),
+            in_use: strata_common::metrics::gauge(&r, "u", "u"),
+            waiters: strata_common::metrics::gauge(&r, "w", "w"),
+            wait_seconds: Histogram::with_opts(prometheus::HistogramOpts::new("h", "h"))
+                .expect("histogram"),
+            timeouts: strata_common::metrics::counter(&r, "t", "t"),
+            remote_leases: strata_common::metrics::gauge(&r, "l", "l"),
+            remote_expired: strata_common::metrics::counter(&r, "e", "e"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_timed_out_waiter_names_the_setting_and_a_freed_arena_serves_again() {
+        let m = metrics();
+        let s = Staging::new(64 << 10, Duration::from_millis(50), m.clone());
+        let held = s.acquire(64 << 10, 64 << 10).await.expect("fits");
+        let e = match s.acquire(8192, 1 << 20).await {
+            Err(e) => e,
+            Ok(_) => panic!("the arena is full"),
+        };
+        assert_eq!(e.code, Code::ResourceExhausted);
+        assert!(e.retryable());
+        for part in [
+            "1048576 bytes",
+            "arena 65536",
+            "65536 in use",
+            "STRATA_STAGING_BYTES",
+        ] {
+            assert!(
+                e.message.contains(part),
+                "{part} missing from {}",
+                e.message
+            );
+        }
+        assert_eq!((m.timeouts.get(), m.waiters.get()), (1, 0));
+        drop(held);
+        assert_eq!(m.in_use.get(), 0);
+        let g = s.acquire(8192, 8192).await.expect("space is back");
+        assert_eq!(g.bytes(), 8192);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_is_woken_by_a_release_and_a_cancelled_waiter_leaves_no_trace() {
+        let m = metrics();
+        let s = Staging::new(16 << 10, Duration::from_secs(5), m.clone());
+        let held = s.acquire(16 << 10, 16 << 10).await.expect("fits");
+        // A waiter that is cancelled (its client went away) while it waits.
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(30), s.acquire(4096, 4096)).await;
+        assert!(cancelled.is_err());
+        assert_eq!(m.waiters.get(), 0);
+        let s2 = s.clone();
+        let waiter =
+            tokio::spawn(async move { s2.acquire(16 << 10, 16 << 10).await.map(|g| g.bytes()) });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(m.waiters.get(), 1);
+        let t0 = Instant::now();
+        drop(held);
+        assert_eq!(waiter.await.expect("join").expect("woken"), 16 << 10);
+        assert!(
+            t0.elapsed() < Duration::from_secs(4),
+            "woken at once, not at the deadline"
+        );
+        assert_eq!(m.in_use.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn remote_leases_are_given_back_or_reclaimed_after_their_ttl() {
+        let m = metrics();
+        let s = Staging::new(64 << 10, Duration::from_millis(50), m.clone());
+        let a = s
+            .lend(32 << 10, Duration::from_secs(60))
+            .await
+            .expect("lend a");
+        let _b = s
+            .lend(32 << 10, Duration::from_millis(10))
+            .await
+            .expect("lend b");
+        assert_eq!((s.in_use(), m.remote_leases.get()), (64 << 10, 2));
+        assert!(s.give_back(a));
+        assert!(!s.give_back(a), "a lease is returned once");
+        assert_eq!(s.reap(Instant::now() + Duration::from_millis(20)), 1);
+        assert_eq!(
+            (s.in_use(), m.in_use.get(), m.remote_leases.get()),
+            (0, 0, 0)
+        );
+        assert_eq!(m.remote_expired.get(), 1);
     }
 }

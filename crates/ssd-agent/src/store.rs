@@ -69,9 +69,66 @@ pub struct RecoveryReport {
     pub foreign_files: u64,
 }
 
+/// In-memory life of one bucket: who reads it, when it was last used, and
+/// which of its objects were removed.
+#[derive(Debug, Default, Clone)]
+struct BucketMeta {
+    readers: u32,
+    last_access_ms: u64,
+    /// The master was told; no new reads; deleted once `readers` is 0.
+    evicting: bool,
+    dead: HashSet<u64>,
+    data_bytes: u64,
+    live_bytes: u64,
+}
+
+impl BucketMeta {
+    fn new(rec: &BucketRecord, dead: HashSet<u64>) -> BucketMeta {
+        let data_bytes: u64 = rec.objects.iter().map(|e| e.length).sum();
+        let dead_bytes: u64 = rec
+            .objects
+            .iter()
+            .filter(|e| dead.contains(&e.offset))
+            .map(|e| e.length)
+            .sum();
+        BucketMeta {
+            readers: 0,
+            last_access_ms: rec.created_unix_ms,
+            evicting: false,
+            dead,
+            data_bytes,
+            live_bytes: data_bytes - dead_bytes,
+        }
+    }
+
+    /// Share of the bucket's data still live (1.0 for an empty bucket).
+    fn live_ratio(&self) -> f64 {
+        if self.data_bytes == 0 {
+            1.0
+        } else {
+            self.live_bytes as f64 / self.data_bytes as f64
+        }
+    }
+}
+
+/// A read in progress on a bucket: the bucket is not deleted while it lives.
+pub struct BucketReadGuard {
+    store: std::sync::Arc<OwnerStore>,
+    bucket_id: u64,
+}
+
+impl Drop for BucketReadGuard {
+    fn drop(&mut self) {
+        if let Some(m) = self.store.state.lock().meta.get_mut(&self.bucket_id) {
+            m.readers = m.readers.saturating_sub(1);
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     buckets: HashMap<u64, BucketRecord>,
+    meta: HashMap<u64, BucketMeta>,
     /// (bucket, offset) → (length, crc32c) of each object, for read checks.
     by_loc: HashMap<(u64, u64), (u64, u32)>,
     used: u64,
@@ -151,6 +208,10 @@ impl OwnerStore {
     pub fn recover(&self) -> Result<RecoveryReport> {
         let mut rep = RecoveryReport::default();
         let mut st = State::default();
+        let mut dead: HashMap<u64, HashSet<u64>> = HashMap::new();
+        for (b, off) in self.index.dead()? {
+            dead.entry(b).or_default().insert(off);
+        }
         for rec in self.index.buckets()? {
             let path = self.path(rec.bucket_id);
             let ok = match bucket::verify(&path, self.owner_id, rec.bucket_id) {
@@ -174,11 +235,13 @@ impl OwnerStore {
                 continue;
             }
             st.used += rec.file_len;
-            for e in &rec.objects {
+            let dead = dead.remove(&rec.bucket_id).unwrap_or_default();
+            for e in rec.objects.iter().filter(|e| !dead.contains(&e.offset)) {
                 st.by_loc
                     .insert((rec.bucket_id, e.offset), (e.length, e.crc32c));
+                rep.objects += 1;
             }
-            rep.objects += rec.objects.len() as u64;
+            st.meta.insert(rec.bucket_id, BucketMeta::new(&rec, dead));
             st.buckets.insert(rec.bucket_id, rec);
         }
         rep.buckets = st.buckets.len() as u64;
@@ -248,38 +311,152 @@ impl OwnerStore {
         for e in &rec.objects {
             st.by_loc.insert((id, e.offset), (e.length, e.crc32c));
         }
+        st.meta.insert(id, BucketMeta::new(&rec, HashSet::new()));
         st.buckets.insert(id, rec.clone());
         Ok(rec)
     }
 
-    /// Reads a granted range of a bucket. When the range is exactly one
-    /// object, its checksum is verified: damaged bytes are never served.
-    pub fn read(&self, bucket_id: u64, offset: u64, length: u64) -> Result<Vec<u8>> {
-        let known = {
-            let st = self.state.lock();
-            if !st.buckets.contains_key(&bucket_id) {
-                return Err(Error::not_found(format!(
-                    "bucket {bucket_id} of owner {} does not exist (evicted or never written)",
-                    self.handle
-                )));
+    /// Registers a read of `bucket_id`: refused (not found) once the bucket
+    /// is being evicted, so a reader never races its deletion; marks the
+    /// bucket used for LRU.
+    pub fn begin_read(self: &std::sync::Arc<Self>, bucket_id: u64) -> Result<BucketReadGuard> {
+        let mut st = self.state.lock();
+        match st.meta.get_mut(&bucket_id) {
+            Some(m) if !m.evicting => {
+                m.readers += 1;
+                m.last_access_ms = unix_ms();
+                Ok(BucketReadGuard {
+                    store: self.clone(),
+                    bucket_id,
+                })
             }
-            st.by_loc.get(&(bucket_id, offset)).copied()
-        };
-        let data = bucket::read_range(&self.path(bucket_id), offset, length)?;
-        if let Some((len, crc)) = known {
-            if len == length && crc32c::crc32c(&data) != crc {
-                tracing::error!(
-                    bucket = bucket_id,
-                    offset,
-                    "object failed its checksum on read"
-                );
-                return Err(Error::new(
-                    Code::Corrupted,
-                    format!("object at bucket {bucket_id} offset {offset} failed its checksum"),
-                ));
+            _ => Err(Error::not_found(format!(
+                "bucket {bucket_id} of owner {} does not exist (evicted or never written)",
+                self.handle
+            ))),
+        }
+    }
+
+    /// Length and crc32c of the live object starting at `(bucket, offset)`.
+    pub fn object_at(&self, bucket_id: u64, offset: u64) -> Option<(u64, u32)> {
+        self.state.lock().by_loc.get(&(bucket_id, offset)).copied()
+    }
+
+    /// Reads raw bytes of a bucket (callers hold a [`BucketReadGuard`] and
+    /// verify object checksums over the whole object).
+    pub fn read_piece(&self, bucket_id: u64, offset: u64, length: u64) -> Result<Vec<u8>> {
+        bucket::read_range(&self.path(bucket_id), offset, length)
+    }
+
+    /// Forgets an object removed from Strata (durably: it stays out of the
+    /// inventory after a restart). False when it was not held here.
+    pub fn remove_object(&self, key: &str, bucket_id: u64, offset: u64) -> Result<bool> {
+        {
+            let st = self.state.lock();
+            let live = st.by_loc.contains_key(&(bucket_id, offset))
+                && st
+                    .buckets
+                    .get(&bucket_id)
+                    .is_some_and(|b| b.objects.iter().any(|e| e.offset == offset && e.key == key));
+            if !live {
+                return Ok(false);
             }
         }
-        Ok(data)
+        self.index.mark_dead(key, bucket_id, offset)?;
+        let mut st = self.state.lock();
+        if let Some((len, _)) = st.by_loc.remove(&(bucket_id, offset)) {
+            if let Some(m) = st.meta.get_mut(&bucket_id) {
+                m.dead.insert(offset);
+                m.live_bytes = m.live_bytes.saturating_sub(len);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Buckets to evict so that usage falls to `target_used`: first those
+    /// whose live share fell below `sparse_below`, then least recently used.
+    pub fn eviction_candidates(&self, target_used: u64, sparse_below: f64) -> Vec<u64> {
+        let st = self.state.lock();
+        let mut order: Vec<(bool, u64, u64, u64)> = st
+            .meta
+            .iter()
+            .filter(|(_, m)| !m.evicting)
+            .map(|(&id, m)| {
+                let len = st.buckets.get(&id).map_or(0, |b| b.file_len);
+                (m.live_ratio() >= sparse_below, m.last_access_ms, id, len)
+            })
+            .collect();
+        order.sort_unstable();
+        let mut used = st.used;
+        let mut out = Vec::new();
+        for (dense, _, id, len) in order {
+            if used <= target_used && dense {
+                break;
+            }
+            out.push(id);
+            used = used.saturating_sub(len);
+        }
+        out
+    }
+
+    /// Marks buckets as being evicted: new reads are refused from now on.
+    pub fn begin_evict(&self, buckets: &[u64]) {
+        let mut st = self.state.lock();
+        for b in buckets {
+            if let Some(m) = st.meta.get_mut(b) {
+                m.evicting = true;
+            }
+        }
+    }
+
+    /// Buckets marked for eviction and not deleted yet.
+    pub fn evicting(&self) -> Vec<u64> {
+        let st = self.state.lock();
+        st.meta
+            .iter()
+            .filter(|(_, m)| m.evicting)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Reads still running on `bucket_id`.
+    pub fn readers(&self, bucket_id: u64) -> u32 {
+        self.state
+            .lock()
+            .meta
+            .get(&bucket_id)
+            .map_or(0, |m| m.readers)
+    }
+
+    /// Deletes an evicting bucket with no readers: index first (so a crash
+    /// leaves at worst an unindexed file, quarantined at recovery), then the
+    /// file. Returns the bytes freed.
+    pub fn delete_bucket(&self, bucket_id: u64) -> Result<u64> {
+        let rec = {
+            let st = self.state.lock();
+            match (st.buckets.get(&bucket_id), st.meta.get(&bucket_id)) {
+                (Some(rec), Some(m)) if m.evicting && m.readers == 0 => rec.clone(),
+                (Some(_), _) => {
+                    return Err(Error::new(
+                        Code::Leased,
+                        format!("bucket {bucket_id} is still being read or not evicting"),
+                    ))
+                }
+                (None, _) => return Ok(0),
+            }
+        };
+        self.index.remove_bucket(&rec)?;
+        if let Err(e) = std::fs::remove_file(self.path(bucket_id)) {
+            tracing::warn!(bucket = bucket_id, error = %e, "cannot delete an evicted bucket file");
+        }
+        let mut st = self.state.lock();
+        st.buckets.remove(&bucket_id);
+        st.meta.remove(&bucket_id);
+        for e in &rec.objects {
+            st.by_loc.remove(&(bucket_id, e.offset));
+        }
+        st.used = st.used.saturating_sub(rec.file_len);
+        Ok(rec.file_len)
     }
 
     pub fn stats(&self) -> Stats {
@@ -299,7 +476,9 @@ impl OwnerStore {
         let st = self.state.lock();
         st.buckets
             .values()
+            .filter(|b| st.meta.get(&b.bucket_id).is_some_and(|m| !m.evicting))
             .flat_map(|b| b.objects.iter().map(move |e| (b.bucket_id, e.clone())))
+            .filter(|(b, e)| st.by_loc.contains_key(&(*b, e.offset)))
             .collect()
     }
 

@@ -11,6 +11,12 @@
 //! ```
 //! Response (24 bytes), then `length` bytes: the data of a read, or a UTF-8
 //! error message when status != 0.
+//!
+//! A batch read (`ReadV`, added in version 1 without changing the layout):
+//! a header whose `length` is the number N of items, followed by N read
+//! requests; the answer is a header whose `length` is N, followed by one
+//! complete response (header + data or error message) per item, in order.
+//! One item failing does not fail the others.
 //! ```text
 //!  0 magic u32 "STRR" | 4 version u8 | 5 status u8 (Code) | 6 reserved u16
 //!  8 request id u64   | 16 length u64
@@ -31,7 +37,11 @@ pub enum Op {
     Write = 1,
     Read = 2,
     Ping = 3,
+    ReadV = 4,
 }
+
+/// Most items one batch read may carry.
+pub const MAX_READV_ITEMS: u64 = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
@@ -91,6 +101,7 @@ impl Request {
             1 => Op::Write,
             2 => Op::Read,
             3 => Op::Ping,
+            4 => Op::ReadV,
             o => return Err(Error::invalid(format!("unknown data-plane op {o}"))),
         };
         let mut mac = [0u8; MAC_LEN];

@@ -60,6 +60,22 @@ pub trait Transport: Send + Sync + 'static {
             Ok(crc32c::crc32c(buf))
         })
     }
+    /// Reads several ranges, each into its own buffer, and returns each
+    /// read's crc32c (or its error) in order. Transports that can send the
+    /// ranges held by one node as one request do; the default reads them one
+    /// after another.
+    fn read_many<'a>(
+        &'a self,
+        items: Vec<(&'a RemoteRange, &'a mut [u8])>,
+    ) -> BoxFuture<'a, Vec<Result<u32>>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(items.len());
+            for (r, buf) in items {
+                out.push(self.read_crc32c(r, 0, buf).await);
+            }
+            out
+        })
+    }
     fn name(&self) -> &'static str;
 }
 

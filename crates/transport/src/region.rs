@@ -116,6 +116,24 @@ pub enum ReadSource {
     /// Bytes loaded for this read (e.g. from an SSD bucket), with a guard
     /// (e.g. staging space) released once they are sent.
     Owned(Vec<u8>, Option<Box<dyn std::any::Any + Send + Sync>>),
+    /// Bytes produced piece by piece (e.g. an SSD read staged through a
+    /// bounded arena in chunks); the pieces add up to the requested length.
+    Stream(Box<dyn ChunkStream>),
+}
+
+/// One piece of a streamed read and whatever must live until it is sent
+/// (its staging space).
+pub struct Chunk {
+    pub data: Vec<u8>,
+    pub guard: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+/// A read served in pieces. The server asks for the next piece only after it
+/// sent (and dropped) the previous one, so at most one piece per reader is
+/// staged at a time.
+pub trait ChunkStream: Send {
+    /// The next piece, or `None` once every byte was produced.
+    fn next_chunk(&mut self) -> BoxFuture<'_, Result<Option<Chunk>>>;
 }
 
 /// What a data-plane server serves: it authorises each request and supplies

@@ -4,6 +4,7 @@
 pub mod owners;
 pub mod policy;
 pub mod queue;
+mod removal;
 
 use crate::master::Master;
 use crate::objects::SsdReplica;
@@ -13,19 +14,41 @@ use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 
 impl Master {
-    /// Queues `key` for offload if the policy wants it and an owner has room.
-    pub(crate) fn admit_on_put_end(&self, key: &str, size: u64) {
-        if !self.policy.on_put_end() {
-            return;
-        }
+    /// Queues `key` for offload unless it is queued already or no owner has
+    /// room. Returns whether it is (now) queued.
+    pub(crate) fn enqueue_offload(&self, key: &str, size: u64) -> bool {
         let now = unix_ms();
         let mut q = self.queue.lock();
+        if q.has_key(key) {
+            return true;
+        }
         let Some(owner) = self.owners.pick_owner(size, now, &q) else {
-            return;
+            return false;
         };
         q.enqueue(key, owner, size, now);
         drop(q);
         self.refresh_offload_gauges();
+        true
+    }
+
+    /// `eager`: queue every committed object.
+    pub(crate) fn admit_on_put_end(&self, key: &str, size: u64) {
+        if self.policy.on_put_end() {
+            self.enqueue_offload(key, size);
+        }
+    }
+
+    /// `reads:N`: queue an object once it served N demand reads from DRAM.
+    /// `reads` counts this read; `on_ssd` skips objects already there.
+    pub(crate) fn admit_on_read(&self, key: &str, size: u64, reads: u32, on_ssd: bool) {
+        if on_ssd {
+            return;
+        }
+        if let Some(n) = self.policy.reads_to_admit() {
+            if reads >= n {
+                self.enqueue_offload(key, size);
+            }
+        }
     }
 
     /// Hands up to `max` tasks to `owner`, pinning each source. Tasks whose
@@ -104,16 +127,19 @@ impl Master {
             self.unpin(&task.key);
             match outcome {
                 queue::Outcome::Persisted => {
-                    let added = self.add_ssd_replica(
-                        &task.key,
-                        SsdReplica {
-                            owner_id: req.owner_id,
-                            bucket_id: r.bucket_id,
-                            offset: r.offset,
-                            length: task.size,
-                        },
-                        None,
-                    );
+                    let replica = SsdReplica {
+                        owner_id: req.owner_id,
+                        bucket_id: r.bucket_id,
+                        offset: r.offset,
+                        length: task.size,
+                    };
+                    let added = self.add_ssd_replica(&task.key, replica, None);
+                    if added {
+                        self.free_after_offload(&task.key);
+                    } else {
+                        // Removed while it was being copied: the owner drops it.
+                        self.forget_ssd(&task.key, &[replica]);
+                    }
                     self.metrics
                         .offload_results
                         .with_label_values(&[if added {
@@ -142,6 +168,15 @@ impl Master {
                         error = r.error,
                         "offload failed for good; dropped"
                     );
+                    if self
+                        .objects
+                        .shard(&task.key)
+                        .get(&task.key)
+                        .is_some_and(|o| o.offload_then_free)
+                    {
+                        // `on-evict`: the SSD tier could not take the victim.
+                        self.drop_if_evictable(&task.key);
+                    }
                     self.metrics
                         .offload_results
                         .with_label_values(&["dropped"])
@@ -205,6 +240,9 @@ impl Master {
             };
             if self.add_ssd_replica(&o.key, r, Some((o.length, o.crc32c))) {
                 adopted += 1;
+            } else {
+                // A stale copy of an older object under the same key.
+                self.forget_ssd(&o.key, &[r]);
             }
         }
         tracing::info!(owner = req.owner_id, adopted, "SSD inventory adopted");

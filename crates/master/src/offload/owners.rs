@@ -171,21 +171,21 @@ impl OwnerRegistry {
         Ok(())
     }
 
-    /// The live owner with the most room that can take `size` more bytes
-    /// (counting what is already queued for it), if any.
+    /// The live owner with the most free space among those that can take
+    /// `size` more bytes. A full owner still qualifies: it evicts its least
+    /// recently used buckets to make room, so only what is already queued for
+    /// it counts against its capacity.
     pub fn pick_owner(&self, size: u64, now: u64, q: &OffloadQueue) -> Option<u64> {
+        let need = size + super::queue::OBJECT_OVERHEAD;
         self.owners
             .read()
             .values()
             .filter(|o| self.live(o, now))
+            .filter(|o| o.capacity.saturating_sub(q.pending_bytes(o.owner_id)) >= need)
             .map(|o| {
-                (
-                    o.capacity
-                        .saturating_sub(o.used + q.pending_bytes(o.owner_id)),
-                    o.owner_id,
-                )
+                let pending = q.pending_bytes(o.owner_id);
+                (o.capacity.saturating_sub(o.used + pending), o.owner_id)
             })
-            .filter(|(room, _)| *room >= size + super::queue::OBJECT_OVERHEAD)
             .max()
             .map(|(_, id)| id)
     }

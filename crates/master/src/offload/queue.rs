@@ -56,6 +56,8 @@ pub struct OffloadQueue {
     /// Kept in step with `tasks` so the hot paths never scan it.
     assigned: usize,
     pending: HashMap<u64, u64>,
+    /// Live tasks per key, so admission can skip keys already queued.
+    keys: HashMap<String, u32>,
     pub max_attempts: u32,
     pub backoff_base_ms: u64,
     pub counters: Counters,
@@ -69,6 +71,7 @@ impl OffloadQueue {
             queued: HashMap::new(),
             assigned: 0,
             pending: HashMap::new(),
+            keys: HashMap::new(),
             max_attempts: max_attempts.max(1),
             backoff_base_ms,
             counters: Counters::default(),
@@ -93,7 +96,13 @@ impl OffloadQueue {
         );
         self.queued.entry(owner).or_default().push_back(id);
         *self.pending.entry(owner).or_default() += size + OBJECT_OVERHEAD;
+        *self.keys.entry(key.to_string()).or_default() += 1;
         id
+    }
+
+    /// Whether `key` has a task queued or in flight.
+    pub fn has_key(&self, key: &str) -> bool {
+        self.keys.contains_key(key)
     }
 
     /// Removes a task for good, keeping the counters in step.
@@ -104,6 +113,12 @@ impl OffloadQueue {
         }
         if let Some(p) = self.pending.get_mut(&t.owner) {
             *p = p.saturating_sub(t.size + OBJECT_OVERHEAD);
+        }
+        if let Some(n) = self.keys.get_mut(&t.key) {
+            *n -= 1;
+            if *n == 0 {
+                self.keys.remove(&t.key);
+            }
         }
         Some(t)
     }
@@ -219,6 +234,7 @@ impl OffloadQueue {
             not_before_ms: now_ms + backoff,
         };
         *self.pending.entry(t.owner).or_default() += t.size + OBJECT_OVERHEAD;
+        *self.keys.entry(t.key.clone()).or_default() += 1;
         self.queued.entry(t.owner).or_default().push_back(id);
         self.tasks.insert(id, t);
         Ok((task, Outcome::Requeued))
@@ -392,6 +408,11 @@ mod tests {
                     let want: u64 = q.tasks.values().filter(|t| t.owner == o).map(|t| t.size + OBJECT_OVERHEAD).sum();
                     prop_assert_eq!(q.pending_bytes(o), want, "pending bytes drifted");
                 }
+                for t in q.tasks.values() {
+                    prop_assert!(q.has_key(&t.key), "key index lost a live task");
+                }
+                let live: u32 = q.keys.values().sum();
+                prop_assert_eq!(live as usize, q.tasks.len(), "key index drifted");
                 let pinned: i64 = pins.values().sum();
                 prop_assert_eq!(pinned, a as i64, "pins must equal assigned tasks");
                 prop_assert!(pins.values().all(|&p| p == 0 || p == 1));
@@ -409,6 +430,7 @@ mod tests {
                 if q.counts() == (0, 0) { break; }
             }
             prop_assert_eq!(q.counts(), (0, 0));
+            prop_assert!(q.keys.is_empty(), "key index kept a finished task");
             prop_assert!(pins.values().all(|&p| p == 0), "leaked pin");
             for id in created {
                 prop_assert!(terminal.contains_key(&id), "task {} never ended", id);

@@ -1,5 +1,5 @@
 use super::write_all_vectored;
-use crate::frame::{Op, Request, Response, RESP_LEN};
+use crate::frame::{Op, Request, Response, MAX_READV_ITEMS, RESP_LEN};
 use crate::{check_sub_range, RemoteRange, Transport};
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
@@ -118,6 +118,10 @@ impl TcpTransport {
     }
 }
 
+/// One range of a batch read: its index in the caller's list, the range and
+/// the buffer it lands in.
+type BatchItem<'a> = (usize, &'a RemoteRange, &'a mut [u8]);
+
 enum Io<'a> {
     Out(&'a [u8]),
     /// Read into the buffer; with `true`, checksum it while it streams in.
@@ -152,6 +156,20 @@ async fn exchange(s: &mut TcpStream, req: &Request, io: Io<'_>) -> Result<u32, E
         Io::Out(data) => write_all_vectored(s, &hdr, data).await?,
         Io::In(..) => s.write_all(&hdr).await?,
     }
+    match io {
+        Io::Out(_) => read_response(s, req, &mut [], false).await,
+        Io::In(buf, with_crc) => read_response(s, req, buf, with_crc).await,
+    }
+}
+
+/// Reads one response to `req`: for a read, its bytes into `buf` (checksummed
+/// when asked); for a write (`buf` empty), nothing.
+async fn read_response(
+    s: &mut TcpStream,
+    req: &Request,
+    buf: &mut [u8],
+    with_crc: bool,
+) -> Result<u32, Exchange> {
     let mut rh = [0u8; RESP_LEN];
     s.read_exact(&mut rh).await?;
     let resp = Response::decode(&rh).map_err(|e| Exchange::Io(std::io::Error::other(e)))?;
@@ -174,37 +192,25 @@ async fn exchange(s: &mut TcpStream, req: &Request, io: Io<'_>) -> Result<u32, E
             format!("store node: {}", String::from_utf8_lossy(&msg)),
         )));
     }
-    match io {
-        Io::Out(_) => {
-            if resp.length != 0 {
-                return Err(Exchange::Io(std::io::Error::other(
-                    "unexpected write payload",
-                )));
-            }
-        }
-        Io::In(buf, with_crc) => {
-            if resp.length != buf.len() as u64 {
-                return Err(Exchange::Io(std::io::Error::other(format!(
-                    "store node returned {} bytes, expected {}",
-                    resp.length,
-                    buf.len()
-                ))));
-            }
-            if !with_crc {
-                s.read_exact(buf).await?;
-                return Ok(0);
-            }
-            // Checksum each piece as it lands, while the sender keeps
-            // filling the socket: the check costs almost no extra time.
-            let mut crc = 0;
-            for piece in buf.chunks_mut(CRC_PIECE) {
-                s.read_exact(piece).await?;
-                crc = crc32c::crc32c_append(crc, piece);
-            }
-            return Ok(crc);
-        }
+    if resp.length != buf.len() as u64 {
+        return Err(Exchange::Io(std::io::Error::other(format!(
+            "data-plane node returned {} bytes, expected {}",
+            resp.length,
+            buf.len()
+        ))));
     }
-    Ok(0)
+    if !with_crc {
+        s.read_exact(buf).await?;
+        return Ok(0);
+    }
+    // Checksum each piece as it lands, while the sender keeps filling the
+    // socket: the check costs almost no extra time.
+    let mut crc = 0;
+    for piece in buf.chunks_mut(CRC_PIECE) {
+        s.read_exact(piece).await?;
+        crc = crc32c::crc32c_append(crc, piece);
+    }
+    Ok(crc)
 }
 
 /// Bytes received between checksum updates on a verified read.
@@ -270,6 +276,136 @@ impl TcpTransport {
 }
 
 impl TcpTransport {
+    /// One `ReadV` request per node for all the ranges it holds.
+    async fn read_batch(&self, items: Vec<(&RemoteRange, &mut [u8])>) -> Vec<Result<u32>> {
+        let n = items.len();
+        let mut out: Vec<Option<Result<u32>>> = (0..n).map(|_| None).collect();
+        let mut by_node: HashMap<String, Vec<BatchItem<'_>>> = HashMap::new();
+        for (i, (r, buf)) in items.into_iter().enumerate() {
+            if let Err(e) = check_sub_range(r.len(), 0, buf.len()) {
+                out[i] = Some(Err(e));
+                continue;
+            }
+            by_node.entry(r.addr.clone()).or_default().push((i, r, buf));
+        }
+        let futs: Vec<_> = by_node
+            .into_iter()
+            .flat_map(|(addr, group)| {
+                let mut batches = Vec::new();
+                let mut group = group.into_iter().peekable();
+                while group.peek().is_some() {
+                    let batch: Vec<_> = group.by_ref().take(MAX_READV_ITEMS as usize).collect();
+                    batches.push((addr.clone(), batch));
+                }
+                batches
+            })
+            .map(|(addr, batch)| self.readv(addr, batch))
+            .collect();
+        for (i, r) in futures::future::join_all(futs).await.into_iter().flatten() {
+            out[i] = Some(r);
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::internal("batch read lost an item"))))
+            .collect()
+    }
+
+    async fn readv(
+        &self,
+        addr: String,
+        mut batch: Vec<BatchItem<'_>>,
+    ) -> Vec<(usize, Result<u32>)> {
+        let pool = self.pool(&addr);
+        let pooled = pool.lock().pop();
+        let conn = match pooled {
+            Some(c) => Ok(c),
+            None => self.connect(&addr).await,
+        };
+        let mut conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                return batch
+                    .into_iter()
+                    .map(|(i, ..)| (i, Err(e.clone())))
+                    .collect()
+            }
+        };
+        let top_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut head = Vec::with_capacity((batch.len() + 1) * crate::frame::REQ_LEN);
+        let mut top = Request {
+            op: Op::ReadV,
+            req_id: top_id,
+            grant: batch[0].1.scope,
+            mac: batch[0].1.mac,
+            offset: 0,
+            length: batch.len() as u64,
+        };
+        top.grant.length = 0;
+        head.extend_from_slice(&top.encode());
+        let mut ids = Vec::with_capacity(batch.len());
+        for (_, r, buf) in &batch {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            ids.push(id);
+            let req = Request {
+                op: Op::Read,
+                req_id: id,
+                grant: r.scope,
+                mac: r.mac,
+                offset: r.scope.offset,
+                length: buf.len() as u64,
+            };
+            head.extend_from_slice(&req.encode());
+        }
+        let mut results: Vec<(usize, Result<u32>)> = Vec::with_capacity(batch.len());
+        let t = self.cfg.io_timeout;
+        let io = async {
+            conn.write_all(&head).await?;
+            let mut rh = [0u8; RESP_LEN];
+            tokio::time::timeout(t, conn.read_exact(&mut rh))
+                .await
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+            let resp = Response::decode(&rh).map_err(std::io::Error::other)?;
+            if resp.status != Code::Ok || resp.length != batch.len() as u64 {
+                return Err(std::io::Error::other(format!(
+                    "batch read refused ({:?}): the node may not support batch reads",
+                    resp.status
+                )));
+            }
+            for ((i, _, buf), id) in batch.iter_mut().zip(&ids) {
+                let item = Request {
+                    op: Op::Read,
+                    req_id: *id,
+                    grant: top.grant,
+                    mac: top.mac,
+                    offset: 0,
+                    length: buf.len() as u64,
+                };
+                let r = tokio::time::timeout(t, read_response(&mut conn, &item, buf, true))
+                    .await
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?;
+                match r {
+                    Ok(crc) => results.push((*i, Ok(crc))),
+                    Err(Exchange::Remote(e)) => results.push((*i, Err(e))),
+                    Err(Exchange::Io(e)) => return Err(e),
+                }
+            }
+            Ok(())
+        };
+        match io.await {
+            Ok(()) => self.give_back(&pool, conn),
+            Err(e) => {
+                let err = Error::unavailable(format!("batch read from {addr} failed: {e}"));
+                let done = results.len();
+                results.extend(
+                    batch
+                        .iter()
+                        .skip(done)
+                        .map(|(i, ..)| (*i, Err(err.clone()))),
+                );
+            }
+        }
+        results
+    }
+
     async fn read_in(&self, src: &RemoteRange, at: u64, buf: &mut [u8], crc: bool) -> Result<u32> {
         check_sub_range(src.len(), at, buf.len())?;
         let ios = buf
@@ -313,6 +449,13 @@ impl Transport for TcpTransport {
         buf: &'a mut [u8],
     ) -> BoxFuture<'a, Result<u32>> {
         Box::pin(self.read_in(src, at, buf, true))
+    }
+
+    fn read_many<'a>(
+        &'a self,
+        items: Vec<(&'a RemoteRange, &'a mut [u8])>,
+    ) -> BoxFuture<'a, Vec<Result<u32>>> {
+        Box::pin(self.read_batch(items))
     }
 
     fn name(&self) -> &'static str {

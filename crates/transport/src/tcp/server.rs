@@ -1,5 +1,5 @@
 use super::write_all_vectored;
-use crate::frame::{Op, Request, Response, REQ_LEN};
+use crate::frame::{Op, Request, Response, MAX_READV_ITEMS, REQ_LEN};
 use crate::region::{DataRegion, ReadSource};
 use prometheus::IntCounter;
 use std::sync::Arc;
@@ -164,36 +164,116 @@ async fn connection(
                     }
                 }
             }
-            Op::Read => match table.read(&req, unix_ms()).await {
-                Ok(src) => {
-                    let data = match &src {
-                        ReadSource::Segment(seg) => seg.slice(req.offset, req.length),
-                        ReadSource::Owned(v, _) if v.len() as u64 == req.length => Ok(v.as_slice()),
-                        ReadSource::Owned(..) => Err(strata_common::Error::internal(
-                            "read returned a wrong length",
-                        )),
-                    };
-                    let data = match data {
-                        Ok(d) => d,
-                        Err(e) => {
-                            respond_err(&mut s, req.req_id, &e).await?;
-                            continue;
-                        }
-                    };
-                    let h = Response {
-                        status: Code::Ok,
-                        req_id: req.req_id,
-                        length: data.len() as u64,
-                    }
-                    .encode();
-                    write_all_vectored(&mut s, &h, data).await?;
-                    m.read_bytes.inc_by(req.length);
-                }
-                Err(e) => {
+            Op::Read => serve_read(&mut s, table, &req, m).await?,
+            Op::ReadV => {
+                if req.length > MAX_READV_ITEMS {
                     m.rejected.inc();
+                    let e = Error::invalid(format!(
+                        "batch read of {} items exceeds the limit of {MAX_READV_ITEMS}",
+                        req.length
+                    ));
                     respond_err(&mut s, req.req_id, &e).await?;
+                    return Ok(());
                 }
-            },
+                let mut items = Vec::with_capacity(req.length as usize);
+                for _ in 0..req.length {
+                    tokio::time::timeout(PAYLOAD_TIMEOUT, s.read_exact(&mut hdr))
+                        .await
+                        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                    items.push(Request::decode(&hdr));
+                }
+                let h = Response {
+                    status: Code::Ok,
+                    req_id: req.req_id,
+                    length: req.length,
+                }
+                .encode();
+                s.write_all(&h).await?;
+                for item in items {
+                    match item {
+                        Ok(r) if r.op == Op::Read => serve_read(&mut s, table, &r, m).await?,
+                        Ok(r) => {
+                            m.rejected.inc();
+                            let e = Error::invalid("a batch read may only hold reads");
+                            respond_err(&mut s, r.req_id, &e).await?;
+                        }
+                        Err(e) => {
+                            m.rejected.inc();
+                            respond_err(&mut s, 0, &e).await?;
+                        }
+                    }
+                }
+            }
         }
     }
+}
+
+/// Answers one read with one complete response. An error before the first
+/// byte is a clean error response; a failure mid-stream (a later piece could
+/// not be read) closes the connection, so the reader never takes a short or
+/// patched body for the object.
+async fn serve_read(
+    s: &mut TcpStream,
+    table: &dyn DataRegion,
+    req: &Request,
+    m: &ServerMetrics,
+) -> std::io::Result<()> {
+    let src = match table.read(req, unix_ms()).await {
+        Ok(src) => src,
+        Err(e) => {
+            m.rejected.inc();
+            return respond_err(s, req.req_id, &e).await;
+        }
+    };
+    let header = Response {
+        status: Code::Ok,
+        req_id: req.req_id,
+        length: req.length,
+    }
+    .encode();
+    let data = match &src {
+        ReadSource::Segment(seg) => seg.slice(req.offset, req.length),
+        ReadSource::Owned(v, _) if v.len() as u64 == req.length => Ok(v.as_slice()),
+        ReadSource::Owned(..) => Err(Error::internal("read returned a wrong length")),
+        ReadSource::Stream(_) => Ok(&[][..]),
+    };
+    let data = match data {
+        Ok(d) => d,
+        Err(e) => return respond_err(s, req.req_id, &e).await,
+    };
+    let ReadSource::Stream(mut stream) = src else {
+        write_all_vectored(s, &header, data).await?;
+        m.read_bytes.inc_by(req.length);
+        return Ok(());
+    };
+    let mut sent = 0u64;
+    let mut first = true;
+    loop {
+        let chunk = match stream.next_chunk().await {
+            Ok(c) => c,
+            Err(e) if first => return respond_err(s, req.req_id, &e).await,
+            Err(e) => return Err(std::io::Error::other(e.message)),
+        };
+        let Some(chunk) = chunk else { break };
+        sent += chunk.data.len() as u64;
+        if sent > req.length {
+            return Err(std::io::Error::other("read stream overran its length"));
+        }
+        if first {
+            write_all_vectored(s, &header, &chunk.data).await?;
+            first = false;
+        } else {
+            s.write_all(&chunk.data).await?;
+        }
+        m.read_bytes.inc_by(chunk.data.len() as u64);
+        // The piece's staging is released here, before the next is staged.
+        drop(chunk);
+    }
+    if sent != req.length {
+        return Err(std::io::Error::other("read stream ended short"));
+    }
+    if first {
+        s.write_all(&header).await?;
+    }
+    Ok(())
 }

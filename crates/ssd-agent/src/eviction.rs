@@ -1,0 +1,139 @@
+//! Bucket eviction. Above the high watermark (or when a batch of offloads
+//! needs room) the agent evicts whole buckets, sparse ones (mostly removed
+//! objects) first, then least recently read, down to the low watermark. The
+//! order makes deletion safe against readers:
+//! 1. the master forgets every replica in the buckets (no new reader is sent),
+//! 2. the buckets refuse new reads (a reader holding an older grant gets a
+//!    clean "not found"),
+//! 3. each bucket is deleted once its in-flight reads finished.
+
+use crate::store::OwnerStore;
+use prometheus::IntCounter;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata_common::{Error, Result};
+use strata_proto as pb;
+use strata_proto::master_client::MasterClient;
+use tonic::transport::Channel;
+
+/// How long one pass waits for readers of the buckets it evicts; buckets
+/// still read after that are deleted by a later pass.
+const READER_WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Clone)]
+pub struct EvictionMetrics {
+    pub buckets: IntCounter,
+    pub bytes: IntCounter,
+    pub removed_objects: IntCounter,
+}
+
+pub struct Evictor {
+    pub store: Arc<OwnerStore>,
+    pub high_watermark: f64,
+    pub low_watermark: f64,
+    pub sparse_below: f64,
+    pub metrics: EvictionMetrics,
+}
+
+impl Evictor {
+    /// Usage to evict down to so that `need` more bytes fit, or None when no
+    /// room has to be made.
+    fn target(&self, need: u64) -> Option<u64> {
+        let cap = self.store.capacity as f64;
+        let used = self.store.stats().used as f64;
+        let want = used + need as f64;
+        if want <= cap * self.high_watermark && want <= cap {
+            return None;
+        }
+        Some((cap * self.low_watermark).min(cap - need as f64).max(0.0) as u64)
+    }
+
+    /// One pass: makes room for `need` bytes (0 = just keep below the high
+    /// watermark) and drops sparse buckets. Returns the bytes freed.
+    pub async fn pass(
+        &self,
+        master: &mut MasterClient<Channel>,
+        owner_id: u64,
+        epoch: u64,
+        need: u64,
+    ) -> Result<u64> {
+        // Buckets a previous pass could not delete yet (still being read).
+        let mut freed = self.delete_idle(self.store.evicting()).await;
+        let target = self.target(need).unwrap_or(u64::MAX);
+        let victims = self.store.eviction_candidates(target, self.sparse_below);
+        if victims.is_empty() {
+            return Ok(freed);
+        }
+        master
+            .evict_buckets(pb::EvictBucketsRequest {
+                owner_id,
+                epoch,
+                bucket_ids: victims.clone(),
+            })
+            .await
+            .map_err(Error::from)?;
+        self.store.begin_evict(&victims);
+        let deadline = Instant::now() + READER_WAIT;
+        let mut left = victims;
+        while !left.is_empty() {
+            let (idle, busy): (Vec<u64>, Vec<u64>) =
+                left.into_iter().partition(|b| self.store.readers(*b) == 0);
+            freed += self.delete_idle(idle).await;
+            left = busy;
+            if left.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if !left.is_empty() {
+            tracing::info!(
+                buckets = left.len(),
+                "evicted buckets are still being read; deleting them later"
+            );
+        }
+        Ok(freed)
+    }
+
+    async fn delete_idle(&self, buckets: Vec<u64>) -> u64 {
+        let mut freed = 0;
+        for b in buckets {
+            if self.store.readers(b) > 0 {
+                continue;
+            }
+            let store = self.store.clone();
+            match tokio::task::spawn_blocking(move || store.delete_bucket(b)).await {
+                Ok(Ok(n)) => {
+                    freed += n;
+                    self.metrics.buckets.inc();
+                    self.metrics.bytes.inc_by(n);
+                    tracing::debug!(bucket = b, bytes = n, "bucket evicted");
+                }
+                Ok(Err(e)) => tracing::warn!(bucket = b, error = %e, "cannot delete bucket yet"),
+                Err(e) => tracing::error!(bucket = b, error = %e, "bucket delete task failed"),
+            }
+        }
+        freed
+    }
+
+    /// Forgets objects the master says were removed from Strata.
+    pub async fn apply_drops(&self, drops: Vec<pb::SsdObject>) {
+        if drops.is_empty() {
+            return;
+        }
+        let store = self.store.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            let mut n = 0u64;
+            for d in drops {
+                match store.remove_object(&d.key, d.bucket_id, d.offset) {
+                    Ok(true) => n += 1,
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(key = d.key, error = %e, "cannot drop an SSD object"),
+                }
+            }
+            n
+        })
+        .await
+        .unwrap_or(0);
+        self.metrics.removed_objects.inc_by(removed);
+    }
+}
