@@ -178,6 +178,7 @@ pub struct LocalAgent {
     pub recovery: strata_ssd_agent::store::RecoveryReport,
     pub store: Arc<strata_ssd_agent::store::OwnerStore>,
     pub faults: Arc<strata_ssd_agent::store::Faults>,
+    pub staging: strata_ssd_agent::staging::Staging,
     token: CancellationToken,
     task: Option<tokio::task::JoinHandle<Result<()>>>,
 }
@@ -253,6 +254,7 @@ impl LocalCluster {
             recovery: h.recovery.clone(),
             store: h.store.clone(),
             faults: h.faults.clone(),
+            staging: h.staging.clone(),
             token,
             task: Some(tokio::spawn(h.wait())),
         })

@@ -9,7 +9,11 @@ use std::time::{Duration, Instant};
 use strata_common::Code;
 use strata_proto as pb;
 
-fn master_with(nodes: usize, seg: u64, f: impl FnOnce(&mut MasterConfig)) -> Arc<Master> {
+pub(crate) fn master_with(
+    nodes: usize,
+    seg: u64,
+    f: impl FnOnce(&mut MasterConfig),
+) -> Arc<Master> {
     let mut cfg = MasterConfig::local();
     f(&mut cfg);
     let m = Master::new(cfg).unwrap();
@@ -36,7 +40,7 @@ fn spec(key: &str, size: u64, replicas: u32) -> PutSpec {
     }
 }
 
-fn put(m: &Master, key: &str, size: u64) {
+pub(crate) fn put(m: &Master, key: &str, size: u64) {
     m.put_start(spec(key, size, 1)).unwrap();
     m.put_end(key, 0).unwrap();
 }

@@ -135,6 +135,10 @@ impl AgentMetrics {
                 ),
             },
             server: ServerMetrics {
+                requests: c(
+                    "strata_ssd_agent_data_plane_requests_total",
+                    "Data-plane requests received (a batch read counts once)",
+                ),
                 read_bytes: c(
                     "strata_ssd_agent_read_bytes_total",
                     "Bytes served to SSD readers",

@@ -76,6 +76,10 @@ impl NodeMetrics {
                 "Registrations with the master",
             ),
             server: ServerMetrics {
+                requests: c(
+                    "strata_store_node_data_plane_requests_total",
+                    "Data-plane requests received (a batch read counts once)",
+                ),
                 read_bytes: c(
                     "strata_store_node_read_bytes_total",
                     "Bytes served to readers",

@@ -5,6 +5,8 @@ pub mod owners;
 pub mod policy;
 pub mod queue;
 mod removal;
+#[cfg(test)]
+mod tests;
 
 use crate::master::Master;
 use crate::objects::SsdReplica;

@@ -23,6 +23,7 @@ const MAX_CONNECTIONS: usize = 4096;
 /// Counters the server bumps; the owning service registers them.
 #[derive(Clone)]
 pub struct ServerMetrics {
+    pub requests: IntCounter,
     pub read_bytes: IntCounter,
     pub written_bytes: IntCounter,
     pub rejected: IntCounter,
@@ -107,6 +108,7 @@ async fn connection(
             Ok(Err(e)) => return Err(e),
             Ok(Ok(_)) => {}
         }
+        m.requests.inc();
         let req = match Request::decode(&hdr) {
             Ok(r) => r,
             Err(e) => {

@@ -1,0 +1,215 @@
+//! Admission policies and SSD removals at the metadata level: each policy
+//! queues exactly what it promises. (The same run end to end in
+//! `tests/tests/ssd_policies.rs`.)
+
+use crate::config::OffloadPolicy;
+use crate::master::Master;
+use crate::tests::{master_with, put};
+use std::sync::Arc;
+use strata_proto as pb;
+
+async fn with_owner(policy: OffloadPolicy, seg: u64, hw: f64) -> (Arc<Master>, u64, u64) {
+    let m = master_with(1, seg, |c| {
+        c.offload_policy = policy;
+        c.high_watermark = hw;
+        c.eviction_ratio = 0.0;
+        c.lease_ttl = std::time::Duration::from_millis(1);
+    });
+    let r = m
+        .register_owner(pb::RegisterOwnerRequest {
+            handle: "h/nvme0".into(),
+            data_addr: "127.0.0.1:1".into(),
+            capacity_bytes: 1 << 30,
+            instance: "i".into(),
+        })
+        .await
+        .unwrap();
+    (m, r.owner_id, r.epoch)
+}
+
+fn queued_keys(m: &Master) -> Vec<String> {
+    let mut v: Vec<String> = m.queue.lock().tasks().map(|t| t.key.clone()).collect();
+    v.sort();
+    v
+}
+
+/// Takes every task and reports it persisted, as an agent would.
+async fn persist_all(m: &Master, owner: u64, epoch: u64) -> usize {
+    let tasks = m
+        .owner_heartbeat(&pb::OwnerHeartbeatRequest {
+            owner_id: owner,
+            epoch,
+            capacity_bytes: 1 << 30,
+            max_tasks: 1000,
+            ..Default::default()
+        })
+        .unwrap()
+        .tasks;
+    let n = tasks.len();
+    let results = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| pb::OffloadResult {
+            task_id: t.task_id,
+            persisted: true,
+            bucket_id: 1,
+            offset: i as u64 * 4096,
+            ..Default::default()
+        })
+        .collect();
+    m.report_offload(pb::ReportOffloadRequest {
+        owner_id: owner,
+        epoch,
+        results,
+    })
+    .await
+    .unwrap();
+    n
+}
+
+fn on_ssd(m: &Master, key: &str) -> bool {
+    m.objects
+        .shard(key)
+        .get(key)
+        .is_some_and(|o| !o.ssd.is_empty())
+}
+
+#[tokio::test]
+async fn eager_queues_every_object_at_put_end() {
+    let (m, _, _) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.9).await;
+    put(&m, "a", 100);
+    put(&m, "b", 100);
+    assert_eq!(queued_keys(&m), ["a", "b"]);
+}
+
+#[tokio::test]
+async fn reads_n_queues_after_n_dram_reads_once_and_never_objects_on_ssd() {
+    let (m, owner, epoch) = with_owner(OffloadPolicy::Reads(2), 1 << 20, 0.9).await;
+    put(&m, "k", 100);
+    assert!(queued_keys(&m).is_empty(), "a put alone does not admit");
+    m.get_replicas("k").unwrap();
+    assert!(queued_keys(&m).is_empty(), "one read is not enough");
+    m.get_replicas("k").unwrap();
+    assert_eq!(queued_keys(&m), ["k"]);
+    m.get_replicas("k").unwrap();
+    assert_eq!(queued_keys(&m), ["k"], "already queued: not queued twice");
+    assert_eq!(persist_all(&m, owner, epoch).await, 1);
+    assert!(on_ssd(&m, "k"));
+    for _ in 0..5 {
+        m.get_replicas("k").unwrap();
+    }
+    assert!(
+        queued_keys(&m).is_empty(),
+        "already on SSD: never queued again"
+    );
+    // Internal reads (offload copies) never pass through GetReplicas, and
+    // reads of an SSD-only object are not DRAM reads.
+    put(&m, "s", 100);
+    std::thread::sleep(std::time::Duration::from_millis(5)); // read leases end
+    m.evict_memory("k").unwrap();
+    for _ in 0..3 {
+        m.get_replicas("k").unwrap();
+    }
+    assert!(queued_keys(&m).is_empty());
+}
+
+#[tokio::test]
+async fn on_evict_offloads_victims_before_freeing_and_drops_what_ssd_cannot_take() {
+    // 1 MiB of DRAM, background eviction above half of it.
+    let (m, owner, epoch) = with_owner(OffloadPolicy::OnEvict, 1 << 20, 0.5).await;
+    for i in 0..12 {
+        put(&m, &format!("k{i:02}"), 64 << 10);
+    }
+    assert!(queued_keys(&m).is_empty(), "nothing is queued at put time");
+    let before = m.allocated_bytes();
+    assert_eq!(m.evict_to_watermark(), 0, "victims wait for their SSD copy");
+    let victims = queued_keys(&m);
+    assert!(!victims.is_empty());
+    assert_eq!(victims[0], "k00", "oldest first");
+    assert_eq!(m.allocated_bytes(), before);
+    // A second pass does not queue more: the queued bytes already count.
+    m.evict_to_watermark();
+    assert_eq!(queued_keys(&m), victims);
+    assert_eq!(persist_all(&m, owner, epoch).await, victims.len());
+    for k in &victims {
+        assert!(on_ssd(&m, k), "{k} has its SSD copy");
+        let o = m.objects.shard(k);
+        assert!(
+            o.get(k).unwrap().replicas.is_empty(),
+            "{k}'s DRAM was freed"
+        );
+    }
+    assert!(m.allocated_bytes() <= (1 << 20) / 2);
+    assert_eq!(m.objects.len(), 12, "nothing was lost");
+
+    // With no owner able to take them, victims are simply dropped.
+    let m2 = master_with(1, 1 << 20, |c| {
+        c.offload_policy = OffloadPolicy::OnEvict;
+        c.high_watermark = 0.5;
+        c.eviction_ratio = 0.0;
+    });
+    for i in 0..12 {
+        put(&m2, &format!("k{i:02}"), 64 << 10);
+    }
+    assert!(m2.evict_to_watermark() > 0);
+    assert!(m2.objects.len() < 12);
+    assert!(m2.queue.lock().tasks().next().is_none());
+}
+
+#[tokio::test]
+async fn a_put_that_needs_room_never_waits_for_the_ssd() {
+    let (m, _, _) = with_owner(OffloadPolicy::OnEvict, 1 << 20, 0.99).await;
+    for i in 0..16 {
+        put(&m, &format!("k{i:02}"), 64 << 10);
+    }
+    // Full: the next put evicts synchronously (dropping, not offloading).
+    put(&m, "new", 64 << 10);
+    assert!(m.exists("new").unwrap());
+    assert!(queued_keys(&m).is_empty());
+}
+
+#[tokio::test]
+async fn removing_a_key_tells_its_owner_to_drop_the_ssd_copy() {
+    let (m, owner, epoch) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.9).await;
+    put(&m, "k", 100);
+    persist_all(&m, owner, epoch).await;
+    m.remove("k", false).unwrap();
+    let hb = m
+        .owner_heartbeat(&pb::OwnerHeartbeatRequest {
+            owner_id: owner,
+            epoch,
+            capacity_bytes: 1 << 30,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(hb.drops.len(), 1);
+    assert_eq!((hb.drops[0].key.as_str(), hb.drops[0].bucket_id), ("k", 1));
+    let again = m
+        .owner_heartbeat(&pb::OwnerHeartbeatRequest {
+            owner_id: owner,
+            epoch,
+            capacity_bytes: 1 << 30,
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(again.drops.is_empty(), "delivered once");
+    // Evicting a bucket forgets its replicas before the agent deletes it.
+    put(&m, "e", 100);
+    persist_all(&m, owner, epoch).await;
+    m.evict_memory("e").unwrap();
+    let r = m
+        .evict_buckets(&pb::EvictBucketsRequest {
+            owner_id: owner,
+            epoch,
+            bucket_ids: vec![1],
+        })
+        .unwrap();
+    assert_eq!(r.replicas_dropped, 1);
+    assert!(!m.exists("e").unwrap(), "no replica left: the key is gone");
+    let stale = m.evict_buckets(&pb::EvictBucketsRequest {
+        owner_id: owner,
+        epoch: epoch + 1,
+        bucket_ids: vec![1],
+    });
+    assert!(stale.is_err(), "a fenced epoch cannot evict");
+}

@@ -1,0 +1,159 @@
+//! SSD admission policies and removals, end to end: each policy queues
+//! exactly what it promises, and removing a key removes its SSD copy for good.
+
+use std::time::Duration;
+use strata_client::{Client, PutOptions};
+use strata_master::config::OffloadPolicy;
+use strata_proto as pb;
+use strata_tests::{payload, wait_until, ClusterBuilder, LocalCluster};
+
+async fn on_ssd(c: &LocalCluster, key: &str) -> bool {
+    c.master.inspect(key).is_ok_and(|i| {
+        i.replicas
+            .iter()
+            .any(|r| r.kind == pb::ReplicaKind::Ssd as i32)
+    })
+}
+
+async fn in_dram(c: &LocalCluster, key: &str) -> bool {
+    c.master.inspect(key).is_ok_and(|i| {
+        i.replicas
+            .iter()
+            .any(|r| r.kind == pb::ReplicaKind::Memory as i32)
+    })
+}
+
+async fn put_all(cl: &Client, keys: &[String], size: usize) {
+    for (i, k) in keys.iter().enumerate() {
+        cl.put(k, &payload(i as u64, size), &PutOptions::default())
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_n_offloads_only_objects_read_n_times() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .ssd_agents(1)
+        .master(|m| m.offload_policy = OffloadPolicy::Reads(2))
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let keys: Vec<String> = (0..4).map(|i| format!("r-{i}")).collect();
+    put_all(&cl, &keys, 4096).await;
+    // Read r-0 twice, r-1 once; the others never.
+    for k in [&keys[0], &keys[0], &keys[1]] {
+        cl.get(k).await.unwrap();
+    }
+    let mut persisted = false;
+    for _ in 0..200 {
+        if on_ssd(&c, &keys[0]).await {
+            persisted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(persisted, "read twice: offloaded");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for k in &keys[1..] {
+        assert!(!on_ssd(&c, k).await, "{k} was not read twice");
+    }
+    assert_eq!(c.agents[0].store.stats().objects, 1);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_evict_moves_dram_victims_to_ssd_and_loses_nothing() {
+    let size = 256 << 10;
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .node_capacity(4 << 20)
+        .ssd_agents(1)
+        .master(|m| {
+            m.offload_policy = OffloadPolicy::OnEvict;
+            m.high_watermark = 0.5;
+            m.eviction_ratio = 0.1;
+        })
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let keys: Vec<String> = (0..12).map(|i| format!("v-{i}")).collect();
+    put_all(&cl, &keys, size).await;
+    let mut moved = 0;
+    for _ in 0..200 {
+        moved = 0;
+        for k in &keys {
+            if on_ssd(&c, k).await && !in_dram(&c, k).await {
+                moved += 1;
+            }
+        }
+        if moved >= 4 && c.master.allocated_bytes() <= 2 << 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(moved >= 4, "victims went to SSD: {moved}");
+    assert!(
+        c.master.allocated_bytes() <= 2 << 20,
+        "DRAM back under the watermark"
+    );
+    assert!(on_ssd(&c, &keys[0]).await, "the oldest went first");
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(cl.get(k).await.unwrap(), payload(i as u64, size), "{k}");
+    }
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_key_removes_its_ssd_copy_even_across_an_agent_restart() {
+    let mut c = ClusterBuilder::new()
+        .store_nodes(1)
+        .ssd_agents(1)
+        .ssd(|a| a.sparse_below = 0.6)
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let keys: Vec<String> = (0..4).map(|i| format!("rm-{i}")).collect();
+    cl.batch_put(
+        &keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.as_str(), payload(i as u64, 4096)))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(|(k, v)| (*k, v.as_slice()))
+            .collect::<Vec<_>>(),
+        &PutOptions::default(),
+    )
+    .await
+    .unwrap();
+    let store = c.agents[0].store.clone();
+    assert!(wait_until(Duration::from_secs(10), || store.stats().objects == 4).await);
+    assert_eq!(store.stats().buckets, 1);
+    cl.remove(&keys[0], false).await.unwrap();
+    assert!(wait_until(Duration::from_secs(10), || store.stats().objects == 3).await);
+    assert_eq!(
+        store.stats().buckets,
+        1,
+        "3 of 4 still live: the bucket stays"
+    );
+    // After a restart the removed key does not come back from the inventory.
+    drop(store); // holds the index open
+    c.restart_agent(0).await.unwrap();
+    let store = c.agents[0].store.clone();
+    assert_eq!(store.stats().objects, 3);
+    assert!(!c.master.exists(&keys[0]).unwrap());
+    // Below 60% live the bucket is dropped whole; the master forgets the
+    // remaining copies first, and the keys live on in DRAM.
+    cl.remove(&keys[1], false).await.unwrap();
+    assert!(wait_until(Duration::from_secs(10), || store.stats().buckets == 0).await);
+    for (i, k) in keys.iter().enumerate().skip(2) {
+        assert!(!on_ssd(&c, k).await);
+        assert_eq!(cl.get(k).await.unwrap(), payload(i as u64, 4096));
+    }
+    c.shutdown().await;
+}

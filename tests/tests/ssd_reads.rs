@@ -1,0 +1,310 @@
+//! The SSD tier, part 2: reads through the agent's shared staging arena,
+//! batch reads, and bucket eviction racing readers. In-process clusters with
+//! real files, RocksDB and sockets.
+
+use std::time::Duration;
+use strata_client::{Client, Code, PutOptions};
+use strata_proto as pb;
+use strata_tests::{http_get, payload, wait_until, ClusterBuilder, LocalCluster};
+
+fn drained(c: &LocalCluster) -> bool {
+    let (q, a) = c.master.queue_counts();
+    q == 0 && a == 0 && c.master.total_pins() == 0
+}
+
+/// Puts `keys` (object i = payload(i, size)), waits until each is on SSD and
+/// drops its DRAM copy, so reads must go through the agent.
+async fn put_on_ssd_only(c: &LocalCluster, cl: &Client, keys: &[String], size: usize, seed: u64) {
+    for (i, k) in keys.iter().enumerate() {
+        cl.put(k, &payload(seed + i as u64, size), &PutOptions::default())
+            .await
+            .unwrap();
+    }
+    assert!(wait_until(Duration::from_secs(20), || drained(c)).await);
+    let r = cl
+        .master_client()
+        .evict_memory(pb::EvictMemoryRequest {
+            keys: keys.to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for (k, s) in keys.iter().zip(r.results) {
+        assert_eq!(s.code, 0, "{k}: {}", s.message);
+    }
+}
+
+fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-1.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_readers_each_four_times_the_arena_all_read_correct_bytes() {
+    let arena = 256 << 10;
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .ssd_agents(1)
+        .ssd(move |a| a.staging_bytes = arena)
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let size = 4 * arena as usize;
+    let keys: Vec<String> = (0..8).map(|i| format!("big-{i}")).collect();
+    put_on_ssd_only(&c, &cl, &keys, size, 100).await;
+    let reads: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let cl = cl.clone();
+            let k = k.clone();
+            tokio::spawn(async move { cl.get(&k).await })
+        })
+        .collect();
+    for (i, r) in reads.into_iter().enumerate() {
+        let got = r
+            .await
+            .unwrap()
+            .expect("a read larger than the arena streams through it");
+        assert!(
+            got == payload(100 + i as u64, size),
+            "reader {i} got wrong bytes"
+        );
+    }
+    assert_eq!(c.agents[0].staging.in_use(), 0, "every piece released");
+    let (_, m) = http_get(c.agents[0].admin_addr, "/metrics").await;
+    assert_eq!(
+        metric(&m, "strata_ssd_agent_staging_capacity_bytes"),
+        arena as f64
+    );
+    assert_eq!(metric(&m, "strata_ssd_agent_staging_in_use_bytes"), 0.0);
+    assert_eq!(metric(&m, "strata_ssd_agent_staging_waiters"), 0.0);
+    assert!(
+        metric(&m, "strata_ssd_agent_staging_wait_seconds_count") >= 8.0,
+        "{m}"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_arena_times_out_readers_with_the_setting_named_and_recovers_when_freed() {
+    let arena: u64 = 128 << 10;
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .ssd_agents(1)
+        .ssd(move |a| {
+            a.staging_bytes = arena;
+            a.staging_wait = Duration::from_millis(200);
+        })
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let keys: Vec<String> = (0..3).map(|i| format!("held-{i}")).collect();
+    put_on_ssd_only(&c, &cl, &keys, 64 << 10, 7).await;
+    let staging = c.agents[0].staging.clone();
+    // A reader that never gives its space back (a remote reader holding a
+    // lease far longer than the wait).
+    let lease = staging.lend(arena, Duration::from_secs(600)).await.unwrap();
+    let tries: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (cl, k) = (cl.clone(), k.clone());
+            tokio::spawn(async move { cl.get(&k).await })
+        })
+        .collect();
+    for t in tries {
+        let e = t.await.unwrap().expect_err("the arena is full");
+        assert_eq!(e.code, Code::ResourceExhausted, "{e}");
+        assert!(e.retryable());
+        for part in [
+            "65536 bytes",
+            "arena 131072",
+            "131072 in use",
+            "--staging-bytes",
+            "STRATA_STAGING_BYTES",
+        ] {
+            assert!(
+                e.message.contains(part),
+                "{part:?} missing from: {}",
+                e.message
+            );
+        }
+    }
+    let (_, m) = http_get(c.agents[0].admin_addr, "/metrics").await;
+    assert!(
+        metric(&m, "strata_ssd_agent_staging_timeouts_total") >= 3.0,
+        "{m}"
+    );
+    // A reader cancelled while it waits leaves nothing behind.
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), cl.get(&keys[0])).await;
+    assert!(cancelled.is_err());
+    assert!(staging.give_back(lease));
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(cl.get(k).await.unwrap(), payload(7 + i as u64, 64 << 10));
+    }
+    assert!(wait_until(Duration::from_secs(5), || staging.in_use() == 0).await);
+    let (_, m) = http_get(c.agents[0].admin_addr, "/metrics").await;
+    assert_eq!(metric(&m, "strata_ssd_agent_staging_waiters"), 0.0);
+    // Space lent and never returned is reclaimed after its TTL.
+    staging
+        .lend(arena, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(5), || staging.in_use() == 0).await);
+    assert_eq!(cl.get(&keys[1]).await.unwrap(), payload(8, 64 << 10));
+    c.shutdown().await;
+}
+
+/// (bytes served, data-plane requests) per agent.
+async fn agent_metrics(c: &LocalCluster) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    for a in &c.agents {
+        let (_, m) = http_get(a.admin_addr, "/metrics").await;
+        out.push((
+            metric(&m, "strata_ssd_agent_read_bytes_total"),
+            metric(&m, "strata_ssd_agent_data_plane_requests_total"),
+        ));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_ssd_keys_is_one_request_per_agent() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .ssd_agents(2)
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("batch-{i}")).collect();
+    put_on_ssd_only(&c, &cl, &keys, 8 << 10, 500).await;
+    let refs: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+    let mut with_missing = refs.clone();
+    with_missing.push("batch-absent");
+    let before = agent_metrics(&c).await;
+    let got = cl.batch_get(&with_missing).await.unwrap();
+    for (i, r) in got.iter().take(40).enumerate() {
+        assert_eq!(r.as_ref().unwrap(), &payload(500 + i as u64, 8 << 10));
+    }
+    assert_eq!(got[40].as_ref().unwrap_err().code, Code::NotFound);
+    let after = agent_metrics(&c).await;
+    let (mut bytes, mut requests, mut agents_used) = (0.0, 0.0, 0);
+    for (a, b) in after.iter().zip(&before) {
+        bytes += a.0 - b.0;
+        requests += a.1 - b.1;
+        agents_used += usize::from(a.1 > b.1);
+    }
+    assert_eq!(bytes, (40 * (8 << 10)) as f64);
+    assert!(agents_used >= 1);
+    assert_eq!(
+        requests, agents_used as f64,
+        "one request per agent holding keys"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_waits_for_readers_of_a_bucket_and_then_refuses_new_ones() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .ssd_agents(1)
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let keys = vec!["ev-0".to_string()];
+    put_on_ssd_only(&c, &cl, &keys, 4096, 1).await;
+    let store = c.agents[0].store.clone();
+    let bucket = store.location("ev-0").unwrap().unwrap().bucket_id;
+    let reading = store.begin_read(bucket).unwrap();
+    store.begin_evict(&[bucket]);
+    let e = store.delete_bucket(bucket).unwrap_err();
+    assert_eq!(e.code, Code::Leased, "a bucket being read is never deleted");
+    assert!(
+        store.begin_read(bucket).is_err(),
+        "no new reader once evicting"
+    );
+    drop(reading);
+    assert!(store.delete_bucket(bucket).unwrap() > 0);
+    assert_eq!(store.stats().buckets, 0);
+    c.shutdown().await;
+}
+
+/// Readers race continuous offload and bucket eviction on a small owner:
+/// every read returns the right bytes or a clean "not found", never wrong
+/// bytes, a checksum failure or a crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_racing_bucket_eviction_get_right_bytes_or_not_found() {
+    let size = 32 << 10;
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .ssd_agents(1)
+        .ssd_capacity(1 << 20)
+        .ssd(|a| {
+            a.bucket_bytes = 128 << 10;
+            a.low_watermark = 0.5;
+        })
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let readers: Vec<_> = (0..3)
+        .map(|r| {
+            let (cl, stop, written) = (cl.clone(), stop.clone(), written.clone());
+            tokio::spawn(async move {
+                let (mut ok, mut gone) = (0u64, 0u64);
+                let mut i = r;
+                while !stop.is_cancelled() {
+                    let n = written.load(std::sync::atomic::Ordering::Acquire);
+                    if n == 0 {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    let k = i % n;
+                    i = i.wrapping_mul(31).wrapping_add(7);
+                    match cl.get(&format!("race-{k}")).await {
+                        Ok(v) => {
+                            assert!(v == payload(k, size), "race-{k}: wrong bytes served");
+                            ok += 1;
+                        }
+                        Err(e) if e.code == Code::NotFound => gone += 1,
+                        Err(e) => panic!("race-{k}: {e}"),
+                    }
+                }
+                (ok, gone)
+            })
+        })
+        .collect();
+    for round in 0..12u64 {
+        let keys: Vec<String> = (round * 6..round * 6 + 6)
+            .map(|i| format!("race-{i}"))
+            .collect();
+        put_on_ssd_only(&c, &cl, &keys, size, round * 6).await;
+        written.store(round * 6 + 6, std::sync::atomic::Ordering::Release);
+        assert!(c.agents[0].store.stats().used <= 1 << 20);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.cancel();
+    let (mut ok, mut gone) = (0, 0);
+    for r in readers {
+        let (o, g) = r.await.expect("no reader crashed");
+        ok += o;
+        gone += g;
+    }
+    let (_, m) = http_get(c.agents[0].admin_addr, "/metrics").await;
+    assert!(
+        metric(&m, "strata_ssd_agent_evicted_buckets_total") >= 1.0,
+        "{m}"
+    );
+    assert!(
+        ok > 0 && gone > 0,
+        "both outcomes happened: ok {ok}, not found {gone}"
+    );
+    c.shutdown().await;
+}
