@@ -157,3 +157,73 @@ async fn removing_a_key_removes_its_ssd_copy_even_across_an_agent_restart() {
     }
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ssd_hit_is_promoted_back_to_dram_without_waiting_for_it() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .ssd_agents(1)
+        .master(|m| {
+            m.promote_on_hit = true;
+            m.promote_queue = 4;
+        })
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let keys: Vec<String> = (0..12).map(|i| format!("p-{i}")).collect();
+    put_all(&cl, &keys, 64 << 10).await;
+    let store = c.agents[0].store.clone();
+    assert!(wait_until(Duration::from_secs(10), || store.stats().objects == 12).await);
+    tokio::time::sleep(Duration::from_millis(20)).await; // read leases end
+    let r = cl
+        .master_client()
+        .evict_memory(pb::EvictMemoryRequest { keys: keys.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.results.iter().all(|s| s.code == 0));
+    // Twelve SSD hits at once: each read is served from SSD at once; at most
+    // four promotions queue, the rest are skipped (the queue is bounded).
+    let got = cl
+        .batch_get(&keys.iter().map(|k| k.as_str()).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g.as_ref().unwrap(), &payload(i as u64, 64 << 10));
+    }
+    let mut promoted = Vec::new();
+    for _ in 0..200 {
+        promoted.clear();
+        for k in &keys {
+            if in_dram(&c, k).await {
+                promoted.push(k.clone());
+            }
+        }
+        if promoted.len() >= 4 && c.master.promotion_counts() == (0, 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // (An agent heartbeat may drain the queue mid-batch, so "four" is a floor.)
+    assert!(
+        (4..12).contains(&promoted.len()),
+        "the bounded queue promoted some, not all: {promoted:?}"
+    );
+    assert!(
+        c.master
+            .metrics
+            .promotions
+            .with_label_values(&["queue_full"])
+            .get()
+            >= 1
+    );
+    for k in &promoted {
+        assert!(on_ssd(&c, k).await, "{k} keeps its SSD copy");
+        let i: u64 = k.trim_start_matches("p-").parse().unwrap();
+        assert_eq!(cl.get(k).await.unwrap(), payload(i, 64 << 10));
+    }
+    // Promoted ranges are real DRAM replicas the store node knows about.
+    assert_eq!(c.master.total_pins(), 0);
+    c.shutdown().await;
+}

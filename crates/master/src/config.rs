@@ -85,6 +85,10 @@ pub struct MasterConfig {
     pub offload_policy: OffloadPolicy,
     /// An offload task handed to an agent must be reported within this time.
     pub offload_task_ttl: Duration,
+    /// An SSD hit queues a copy of the object back into DRAM.
+    pub promote_on_hit: bool,
+    /// Promotions waiting at most (more are not queued: a read never waits).
+    pub promote_queue: usize,
 }
 
 impl Default for MasterConfig {
@@ -102,6 +106,8 @@ impl Default for MasterConfig {
             alloc_strategy: AllocStrategy::Random,
             offload_policy: OffloadPolicy::Eager,
             offload_task_ttl: Duration::from_secs(30),
+            promote_on_hit: false,
+            promote_queue: 1024,
         }
     }
 }
@@ -189,6 +195,12 @@ pub struct MasterArgs {
     /// An offload task not reported within this time is requeued [default: 30s]
     #[arg(long, env = "STRATA_OFFLOAD_TASK_TTL")]
     pub offload_task_ttl: Option<HumanDuration>,
+    /// Copy an object back into DRAM after an SSD hit (asynchronously) [default: false]
+    #[arg(long, env = "STRATA_PROMOTE_ON_HIT")]
+    pub promote_on_hit: Option<bool>,
+    /// Promotions queued at most; beyond it SSD hits are not promoted [default: 1024]
+    #[arg(long, env = "STRATA_PROMOTE_QUEUE")]
+    pub promote_queue: Option<usize>,
     /// text | json [default: text]
     #[arg(long, env = "STRATA_LOG_FORMAT")]
     #[serde(skip)]
@@ -215,7 +227,9 @@ impl MasterArgs {
                     eviction_ratio,
                     alloc_strategy,
                     offload_policy,
-                    offload_task_ttl
+                    offload_task_ttl,
+                    promote_on_hit,
+                    promote_queue
                 ]
             );
         }
@@ -239,6 +253,8 @@ impl MasterArgs {
                 None => d.offload_policy,
             },
             offload_task_ttl: self.offload_task_ttl.map_or(d.offload_task_ttl, |v| v.0),
+            promote_on_hit: self.promote_on_hit.unwrap_or(d.promote_on_hit),
+            promote_queue: self.promote_queue.unwrap_or(d.promote_queue),
         };
         cfg.validate()?;
         Ok(cfg)

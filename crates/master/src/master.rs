@@ -50,6 +50,8 @@ pub struct Master {
     /// Per owner: SSD copies it should forget (removed keys, stale copies),
     /// delivered with its next heartbeats.
     pub(crate) ssd_drops: Mutex<HashMap<u64, Vec<pb::SsdObject>>>,
+    /// SSD hits waiting to be copied back into DRAM (`--promote-on-hit`).
+    pub(crate) promotions: Mutex<crate::offload::promotion::Promotions>,
 }
 
 /// What PutStart/PutEnd callers ask for.
@@ -133,6 +135,7 @@ impl Master {
             policy,
             pinger,
             ssd_drops: Mutex::new(HashMap::new()),
+            promotions: Mutex::new(Default::default()),
         }))
     }
 
@@ -340,7 +343,12 @@ impl Master {
 
     /// Places `n` replicas on distinct segments (at least one), evicting when
     /// nothing fits.
-    fn allocate(&self, size: u64, n: u32, preferred: Option<u64>) -> Result<Vec<Replica>> {
+    pub(crate) fn allocate(
+        &self,
+        size: u64,
+        n: u32,
+        preferred: Option<u64>,
+    ) -> Result<Vec<Replica>> {
         let len = aligned_len(size).ok_or_else(|| Error::invalid("object size is too large"))?;
         for _ in 0..=EVICT_ROUNDS {
             let placed = self.try_place(size, len, n as usize, preferred);
@@ -459,6 +467,8 @@ impl Master {
         };
         if !replicas.is_empty() {
             self.admit_on_read(key, size, reads, !ssd.is_empty());
+        } else if let Some(r) = ssd.first() {
+            self.maybe_promote(key, r.owner_id);
         }
         // Memory first, then SSD (served by the owning agent).
         let mut views: Vec<pb::Replica> = replicas
@@ -847,9 +857,15 @@ impl Master {
             0 => Vec::new(),
             n => self.take_tasks(req.owner_id, req.epoch, (n as usize).min(10_000)),
         };
+        let promotions = if req.accepts_promotions {
+            self.take_promotions(req.owner_id)
+        } else {
+            Vec::new()
+        };
         Ok(pb::OwnerHeartbeatResponse {
             tasks,
             drops: self.take_ssd_drops(req.owner_id),
+            promotions,
         })
     }
 

@@ -15,6 +15,7 @@ pub struct MasterMetrics {
     pub evictions: IntCounter,
     pub offload_tasks: IntGaugeVec,
     pub offload_results: IntCounterVec,
+    pub promotions: IntCounterVec,
     pub is_leader: IntGauge,
     pub term: IntGauge,
     pub nodes: IntGauge,
@@ -84,6 +85,17 @@ impl MasterMetrics {
                     Opts::new(
                         "strata_master_offload_results_total",
                         "Offload task outcomes: persisted, failed_requeued, expired_requeued, dropped, source_gone",
+                    ),
+                    &["outcome"],
+                )
+                .expect("valid metric"),
+            ),
+            promotions: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "strata_master_promotions_total",
+                        "SSD hits copied back to DRAM: queued, queue_full, promoted, failed, expired, no_room, stale",
                     ),
                     &["outcome"],
                 )

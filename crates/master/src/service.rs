@@ -355,4 +355,17 @@ impl MasterRpc for MasterService {
         let r = self.master.evict_buckets(req.get_ref());
         self.done("evict_buckets", t0, r)
     }
+
+    async fn report_promotion(
+        &self,
+        req: Request<pb::ReportPromotionRequest>,
+    ) -> Result<Response<pb::ReportPromotionResponse>, Status> {
+        let t0 = Instant::now();
+        let r = self
+            .master
+            .report_promotion(req.into_inner())
+            .await
+            .map(|_| pb::ReportPromotionResponse {});
+        self.done("report_promotion", t0, r)
+    }
 }

@@ -10,6 +10,7 @@ pub mod eviction;
 pub mod index;
 pub mod lock;
 pub mod offload;
+pub mod promotion;
 pub mod region;
 pub mod staging;
 pub mod store;
@@ -367,9 +368,16 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         let _ = admin_task.await;
     });
 
+    let transport: Arc<dyn strata_transport::Transport> =
+        Arc::new(TcpTransport::new(TcpTransportConfig::default()));
+    let promoter = promotion::Promoter {
+        store: store.clone(),
+        staging: staging.clone(),
+        transport: transport.clone(),
+    };
     let worker = offload::Worker {
         store: store.clone(),
-        transport: Arc::new(TcpTransport::new(TcpTransportConfig::default())),
+        transport,
         bucket_keys: cfg.bucket_keys,
         bucket_bytes: cfg.bucket_bytes,
         outcomes: metrics.outcomes.clone(),
@@ -395,7 +403,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
     tasks.spawn(async move {
         let _lock = lock; // held until the agent stops
         let r = run_loop(
-            session, worker, evictor, m2, owner_id, epoch, max_tasks, poll, &sd,
+            session, worker, evictor, promoter, m2, owner_id, epoch, max_tasks, poll, &sd,
         )
         .await;
         if let Err(e) = r {
@@ -464,6 +472,7 @@ async fn run_loop(
     mut session: Session,
     worker: offload::Worker,
     evictor: eviction::Evictor,
+    promoter: promotion::Promoter,
     m: Arc<AgentMetrics>,
     mut owner_id: u64,
     mut epoch: u64,
@@ -489,6 +498,7 @@ async fn run_loop(
             max_tasks: if room { max_tasks } else { 0 },
             unknown_files: st.unknown_files,
             quarantined_files: st.quarantined,
+            accepts_promotions: true,
         };
         let mut wait = poll;
         match session
@@ -500,6 +510,21 @@ async fn run_loop(
             Ok(r) => {
                 let r = r.into_inner();
                 evictor.apply_drops(r.drops).await;
+                if !r.promotions.is_empty() {
+                    let results = promoter.process(&r.promotions).await;
+                    if let Err(e) = session
+                        .client
+                        .report_promotion(pb::ReportPromotionRequest {
+                            owner_id,
+                            epoch,
+                            results,
+                        })
+                        .await
+                    {
+                        // The master frees the ranges when they expire.
+                        tracing::warn!(error = %Error::from(e), "promotion report failed");
+                    }
+                }
                 let tasks = r.tasks;
                 if !tasks.is_empty() {
                     // Make room for the batch first (buckets add headers and

@@ -3,6 +3,7 @@
 
 pub mod owners;
 pub mod policy;
+pub(crate) mod promotion;
 pub mod queue;
 mod removal;
 #[cfg(test)]
