@@ -70,6 +70,13 @@ fn from_status(s: Option<pb::Status>) -> Result<()> {
     }
 }
 
+/// Which tier served a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Memory,
+    Ssd,
+}
+
 impl Client {
     /// Creates a client. The master connection is made lazily and re-made
     /// after failures, so this succeeds even while the master restarts.
@@ -329,6 +336,38 @@ impl Client {
             .into_iter()
             .zip(bufs)
             .map(|(r, b)| r.map(|_| b))
+            .collect())
+    }
+
+    /// Like [`Client::batch_get`], also saying which tier served each object
+    /// (DRAM when it had a memory replica, else SSD): for benchmarks and
+    /// engines that account cache hits per tier.
+    pub async fn batch_get_tiered(&self, keys: &[&str]) -> Result<Vec<Result<(Vec<u8>, Tier)>>> {
+        let infos = self.batch_replicas(keys).await?;
+        let tiers: Vec<Tier> = infos
+            .iter()
+            .map(|i| match i {
+                Ok(i)
+                    if i.replicas
+                        .iter()
+                        .any(|r| r.kind == pb::ReplicaKind::Memory as i32) =>
+                {
+                    Tier::Memory
+                }
+                _ => Tier::Ssd,
+            })
+            .collect();
+        let mut bufs: Vec<Vec<u8>> = infos
+            .iter()
+            .map(|i| vec![0u8; i.as_ref().map_or(0, |i| i.size as usize)])
+            .collect();
+        let slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        let done = self.batch_read(keys, infos, slices).await;
+        Ok(done
+            .into_iter()
+            .zip(bufs)
+            .zip(tiers)
+            .map(|((r, b), t)| r.map(|_| (b, t)))
             .collect())
     }
 

@@ -17,7 +17,7 @@ mod client;
 pub mod local;
 mod retry;
 
-pub use client::{remote_range, Client, ClientConfig, PutOptions};
+pub use client::{remote_range, Client, ClientConfig, PutOptions, Tier};
 #[cfg(feature = "cli")]
 pub use local::{ClusterBuilder, LocalCluster};
 pub use retry::Backoff;

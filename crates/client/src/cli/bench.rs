@@ -4,7 +4,10 @@
 
 mod baselines;
 mod offload;
+mod replay;
 mod report;
+mod scan;
+mod tiering;
 
 use crate::local::ClusterBuilder;
 use crate::{Client, ClientConfig, PutOptions};
@@ -16,8 +19,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_common::units::{format_size, ByteSize};
 
+/// Scenarios with their own flags; without one, `strata bench` measures
+/// the data path against its baselines.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchMode {
+    /// Scan and Zipf hit rates per admission policy, and SSD read throughput
+    Scan(scan::ScanArgs),
+    /// Replay a request trace as a prefix-caching engine would
+    Replay(replay::ReplayArgs),
+}
+
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    pub mode: Option<BenchMode>,
     /// Start an in-process local cluster for the run instead of using --master
     #[arg(long)]
     pub local: bool,
@@ -174,7 +189,12 @@ fn ops_for(args: &BenchArgs, size: u64) -> u64 {
     (args.bytes.0 / size.max(1)).clamp(args.min_ops, args.max_ops.max(args.min_ops))
 }
 
-pub async fn run(master: &str, args: BenchArgs) -> anyhow::Result<()> {
+pub async fn run(master: &str, mut args: BenchArgs) -> anyhow::Result<()> {
+    match args.mode.take() {
+        Some(BenchMode::Scan(a)) => return scan::run(a).await,
+        Some(BenchMode::Replay(a)) => return replay::run(a).await,
+        None => {}
+    }
     anyhow::ensure!(
         args.clients >= 1 && args.clients <= 256,
         "--clients must be 1..=256"

@@ -1,0 +1,170 @@
+//! `strata bench replay --trace FILE`: drives a cluster as an inference
+//! engine with prefix caching would. For each request of the trace, its
+//! blocks are looked up in order until the first miss; the blocks from the
+//! miss on are computed and put (full blocks only: a partial last block is
+//! not cached, as in vLLM). Block hit rates from DRAM and SSD are printed per
+//! admission policy against the infinite-cache hit rate of the same trace,
+//! computed in the same run.
+
+use super::report::{Report, Row};
+use super::tiering::{parse_policies, prefix_lookup, progress, put_blocks, Tally, Tiers};
+use crate::{Client, ClientConfig};
+use anyhow::Context;
+use std::collections::HashSet;
+use std::io::BufRead;
+use std::time::Instant;
+use strata_common::units::{format_size, ByteSize};
+
+/// Tokens per block of the trace's hash ids.
+const TRACE_BLOCK_TOKENS: u64 = 512;
+
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// JSONL trace: {"timestamp", "input_length", "output_length", "hash_ids"} per line
+    #[arg(long)]
+    pub trace: std::path::PathBuf,
+    /// Bytes of one KV block object
+    #[arg(long, default_value = "64KiB")]
+    pub block_bytes: ByteSize,
+    /// Blocks DRAM holds (3M tokens of 512-token blocks)
+    #[arg(long, default_value_t = 5859)]
+    pub dram_blocks: u64,
+    /// Blocks the SSD tier holds
+    #[arg(long, default_value_t = 17577)]
+    pub ssd_blocks: u64,
+    /// Admission policies to compare
+    #[arg(long, value_delimiter = ',', default_value = "eager,on-evict,reads:1")]
+    pub policies: Vec<String>,
+    /// Replay only the first N requests (0 = all)
+    #[arg(long, default_value_t = 0)]
+    pub requests: usize,
+    /// Copy SSD hits back into DRAM (--promote-on-hit)
+    #[arg(long)]
+    pub promote: bool,
+    /// Directory of the SSD agent (put it on the disk to measure)
+    #[arg(long)]
+    pub ssd_dir: Option<std::path::PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+struct Request {
+    blocks: Vec<u64>,
+    /// The last block holds fewer than 512 tokens.
+    partial_tail: bool,
+}
+
+fn load(path: &std::path::Path, limit: usize) -> anyhow::Result<Vec<Request>> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .with_context(|| format!("{}:{}: not JSON", path.display(), n + 1))?;
+        let blocks: Vec<u64> = v["hash_ids"]
+            .as_array()
+            .with_context(|| format!("{}:{}: no hash_ids array", path.display(), n + 1))?
+            .iter()
+            .map(|h| h.as_u64())
+            .collect::<Option<_>>()
+            .with_context(|| format!("{}:{}: hash_ids must be integers", path.display(), n + 1))?;
+        let tokens = v["input_length"].as_u64().unwrap_or(0);
+        out.push(Request {
+            blocks,
+            partial_tail: tokens % TRACE_BLOCK_TOKENS != 0,
+        });
+        if limit > 0 && out.len() >= limit {
+            break;
+        }
+    }
+    anyhow::ensure!(!out.is_empty(), "{} holds no requests", path.display());
+    Ok(out)
+}
+
+/// Hit rate of a cache that never forgets (every block cacheable), with the
+/// same prefix semantics.
+fn infinite_hit_rate(reqs: &[Request]) -> (f64, u64) {
+    let mut seen = HashSet::new();
+    let (mut hits, mut total) = (0u64, 0u64);
+    for r in reqs {
+        let prefix = r.blocks.iter().take_while(|b| seen.contains(*b)).count();
+        hits += prefix as u64;
+        total += r.blocks.len() as u64;
+        seen.extend(r.blocks.iter().copied());
+    }
+    (hits as f64 / total.max(1) as f64, total)
+}
+
+pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.block_bytes.0 > 0, "--block-bytes must be positive");
+    anyhow::ensure!(args.dram_blocks > 0, "--dram-blocks must be positive");
+    let policies = parse_policies(&args.policies)?;
+    let reqs = load(&args.trace, args.requests)?;
+    let (infinite, lookups) = infinite_hit_rate(&reqs);
+    let tiers = Tiers {
+        dram_blocks: args.dram_blocks,
+        ssd_blocks: args.ssd_blocks,
+        block: args.block_bytes.0,
+        ssd_dir: args.ssd_dir.clone(),
+        promote: args.promote,
+    };
+    let mut report = Report::default();
+    report.notes.push(format!(
+        "{} requests, {lookups} block lookups; infinite cache hits {:.1}% of blocks; DRAM {} blocks, SSD {} blocks of {}",
+        reqs.len(),
+        infinite * 100.0,
+        args.dram_blocks,
+        args.ssd_blocks,
+        format_size(args.block_bytes.0)
+    ));
+    let data = vec![0x4bu8; args.block_bytes.0 as usize];
+    for p in policies {
+        let c = tiers.start(p).await?;
+        let client = Client::connect(ClientConfig::new(c.master_addr())).await?;
+        let pb = progress(&format!("replay {p}"), reqs.len() as u64, args.json);
+        let mut t = Tally::default();
+        let t0 = Instant::now();
+        for (i, r) in reqs.iter().enumerate() {
+            let keys: Vec<String> = r.blocks.iter().map(|b| format!("blk/{b}")).collect();
+            let hits = prefix_lookup(&client, &keys, &mut t).await?;
+            let end = keys.len() - usize::from(r.partial_tail);
+            if hits < end {
+                put_blocks(&client, &keys[hits..end], &data).await?;
+            }
+            pb.inc(1);
+            if i % 200 == 0 {
+                pb.set_message(format!("hit {:.1}%", t.hit_rate() * 100.0));
+            }
+        }
+        pb.finish_and_clear();
+        let el = t0.elapsed();
+        c.shutdown().await;
+        let secs = el.as_secs_f64().max(1e-9);
+        report.rows.push(Row {
+            scenario: format!("replay {p}"),
+            size: args.block_bytes.0,
+            conns: 1,
+            ops: t.total(),
+            ops_per_sec: t.total() as f64 / secs,
+            gb_per_sec: ((t.dram + t.ssd) * args.block_bytes.0) as f64 / secs / 1e9,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            note: format!(
+                "DRAM {:.1}% SSD {:.1}% miss {:.1}%; {:.2}x infinite",
+                t.rate(t.dram) * 100.0,
+                t.rate(t.ssd) * 100.0,
+                t.rate(t.miss) * 100.0,
+                t.hit_rate() / infinite.max(1e-9)
+            ),
+        });
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        report.print();
+    }
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! What the tiers are worth: hit rates per admission policy, each on a fresh
+//! in-process cluster whose DRAM and SSD hold exactly the configured number
+//! of objects. Shared by the scan/Zipf scenario and the trace replay.
+
+use crate::local::{ClusterBuilder, LocalCluster};
+use crate::{Client, Code, PutOptions, Tier};
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use strata_master::config::OffloadPolicy;
+
+/// Bucket-table bytes an SSD object costs beyond its data (entry + key).
+const SSD_ENTRY: u64 = 96;
+
+/// Sizing of one policy's cluster, in objects of `block` bytes.
+#[derive(Debug, Clone)]
+pub struct Tiers {
+    pub dram_blocks: u64,
+    pub ssd_blocks: u64,
+    pub block: u64,
+    pub ssd_dir: Option<std::path::PathBuf>,
+    pub promote: bool,
+}
+
+impl Tiers {
+    /// A cluster whose DRAM holds `dram_blocks` and whose one SSD owner holds
+    /// `ssd_blocks`. The SSD watermarks are set close to full so the
+    /// configured capacity is what the policies get to use.
+    pub async fn start(&self, policy: OffloadPolicy) -> anyhow::Result<LocalCluster> {
+        let aligned = self.block.div_ceil(64) * 64;
+        let bucket_blocks = 64;
+        let bucket_bytes = bucket_blocks * (self.block + SSD_ENTRY) + 4096;
+        // Whole buckets: capacity for the blocks plus one bucket of slack,
+        // which the agent's low watermark keeps free.
+        let ssd = self.ssd_blocks * (self.block + SSD_ENTRY) + bucket_bytes;
+        let promote = self.promote;
+        let mut b = ClusterBuilder::new()
+            .store_nodes(1)
+            .node_capacity(self.dram_blocks * aligned)
+            .ssd_agents(usize::from(self.ssd_blocks > 0))
+            .ssd_capacity(ssd.max(1 << 20))
+            .ssd(move |a| {
+                a.bucket_bytes = bucket_bytes;
+                a.bucket_keys = bucket_blocks as usize;
+                a.high_watermark = 1.0;
+                a.low_watermark = 1.0 - bucket_bytes as f64 / ssd.max(1) as f64;
+                a.poll_interval = std::time::Duration::from_millis(20);
+            })
+            .master(move |m| {
+                m.offload_policy = policy;
+                // Background eviction keeps headroom so puts rarely have to
+                // evict synchronously (which drops instead of offloading);
+                // victims queued for offload stay readable in DRAM.
+                m.high_watermark = 0.95;
+                m.eviction_ratio = 0.03;
+                m.promote_on_hit = promote;
+                m.lease_ttl = std::time::Duration::from_millis(200);
+            })
+            .prefault(false);
+        if let Some(d) = &self.ssd_dir {
+            b = b.ssd_dir(d);
+        }
+        b.build().await.context("cannot start the policy's cluster")
+    }
+}
+
+/// Lookups by outcome.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Tally {
+    pub dram: u64,
+    pub ssd: u64,
+    pub miss: u64,
+}
+
+impl Tally {
+    pub fn total(&self) -> u64 {
+        self.dram + self.ssd + self.miss
+    }
+    pub fn rate(&self, n: u64) -> f64 {
+        n as f64 / self.total().max(1) as f64
+    }
+    pub fn hit_rate(&self) -> f64 {
+        self.rate(self.dram + self.ssd)
+    }
+}
+
+/// Looks `keys` up in order and stops at the first miss, as a prefix cache
+/// does; returns how many hit. Lookups go in small batches, so a few keys
+/// past the first miss may be read (and touched) too.
+pub async fn prefix_lookup(c: &Client, keys: &[String], t: &mut Tally) -> anyhow::Result<usize> {
+    const CHUNK: usize = 8;
+    let mut hits = 0;
+    for chunk in keys.chunks(CHUNK) {
+        let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        for r in c.batch_get_tiered(&refs).await? {
+            match r {
+                Ok((_, Tier::Memory)) => t.dram += 1,
+                Ok((_, Tier::Ssd)) => t.ssd += 1,
+                Err(e) if e.code == Code::NotFound => {
+                    t.miss += (keys.len() - hits) as u64;
+                    return Ok(hits);
+                }
+                // A copy that vanished or a full arena: the engine would
+                // recompute, so it counts as a miss, never as an abort.
+                Err(e) => {
+                    tracing::debug!(error = %e, "lookup failed; counted as a miss");
+                    t.miss += (keys.len() - hits) as u64;
+                    return Ok(hits);
+                }
+            }
+            hits += 1;
+        }
+    }
+    Ok(hits)
+}
+
+/// Puts `keys` (objects of `data`), as an engine storing freshly computed
+/// blocks; keys that appeared meanwhile are fine.
+pub async fn put_blocks(c: &Client, keys: &[String], data: &[u8]) -> anyhow::Result<()> {
+    for chunk in keys.chunks(32) {
+        let items: Vec<(&str, &[u8])> = chunk.iter().map(|k| (k.as_str(), data)).collect();
+        for r in c.batch_put(&items, &PutOptions::default()).await? {
+            match r {
+                Ok(()) => {}
+                Err(e) if matches!(e.code, Code::AlreadyExists | Code::NoSpace) => {}
+                Err(e) => tracing::debug!(error = %e, "block put failed"),
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn progress(name: &str, len: u64, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>24} [{bar:30}] {pos}/{len} {per_sec} eta {eta} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    pb.set_prefix(name.to_string());
+    pb
+}
+
+pub fn parse_policies(list: &[String]) -> anyhow::Result<Vec<OffloadPolicy>> {
+    list.iter()
+        .map(|p| p.parse::<OffloadPolicy>().map_err(anyhow::Error::msg))
+        .collect()
+}
