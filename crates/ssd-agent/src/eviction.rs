@@ -40,6 +40,9 @@ impl Evictor {
     /// room has to be made.
     fn target(&self, need: u64) -> Option<u64> {
         let cap = self.store.capacity as f64;
+        // A batch larger than half the disk does not get to empty it: the
+        // buckets that still do not fit are refused (no_space) instead.
+        let need = need.min(self.store.capacity / 2);
         let used = self.store.stats().used as f64;
         let want = used + need as f64;
         if want <= cap * self.high_watermark && want <= cap {
@@ -122,15 +125,14 @@ impl Evictor {
         }
         let store = self.store.clone();
         let removed = tokio::task::spawn_blocking(move || {
-            let mut n = 0u64;
-            for d in drops {
-                match store.remove_object(&d.key, d.bucket_id, d.offset) {
-                    Ok(true) => n += 1,
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(key = d.key, error = %e, "cannot drop an SSD object"),
-                }
-            }
-            n
+            let items: Vec<(&str, u64, u64)> = drops
+                .iter()
+                .map(|d| (d.key.as_str(), d.bucket_id, d.offset))
+                .collect();
+            store.remove_objects(&items).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot record removed SSD objects; their bytes go when their bucket is evicted");
+                0
+            }) as u64
         })
         .await
         .unwrap_or(0);

@@ -167,16 +167,19 @@ impl Index {
         self.db.write_opt(b, &sync()).map_err(db_err)
     }
 
-    /// Records that the object at `(bucket, offset)` was removed, and drops
-    /// the key's location if it still points there, in one synced batch.
-    pub fn mark_dead(&self, key: &str, bucket_id: u64, offset: u64) -> Result<()> {
+    /// Records that the objects at `(key, bucket, offset)` were removed, and
+    /// drops each key's location if it still points there, in one synced
+    /// batch.
+    pub fn mark_dead(&self, objects: &[(&str, u64, u64)]) -> Result<()> {
         let mut b = WriteBatch::default();
-        b.put(dead_key(bucket_id, offset), b"");
-        if self
-            .key(key)?
-            .is_some_and(|l| l.bucket_id == bucket_id && l.offset == offset)
-        {
-            b.delete(format!("{KEY_PREFIX}{key}"));
+        for &(key, bucket_id, offset) in objects {
+            b.put(dead_key(bucket_id, offset), b"");
+            if self
+                .key(key)?
+                .is_some_and(|l| l.bucket_id == bucket_id && l.offset == offset)
+            {
+                b.delete(format!("{KEY_PREFIX}{key}"));
+            }
         }
         self.db.write_opt(b, &sync()).map_err(db_err)
     }
@@ -278,7 +281,7 @@ mod tests {
         let b = ix.buckets().unwrap();
         assert_eq!(b.len(), 1);
         assert_eq!(ix.key("k").unwrap().unwrap().bucket_id, 2);
-        ix.mark_dead("k", 2, 64).unwrap();
+        ix.mark_dead(&[("k", 2, 64)]).unwrap();
         assert!(ix.key("k").unwrap().is_none());
         assert_eq!(ix.dead().unwrap(), vec![(2, 64)]);
         ix.remove_bucket(&b[0]).unwrap();

@@ -348,29 +348,37 @@ impl OwnerStore {
         bucket::read_range(&self.path(bucket_id), offset, length)
     }
 
-    /// Forgets an object removed from Strata (durably: it stays out of the
-    /// inventory after a restart). False when it was not held here.
-    pub fn remove_object(&self, key: &str, bucket_id: u64, offset: u64) -> Result<bool> {
-        {
+    /// Forgets objects removed from Strata, durably (they stay out of the
+    /// inventory after a restart), with one synced index write. Objects not
+    /// held here are skipped. Returns how many were forgotten.
+    pub fn remove_objects(&self, objects: &[(&str, u64, u64)]) -> Result<usize> {
+        let live: Vec<(&str, u64, u64)> = {
             let st = self.state.lock();
-            let live = st.by_loc.contains_key(&(bucket_id, offset))
-                && st
-                    .buckets
-                    .get(&bucket_id)
-                    .is_some_and(|b| b.objects.iter().any(|e| e.offset == offset && e.key == key));
-            if !live {
-                return Ok(false);
-            }
+            objects
+                .iter()
+                .copied()
+                .filter(|&(key, bucket_id, offset)| {
+                    st.by_loc.contains_key(&(bucket_id, offset))
+                        && st.buckets.get(&bucket_id).is_some_and(|b| {
+                            b.objects.iter().any(|e| e.offset == offset && e.key == key)
+                        })
+                })
+                .collect()
+        };
+        if live.is_empty() {
+            return Ok(0);
         }
-        self.index.mark_dead(key, bucket_id, offset)?;
+        self.index.mark_dead(&live)?;
         let mut st = self.state.lock();
-        if let Some((len, _)) = st.by_loc.remove(&(bucket_id, offset)) {
-            if let Some(m) = st.meta.get_mut(&bucket_id) {
-                m.dead.insert(offset);
-                m.live_bytes = m.live_bytes.saturating_sub(len);
+        for &(_, bucket_id, offset) in &live {
+            if let Some((len, _)) = st.by_loc.remove(&(bucket_id, offset)) {
+                if let Some(m) = st.meta.get_mut(&bucket_id) {
+                    m.dead.insert(offset);
+                    m.live_bytes = m.live_bytes.saturating_sub(len);
+                }
             }
         }
-        Ok(true)
+        Ok(live.len())
     }
 
     /// Buckets to evict so that usage falls to `target_used`: first those

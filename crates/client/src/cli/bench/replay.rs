@@ -74,7 +74,7 @@ fn load(path: &std::path::Path, limit: usize) -> anyhow::Result<Vec<Request>> {
         let tokens = v["input_length"].as_u64().unwrap_or(0);
         out.push(Request {
             blocks,
-            partial_tail: tokens % TRACE_BLOCK_TOKENS != 0,
+            partial_tail: !tokens.is_multiple_of(TRACE_BLOCK_TOKENS),
         });
         if limit > 0 && out.len() >= limit {
             break;

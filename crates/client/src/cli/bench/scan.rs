@@ -27,7 +27,11 @@ pub struct ScanArgs {
     #[arg(long, default_value_t = 0.9)]
     pub zipf: f64,
     /// Admission policies to compare
-    #[arg(long, value_delimiter = ',', default_value = "eager,on-evict,reads:1,reads:2")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "eager,on-evict,reads:1,reads:2"
+    )]
     pub policies: Vec<String>,
     /// Objects of the SSD read-throughput phase (0 skips it)
     #[arg(long, default_value_t = 256)]
@@ -129,7 +133,10 @@ fn tally_row(scenario: &str, size: u64, t: &Tally, el: Duration, note: String) -
 
 pub async fn run(args: ScanArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.working_set >= 30, "--working-set must be at least 30");
-    anyhow::ensure!(args.passes >= 2, "--passes must be at least 2 (one warms up)");
+    anyhow::ensure!(
+        args.passes >= 2,
+        "--passes must be at least 2 (one warms up)"
+    );
     anyhow::ensure!(args.zipf > 0.0, "--zipf must be positive");
     let policies = parse_policies(&args.policies)?;
     let w = args.working_set;
@@ -157,7 +164,15 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<()> {
     ));
     let mut zipf_hits = Vec::new();
     for p in &policies {
-        let (t, el) = drive(&tiers, *p, &format!("scan {p}"), &scan, w as usize, args.json).await?;
+        let (t, el) = drive(
+            &tiers,
+            *p,
+            &format!("scan {p}"),
+            &scan,
+            w as usize,
+            args.json,
+        )
+        .await?;
         let note = format!(
             "DRAM {:.1}% SSD {:.1}% miss {:.1}%; SSD {:.2}x oracle",
             t.rate(t.dram) * 100.0,
@@ -165,8 +180,22 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<()> {
             t.rate(t.miss) * 100.0,
             t.rate(t.ssd) / oracle
         );
-        report.rows.push(tally_row(&format!("scan {p}"), args.object_bytes.0, &t, el, note));
-        let (t, el) = drive(&tiers, *p, &format!("zipf {p}"), &zipf, w as usize, args.json).await?;
+        report.rows.push(tally_row(
+            &format!("scan {p}"),
+            args.object_bytes.0,
+            &t,
+            el,
+            note,
+        ));
+        let (t, el) = drive(
+            &tiers,
+            *p,
+            &format!("zipf {p}"),
+            &zipf,
+            w as usize,
+            args.json,
+        )
+        .await?;
         let note = format!(
             "DRAM {:.1}% SSD {:.1}% miss {:.1}%; hit {:.1}%",
             t.rate(t.dram) * 100.0,
@@ -175,11 +204,20 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<()> {
             t.hit_rate() * 100.0
         );
         zipf_hits.push((p.to_string(), t.hit_rate()));
-        report.rows.push(tally_row(&format!("zipf {p}"), args.object_bytes.0, &t, el, note));
+        report.rows.push(tally_row(
+            &format!("zipf {p}"),
+            args.object_bytes.0,
+            &t,
+            el,
+            note,
+        ));
     }
     if let Some((_, eager)) = zipf_hits.iter().find(|(p, _)| p == "eager") {
         for (p, h) in &zipf_hits {
-            report.notes.push(format!("zipf {p}: {:.2}x the hit rate of eager", h / eager.max(1e-9)));
+            report.notes.push(format!(
+                "zipf {p}: {:.2}x the hit rate of eager",
+                h / eager.max(1e-9)
+            ));
         }
     }
     if args.read_objects > 0 {
@@ -205,7 +243,9 @@ async fn ssd_read_throughput(args: &ScanArgs, report: &mut Report) -> anyhow::Re
         ssd_dir: args.ssd_dir.clone(),
         promote: false,
     };
-    let c = tiers.start(strata_master::config::OffloadPolicy::Eager).await?;
+    let c = tiers
+        .start(strata_master::config::OffloadPolicy::Eager)
+        .await?;
     let client = Client::connect(ClientConfig::new(c.master_addr())).await?;
     let keys: Vec<String> = (0..n).map(|i| format!("rd/{i}")).collect();
     let data = vec![0x2du8; size as usize];
@@ -214,14 +254,19 @@ async fn ssd_read_throughput(args: &ScanArgs, report: &mut Report) -> anyhow::Re
     }
     let t0 = Instant::now();
     while c.master.queue_counts() != (0, 0) || c.master.total_pins() > 0 {
-        anyhow::ensure!(t0.elapsed() < Duration::from_secs(300), "offload did not finish");
+        anyhow::ensure!(
+            t0.elapsed() < Duration::from_secs(300),
+            "offload did not finish"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await; // read leases end
     for chunk in keys.chunks(256) {
         let r = client
             .master_client()
-            .evict_memory(pb::EvictMemoryRequest { keys: chunk.to_vec() })
+            .evict_memory(pb::EvictMemoryRequest {
+                keys: chunk.to_vec(),
+            })
             .await?
             .into_inner();
         anyhow::ensure!(r.results.iter().all(|s| s.code == 0), "evict_memory failed");
@@ -232,7 +277,10 @@ async fn ssd_read_throughput(args: &ScanArgs, report: &mut Report) -> anyhow::Re
         let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
         for r in client.batch_get_tiered(&refs).await? {
             let (v, tier) = r?;
-            anyhow::ensure!(tier == Tier::Ssd && v.len() as u64 == size, "not an SSD read");
+            anyhow::ensure!(
+                tier == Tier::Ssd && v.len() as u64 == size,
+                "not an SSD read"
+            );
         }
         pb.inc(chunk.len() as u64);
     }
@@ -278,7 +326,10 @@ async fn ssd_read_throughput(args: &ScanArgs, report: &mut Report) -> anyhow::Re
         "ssd read via agent",
         via,
         via_gbs,
-        format!("{:.2}x raw sequential read; batches of 16", via_gbs / raw_gbs.max(1e-9)),
+        format!(
+            "{:.2}x raw sequential read; batches of 16",
+            via_gbs / raw_gbs.max(1e-9)
+        ),
     ));
     Ok(())
 }
