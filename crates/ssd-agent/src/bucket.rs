@@ -308,12 +308,17 @@ fn parse_table(mut t: &[u8], h: &Header) -> std::result::Result<Vec<Entry>, Stri
 
 /// Reads `length` bytes at `offset` of a bucket file.
 pub fn read_range(path: &PathBuf, offset: u64, length: u64) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; length as usize];
+    read_range_into(path, offset, &mut buf)?;
+    Ok(buf)
+}
+
+/// Fills `buf` from `offset` of a bucket file.
+pub fn read_range_into(path: &PathBuf, offset: u64, buf: &mut [u8]) -> Result<()> {
     let f = File::open(path)
         .map_err(|e| Error::new(Code::NotFound, format!("bucket {}: {e}", path.display())))?;
-    let mut buf = vec![0u8; length as usize];
-    f.read_exact_at(&mut buf, offset)
-        .map_err(|e| Error::new(Code::Corrupted, format!("reading {}: {e}", path.display())))?;
-    Ok(buf)
+    f.read_exact_at(buf, offset)
+        .map_err(|e| Error::new(Code::Corrupted, format!("reading {}: {e}", path.display())))
 }
 
 #[cfg(test)]

@@ -112,6 +112,10 @@ struct SsdRead {
 }
 
 impl ChunkStream for SsdRead {
+    fn recycle(&mut self, buf: Vec<u8>) {
+        self.staging.recycle(buf);
+    }
+
     fn next_chunk(&mut self) -> BoxFuture<'_, Result<Option<Chunk>>> {
         Box::pin(async move {
             if self.remaining == 0 {
@@ -120,9 +124,12 @@ impl ChunkStream for SsdRead {
             let n = self.remaining.min(self.staging.piece_bytes());
             let guard = self.staging.acquire(n, self.requested).await?;
             let (store, bucket, at) = (self.store.clone(), self.bucket, self.next);
-            let data = tokio::task::spawn_blocking(move || store.read_piece(bucket, at, n))
-                .await
-                .map_err(|e| Error::internal(format!("read task failed: {e}")))??;
+            let mut buf = self.staging.buffer(n as usize);
+            let data = tokio::task::spawn_blocking(move || {
+                store.read_piece_into(bucket, at, &mut buf).map(|_| buf)
+            })
+            .await
+            .map_err(|e| Error::internal(format!("read task failed: {e}")))??;
             self.next += n;
             self.remaining -= n;
             if self.expect.is_some() {

@@ -47,6 +47,9 @@ struct Inner {
     m: StagingMetrics,
     lent: Mutex<HashMap<u64, (Instant, StagingGuard)>>,
     next_lease: AtomicU64,
+    /// Piece buffers kept for reuse: staged reads do not fault in fresh
+    /// pages for every piece. Bounded by the arena (pieces in use + idle).
+    pool: Mutex<Vec<Vec<u8>>>,
 }
 
 /// Staged bytes; released on drop.
@@ -80,6 +83,7 @@ impl Staging {
                 m,
                 lent: Mutex::new(HashMap::new()),
                 next_lease: AtomicU64::new(1),
+                pool: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -97,6 +101,26 @@ impl Staging {
     /// readers make progress together), between 4 KiB and 4 MiB.
     pub fn piece_bytes(&self) -> u64 {
         (self.inner.capacity / 4 / UNIT * UNIT).clamp(UNIT, MAX_PIECE)
+    }
+
+    /// A buffer of `n` bytes (at most a piece), reused when one is idle.
+    pub fn buffer(&self, n: usize) -> Vec<u8> {
+        let mut b = self.inner.pool.lock().pop().unwrap_or_default();
+        b.resize(n, 0);
+        b
+    }
+
+    /// Returns a piece buffer for reuse.
+    pub fn recycle(&self, mut b: Vec<u8>) {
+        let max = (self.inner.capacity / self.piece_bytes()).max(1) as usize;
+        if b.capacity() as u64 > self.piece_bytes() {
+            return;
+        }
+        b.clear();
+        let mut pool = self.inner.pool.lock();
+        if pool.len() < max {
+            pool.push(b);
+        }
     }
 
     /// Reserves room for `bytes` (at most the arena: larger reads must be

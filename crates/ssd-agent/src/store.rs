@@ -348,6 +348,11 @@ impl OwnerStore {
         bucket::read_range(&self.path(bucket_id), offset, length)
     }
 
+    /// Like [`OwnerStore::read_piece`] into a caller's (reused) buffer.
+    pub fn read_piece_into(&self, bucket_id: u64, offset: u64, buf: &mut [u8]) -> Result<()> {
+        bucket::read_range_into(&self.path(bucket_id), offset, buf)
+    }
+
     /// Forgets objects removed from Strata, durably (they stay out of the
     /// inventory after a restart), with one synced index write. Objects not
     /// held here are skipped. Returns how many were forgotten.

@@ -134,6 +134,8 @@ pub struct Chunk {
 pub trait ChunkStream: Send {
     /// The next piece, or `None` once every byte was produced.
     fn next_chunk(&mut self) -> BoxFuture<'_, Result<Option<Chunk>>>;
+    /// Hands a sent piece's buffer back for reuse (no fresh pages per piece).
+    fn recycle(&mut self, _buf: Vec<u8>) {}
 }
 
 /// What a data-plane server serves: it authorises each request and supplies

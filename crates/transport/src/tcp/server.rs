@@ -1,6 +1,6 @@
 use super::write_all_vectored;
 use crate::frame::{Op, Request, Response, MAX_READV_ITEMS, REQ_LEN};
-use crate::region::{DataRegion, ReadSource};
+use crate::region::{Chunk, DataRegion, ReadSource};
 use prometheus::IntCounter;
 use std::sync::Arc;
 use std::time::Duration;
@@ -269,7 +269,9 @@ async fn serve_read(
         }
         m.read_bytes.inc_by(chunk.data.len() as u64);
         // The piece's staging is released here, before the next is staged.
-        drop(chunk);
+        let Chunk { data, guard } = chunk;
+        drop(guard);
+        stream.recycle(data);
     }
     if sent != req.length {
         return Err(std::io::Error::other("read stream ended short"));
