@@ -1,6 +1,6 @@
 use super::write_all_vectored;
 use crate::frame::{Op, Request, Response, MAX_READV_ITEMS, REQ_LEN};
-use crate::region::{Chunk, DataRegion, ReadSource};
+use crate::region::{Chunk, ChunkStream, DataRegion, ReadSource};
 use prometheus::IntCounter;
 use std::sync::Arc;
 use std::time::Duration;
@@ -191,18 +191,52 @@ async fn connection(
                 }
                 .encode();
                 s.write_all(&h).await?;
-                for item in items {
-                    match item {
-                        Ok(r) if r.op == Op::Read => serve_read(&mut s, table, &r, m).await?,
-                        Ok(r) => {
-                            m.rejected.inc();
-                            let e = Error::invalid("a batch read may only hold reads");
-                            respond_err(&mut s, r.req_id, &e).await?;
+                let prep = |item: &'_ Result<Request, Error>| {
+                    let item = item.as_ref().ok().filter(|r| r.op == Op::Read).cloned();
+                    async move {
+                        match item {
+                            Some(r) => Some(prepare(table, &r, m).await),
+                            None => None,
                         }
-                        Err(e) => {
-                            m.rejected.inc();
-                            respond_err(&mut s, 0, &e).await?;
+                    }
+                };
+                let mut next = match items.first() {
+                    Some(item) => prep(item).await,
+                    None => None,
+                };
+                for (i, item) in items.iter().enumerate() {
+                    let prepared = next.take();
+                    // Read the next item while this one is sent, but only
+                    // when this one needs no more staging: a connection never
+                    // holds staged pieces while it waits for more, so readers
+                    // sharing the arena cannot deadlock.
+                    let overlap = prepared.as_ref().is_some_and(|p| p.complete(item));
+                    let reply = async {
+                        match (item, prepared) {
+                            (Ok(r), Some(p)) => send(&mut s, r, m, p).await,
+                            (Ok(r), None) => {
+                                m.rejected.inc();
+                                let e = Error::invalid("a batch read may only hold reads");
+                                respond_err(&mut s, r.req_id, &e).await
+                            }
+                            (Err(e), _) => {
+                                m.rejected.inc();
+                                respond_err(&mut s, 0, e).await
+                            }
                         }
+                    };
+                    let upcoming = items.get(i + 1);
+                    match upcoming {
+                        Some(u) if overlap => {
+                            let (sent, p) = tokio::join!(reply, prep(u));
+                            sent?;
+                            next = p;
+                        }
+                        Some(u) => {
+                            reply.await?;
+                            next = prep(u).await;
+                        }
+                        None => reply.await?,
                     }
                 }
             }
@@ -210,53 +244,89 @@ async fn connection(
     }
 }
 
-/// Answers one read with one complete response. An error before the first
-/// byte is a clean error response; a failure mid-stream (a later piece could
-/// not be read) closes the connection, so the reader never takes a short or
-/// patched body for the object.
+/// A read resolved up to its first bytes: anything that fails before the
+/// first byte is sent becomes a clean error response.
+enum Prepared {
+    Failed(Error),
+    Ready(ReadSource),
+    Streaming(Box<dyn ChunkStream>, Option<Chunk>),
+}
+
+impl Prepared {
+    /// Holds every byte of `item` already (sending it stages nothing more).
+    fn complete(&self, item: &Result<Request, Error>) -> bool {
+        match (self, item) {
+            (Prepared::Failed(_) | Prepared::Ready(_), _) => true,
+            (Prepared::Streaming(_, first), Ok(r)) => {
+                first.as_ref().map_or(0, |c| c.data.len() as u64) == r.length
+            }
+            (Prepared::Streaming(..), Err(_)) => false,
+        }
+    }
+}
+
+async fn prepare(table: &dyn DataRegion, req: &Request, m: &ServerMetrics) -> Prepared {
+    match table.read(req, unix_ms()).await {
+        Err(e) => {
+            m.rejected.inc();
+            Prepared::Failed(e)
+        }
+        Ok(ReadSource::Stream(mut stream)) => match stream.next_chunk().await {
+            Ok(first) => Prepared::Streaming(stream, first),
+            Err(e) => Prepared::Failed(e),
+        },
+        Ok(src) => Prepared::Ready(src),
+    }
+}
+
+/// Answers one read with one complete response.
 async fn serve_read(
     s: &mut TcpStream,
     table: &dyn DataRegion,
     req: &Request,
     m: &ServerMetrics,
 ) -> std::io::Result<()> {
-    let src = match table.read(req, unix_ms()).await {
-        Ok(src) => src,
-        Err(e) => {
-            m.rejected.inc();
-            return respond_err(s, req.req_id, &e).await;
-        }
-    };
+    let p = prepare(table, req, m).await;
+    send(s, req, m, p).await
+}
+
+/// Sends a prepared read. A failure mid-stream (a later piece could not be
+/// read) closes the connection, so the reader never takes a short or
+/// patched body for the object.
+async fn send(
+    s: &mut TcpStream,
+    req: &Request,
+    m: &ServerMetrics,
+    p: Prepared,
+) -> std::io::Result<()> {
     let header = Response {
         status: Code::Ok,
         req_id: req.req_id,
         length: req.length,
     }
     .encode();
-    let data = match &src {
-        ReadSource::Segment(seg) => seg.slice(req.offset, req.length),
-        ReadSource::Owned(v, _) if v.len() as u64 == req.length => Ok(v.as_slice()),
-        ReadSource::Owned(..) => Err(Error::internal("read returned a wrong length")),
-        ReadSource::Stream(_) => Ok(&[][..]),
-    };
-    let data = match data {
-        Ok(d) => d,
-        Err(e) => return respond_err(s, req.req_id, &e).await,
-    };
-    let ReadSource::Stream(mut stream) = src else {
-        write_all_vectored(s, &header, data).await?;
-        m.read_bytes.inc_by(req.length);
-        return Ok(());
+    let (mut stream, mut next) = match p {
+        Prepared::Failed(e) => return respond_err(s, req.req_id, &e).await,
+        Prepared::Ready(src) => {
+            let data = match &src {
+                ReadSource::Segment(seg) => seg.slice(req.offset, req.length),
+                ReadSource::Owned(v, _) if v.len() as u64 == req.length => Ok(v.as_slice()),
+                _ => Err(Error::internal("read returned a wrong length")),
+            };
+            return match data {
+                Ok(d) => {
+                    write_all_vectored(s, &header, d).await?;
+                    m.read_bytes.inc_by(req.length);
+                    Ok(())
+                }
+                Err(e) => respond_err(s, req.req_id, &e).await,
+            };
+        }
+        Prepared::Streaming(stream, first) => (stream, first),
     };
     let mut sent = 0u64;
     let mut first = true;
-    loop {
-        let chunk = match stream.next_chunk().await {
-            Ok(c) => c,
-            Err(e) if first => return respond_err(s, req.req_id, &e).await,
-            Err(e) => return Err(std::io::Error::other(e.message)),
-        };
-        let Some(chunk) = chunk else { break };
+    while let Some(chunk) = next.take() {
         sent += chunk.data.len() as u64;
         if sent > req.length {
             return Err(std::io::Error::other("read stream overran its length"));
@@ -272,6 +342,10 @@ async fn serve_read(
         let Chunk { data, guard } = chunk;
         drop(guard);
         stream.recycle(data);
+        next = stream
+            .next_chunk()
+            .await
+            .map_err(|e| std::io::Error::other(e.message))?;
     }
     if sent != req.length {
         return Err(std::io::Error::other("read stream ended short"));

@@ -25,7 +25,7 @@ impl Tiers {
     /// A cluster whose DRAM holds `dram_blocks` and whose one SSD owner holds
     /// `ssd_blocks`. The SSD watermarks are set close to full so the
     /// configured capacity is what the policies get to use.
-    pub async fn start(&self, policy: OffloadPolicy) -> anyhow::Result<LocalCluster> {
+    pub async fn start(&self, policy: OffloadPolicy) -> anyhow::Result<PolicyCluster> {
         let aligned = self.block.div_ceil(64) * 64;
         let bucket_blocks = 64;
         let bucket_bytes = bucket_blocks * (self.block + SSD_ENTRY) + 4096;
@@ -56,10 +56,44 @@ impl Tiers {
                 m.lease_ttl = std::time::Duration::from_millis(200);
             })
             .prefault(false);
-        if let Some(d) = &self.ssd_dir {
-            b = b.ssd_dir(d);
-        }
-        b.build().await.context("cannot start the policy's cluster")
+        // A fresh directory per cluster: an agent must not adopt the buckets
+        // a previous policy's run left behind.
+        let dir = match &self.ssd_dir {
+            Some(base) => {
+                std::fs::create_dir_all(base)?;
+                let d = tempfile::Builder::new()
+                    .prefix("strata-bench-")
+                    .tempdir_in(base)
+                    .with_context(|| format!("creating a directory under {}", base.display()))?;
+                b = b.ssd_dir(d.path());
+                Some(d)
+            }
+            None => None,
+        };
+        let cluster = b.build().await.context("cannot start the policy's cluster")?;
+        Ok(PolicyCluster {
+            cluster,
+            _dir: dir,
+        })
+    }
+}
+
+/// A policy's cluster and its SSD directory (removed when dropped).
+pub struct PolicyCluster {
+    pub cluster: LocalCluster,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl PolicyCluster {
+    pub async fn shutdown(self) {
+        self.cluster.shutdown().await;
+    }
+}
+
+impl std::ops::Deref for PolicyCluster {
+    type Target = LocalCluster;
+    fn deref(&self) -> &LocalCluster {
+        &self.cluster
     }
 }
 
