@@ -4,6 +4,13 @@ pub mod procs;
 
 pub use strata_client::{ClusterBuilder, LocalCluster};
 
+/// Master setting for tests that expect every put to reach the SSD tier:
+/// `--offload-policy eager` (the default, `on-evict`, offloads only what
+/// DRAM eviction picks).
+pub fn eager(m: &mut strata_master::MasterConfig) {
+    m.offload_policy = strata_master::config::OffloadPolicy::Eager;
+}
+
 /// Deterministic test bytes for `key` of `len` bytes.
 pub fn payload(seed: u64, len: usize) -> Vec<u8> {
     use rand::{RngCore, SeedableRng};

@@ -5,7 +5,7 @@
 use std::time::Duration;
 use strata_client::{Client, Code, PutOptions};
 use strata_proto as pb;
-use strata_tests::{http_get, payload, wait_until, ClusterBuilder, LocalCluster};
+use strata_tests::{eager, http_get, payload, wait_until, ClusterBuilder, LocalCluster};
 
 async fn ssd_keys(c: &LocalCluster, keys: &[String]) -> usize {
     let mut n = 0;
@@ -56,6 +56,7 @@ fn drained(c: &LocalCluster) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tail_of_a_batch_is_written_in_the_same_cycle() {
     let c = ClusterBuilder::new()
+        .master(eager)
         .store_nodes(2)
         .ssd_agents(1)
         .ssd(|a| a.bucket_keys = 500)
@@ -103,6 +104,7 @@ async fn the_tail_of_a_batch_is_written_in_the_same_cycle() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_small_batches_all_persist_and_leave_no_pin() {
     let c = ClusterBuilder::new()
+        .master(eager)
         .store_nodes(1)
         .ssd_agents(1)
         .ssd(|a| a.max_tasks = 3)
@@ -142,6 +144,7 @@ async fn many_small_batches_all_persist_and_leave_no_pin() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_writes_and_lost_reports_are_retried_until_persisted() {
     let c = ClusterBuilder::new()
+        .master(eager)
         .store_nodes(1)
         .ssd_agents(1)
         .master(|m| m.offload_task_ttl = Duration::from_millis(800))
@@ -188,6 +191,7 @@ async fn failed_writes_and_lost_reports_are_retried_until_persisted() {
 async fn a_full_owner_evicts_old_buckets_and_never_exceeds_capacity() {
     let cap = 3 << 20;
     let c = ClusterBuilder::new()
+        .master(eager)
         .store_nodes(1)
         .ssd_agents(1)
         .ssd_capacity(cap)
@@ -238,7 +242,12 @@ async fn a_full_owner_evicts_old_buckets_and_never_exceeds_capacity() {
 /// restart of all eight each adopts exactly its own buckets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_owners_share_one_directory_and_recover_only_their_own() {
-    let mut c = ClusterBuilder::new().store_nodes(2).build().await.unwrap();
+    let mut c = ClusterBuilder::new()
+        .master(eager)
+        .store_nodes(2)
+        .build()
+        .await
+        .unwrap();
     let starts: Vec<_> = (0..8)
         .map(|i| c.spawn_agent(format!("host-{i}/nvme0")))
         .collect();
@@ -312,6 +321,7 @@ async fn eight_owners_share_one_directory_and_recover_only_their_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_and_foreign_files_are_never_served_or_adopted() {
     let mut c = ClusterBuilder::new()
+        .master(eager)
         .store_nodes(1)
         .ssd_agents(1)
         .ssd(|a| a.bucket_keys = 1)

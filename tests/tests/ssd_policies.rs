@@ -5,7 +5,7 @@ use std::time::Duration;
 use strata_client::{Client, PutOptions};
 use strata_master::config::OffloadPolicy;
 use strata_proto as pb;
-use strata_tests::{payload, wait_until, ClusterBuilder, LocalCluster};
+use strata_tests::{eager, payload, wait_until, ClusterBuilder, LocalCluster};
 
 async fn on_ssd(c: &LocalCluster, key: &str) -> bool {
     c.master.inspect(key).is_ok_and(|i| {
@@ -110,6 +110,7 @@ async fn on_evict_moves_dram_victims_to_ssd_and_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_a_key_removes_its_ssd_copy_even_across_an_agent_restart() {
     let mut c = ClusterBuilder::new()
+        .master(eager)
         .store_nodes(1)
         .ssd_agents(1)
         .ssd(|a| a.sparse_below = 0.6)
@@ -163,6 +164,7 @@ async fn an_ssd_hit_is_promoted_back_to_dram_without_waiting_for_it() {
     let c = ClusterBuilder::new()
         .store_nodes(1)
         .ssd_agents(1)
+        .master(eager)
         .master(|m| {
             m.promote_on_hit = true;
             m.promote_queue = 4;

@@ -15,7 +15,13 @@ async fn json(admin: std::net::SocketAddr, path: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_live_agent_with_the_same_handle_fails_at_start() {
     let state = tempfile::tempdir().unwrap();
-    let m = start_master(&["--state-dir", state.path().to_str().unwrap()]).await;
+    let m = start_master(&[
+        "--state-dir",
+        state.path().to_str().unwrap(),
+        "--offload-policy",
+        "eager",
+    ])
+    .await;
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (_first, _) = start_agent(&m.addr, "node-7/nvme0", d1.path(), &[], true).await;
     // Same directory: the lock file names the holder at once.
@@ -54,6 +60,8 @@ async fn sigkill_mid_bucket_loses_nothing_and_serves_nothing_half_written() {
     let m = start_master(&[
         "--state-dir",
         state.path().to_str().unwrap(),
+        "--offload-policy",
+        "eager",
         "--offload-task-ttl",
         "1s",
         "--node-ttl",

@@ -5,7 +5,7 @@
 use std::time::Duration;
 use strata_client::{Client, Code, PutOptions};
 use strata_proto as pb;
-use strata_tests::{http_get, payload, wait_until, ClusterBuilder, LocalCluster};
+use strata_tests::{eager, http_get, payload, wait_until, ClusterBuilder, LocalCluster};
 
 fn drained(c: &LocalCluster) -> bool {
     let (q, a) = c.master.queue_counts();
@@ -45,6 +45,7 @@ fn metric(body: &str, name: &str) -> f64 {
 async fn eight_readers_each_four_times_the_arena_all_read_correct_bytes() {
     let arena = 256 << 10;
     let c = ClusterBuilder::new()
+        .master(eager)
         .store_nodes(1)
         .ssd_agents(1)
         .ssd(move |a| a.staging_bytes = arena)
@@ -92,6 +93,7 @@ async fn eight_readers_each_four_times_the_arena_all_read_correct_bytes() {
 async fn a_full_arena_times_out_readers_with_the_setting_named_and_recovers_when_freed() {
     let arena: u64 = 128 << 10;
     let c = ClusterBuilder::new()
+        .master(eager)
         .store_nodes(1)
         .ssd_agents(1)
         .ssd(move |a| {
@@ -174,6 +176,7 @@ async fn agent_metrics(c: &LocalCluster) -> Vec<(f64, f64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_ssd_keys_is_one_request_per_agent() {
     let c = ClusterBuilder::new()
+        .master(eager)
         .store_nodes(1)
         .ssd_agents(2)
         .build()
@@ -210,6 +213,7 @@ async fn a_batch_of_ssd_keys_is_one_request_per_agent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_waits_for_readers_of_a_bucket_and_then_refuses_new_ones() {
     let c = ClusterBuilder::new()
+        .master(eager)
         .store_nodes(1)
         .ssd_agents(1)
         .build()
@@ -241,6 +245,7 @@ async fn eviction_waits_for_readers_of_a_bucket_and_then_refuses_new_ones() {
 async fn reads_racing_bucket_eviction_get_right_bytes_or_not_found() {
     let size = 32 << 10;
     let c = ClusterBuilder::new()
+        .master(eager)
         .store_nodes(1)
         .ssd_agents(1)
         .ssd_capacity(1 << 20)

@@ -34,8 +34,10 @@ impl std::str::FromStr for AllocStrategy {
 /// that acts on it arrives with `strata-ssd-agent`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OffloadPolicy {
-    #[default]
     Eager,
+    /// The default: best hit rates in `strata bench scan` and `replay`
+    /// (docs/ssd-offload.md says why).
+    #[default]
     OnEvict,
     Reads(u32),
 }
@@ -104,7 +106,7 @@ impl Default for MasterConfig {
             high_watermark: 0.9,
             eviction_ratio: 0.05,
             alloc_strategy: AllocStrategy::Random,
-            offload_policy: OffloadPolicy::Eager,
+            offload_policy: OffloadPolicy::OnEvict,
             offload_task_ttl: Duration::from_secs(30),
             promote_on_hit: false,
             promote_queue: 1024,
@@ -189,7 +191,7 @@ pub struct MasterArgs {
     /// random | most-free-first [default: random]
     #[arg(long, env = "STRATA_ALLOC_STRATEGY")]
     pub alloc_strategy: Option<String>,
-    /// SSD admission: eager | on-evict | reads:N [default: eager]
+    /// SSD admission: eager | on-evict | reads:N [default: on-evict]
     #[arg(long, env = "STRATA_OFFLOAD_POLICY")]
     pub offload_policy: Option<String>,
     /// An offload task not reported within this time is requeued [default: 30s]

@@ -212,7 +212,9 @@ pub async fn run(master: &str, mut args: BenchArgs) -> anyhow::Result<()> {
             {
                 // Bucket files stay until SSD eviction exists: room for all.
                 let ssd = args.offload_bytes.0 * (args.offload_sizes.len() as u64 + 1) * 2;
+                // The offload phase times offloading every object it puts.
                 let mut b = ClusterBuilder::new()
+                    .master(|m| m.offload_policy = strata_master::config::OffloadPolicy::Eager)
                     .store_nodes(args.store_nodes)
                     .node_capacity(args.node_capacity.0)
                     .ssd_capacity(ssd.max(1 << 30))

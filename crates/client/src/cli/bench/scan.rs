@@ -327,7 +327,11 @@ async fn ssd_read_throughput(args: &ScanArgs, report: &mut Report) -> anyhow::Re
         format!(
             "the same bucket files, {}{}",
             format_size(raw.1),
-            if cold { ", page cache dropped" } else { ", page cache warm" }
+            if cold {
+                ", page cache dropped"
+            } else {
+                ", page cache warm"
+            }
         ),
     ));
     report.rows.push(mk(

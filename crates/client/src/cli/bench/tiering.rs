@@ -70,11 +70,11 @@ impl Tiers {
             }
             None => None,
         };
-        let cluster = b.build().await.context("cannot start the policy's cluster")?;
-        Ok(PolicyCluster {
-            cluster,
-            _dir: dir,
-        })
+        let cluster = b
+            .build()
+            .await
+            .context("cannot start the policy's cluster")?;
+        Ok(PolicyCluster { cluster, _dir: dir })
     }
 }
 
