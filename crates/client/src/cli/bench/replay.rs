@@ -7,12 +7,14 @@
 //! computed in the same run.
 
 use super::report::{Report, Row};
-use super::tiering::{parse_policies, prefix_lookup, progress, put_blocks, Tally, Tiers};
+use super::tiering::{
+    offload_outcomes, parse_policies, prefix_lookup, progress, put_blocks, Tally, Tiers,
+};
 use crate::{Client, ClientConfig};
 use anyhow::Context;
 use std::collections::HashSet;
 use std::io::BufRead;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use strata_common::units::{format_size, ByteSize};
 
 /// Tokens per block of the trace's hash ids.
@@ -35,6 +37,11 @@ pub struct ReplayArgs {
     /// Admission policies to compare
     #[arg(long, value_delimiter = ',', default_value = "eager,on-evict,reads:1")]
     pub policies: Vec<String>,
+    /// Replay N times faster than the trace's timestamps (0 = as fast as
+    /// possible, which outruns offload on a slow disk and turns victims into
+    /// drops)
+    #[arg(long, default_value_t = 30.0)]
+    pub speedup: f64,
     /// Replay only the first N requests (0 = all)
     #[arg(long, default_value_t = 0)]
     pub requests: usize,
@@ -49,6 +56,8 @@ pub struct ReplayArgs {
 }
 
 struct Request {
+    /// Milliseconds since the start of the trace.
+    at_ms: u64,
     blocks: Vec<u64>,
     /// The last block holds fewer than 512 tokens.
     partial_tail: bool,
@@ -73,6 +82,7 @@ fn load(path: &std::path::Path, limit: usize) -> anyhow::Result<Vec<Request>> {
             .with_context(|| format!("{}:{}: hash_ids must be integers", path.display(), n + 1))?;
         let tokens = v["input_length"].as_u64().unwrap_or(0);
         out.push(Request {
+            at_ms: v["timestamp"].as_u64().unwrap_or(0),
             blocks,
             partial_tail: !tokens.is_multiple_of(TRACE_BLOCK_TOKENS),
         });
@@ -101,6 +111,10 @@ fn infinite_hit_rate(reqs: &[Request]) -> (f64, u64) {
 pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.block_bytes.0 > 0, "--block-bytes must be positive");
     anyhow::ensure!(args.dram_blocks > 0, "--dram-blocks must be positive");
+    anyhow::ensure!(
+        args.speedup >= 0.0 && args.speedup.is_finite(),
+        "--speedup must be 0 (as fast as possible) or positive"
+    );
     let policies = parse_policies(&args.policies)?;
     let reqs = load(&args.trace, args.requests)?;
     let (infinite, lookups) = infinite_hit_rate(&reqs);
@@ -113,12 +127,17 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
     };
     let mut report = Report::default();
     report.notes.push(format!(
-        "{} requests, {lookups} block lookups; infinite cache hits {:.1}% of blocks; DRAM {} blocks, SSD {} blocks of {}",
+        "{} requests, {lookups} block lookups; infinite cache hits {:.1}% of blocks; DRAM {} blocks, SSD {} blocks of {}; {}",
         reqs.len(),
         infinite * 100.0,
         args.dram_blocks,
         args.ssd_blocks,
-        format_size(args.block_bytes.0)
+        format_size(args.block_bytes.0),
+        if args.speedup > 0.0 {
+            format!("paced at {}x the trace's timestamps", args.speedup)
+        } else {
+            "as fast as possible".to_string()
+        }
     ));
     let data = vec![0x4bu8; args.block_bytes.0 as usize];
     for p in policies {
@@ -127,7 +146,16 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
         let pb = progress(&format!("replay {p}"), reqs.len() as u64, args.json);
         let mut t = Tally::default();
         let t0 = Instant::now();
+        let start_ms = reqs[0].at_ms;
         for (i, r) in reqs.iter().enumerate() {
+            if args.speedup > 0.0 {
+                let due = Duration::from_secs_f64(
+                    r.at_ms.saturating_sub(start_ms) as f64 / 1000.0 / args.speedup,
+                );
+                if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
             let keys: Vec<String> = r.blocks.iter().map(|b| format!("blk/{b}")).collect();
             let hits = prefix_lookup(&client, &keys, &mut t).await?;
             let end = keys.len() - usize::from(r.partial_tail);
@@ -141,6 +169,7 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
         }
         pb.finish_and_clear();
         let el = t0.elapsed();
+        let (persisted, lost, dropped) = offload_outcomes(&c);
         c.shutdown().await;
         let secs = el.as_secs_f64().max(1e-9);
         report.rows.push(Row {
@@ -153,7 +182,7 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
             p50_ms: 0.0,
             p99_ms: 0.0,
             note: format!(
-                "DRAM {:.1}% SSD {:.1}% miss {:.1}%; {:.2}x infinite",
+                "DRAM {:.1}% SSD {:.1}% miss {:.1}%; {:.2}x infinite; offloads {persisted}, lost before copy {lost}, dropped {dropped}",
                 t.rate(t.dram) * 100.0,
                 t.rate(t.ssd) * 100.0,
                 t.rate(t.miss) * 100.0,

@@ -179,6 +179,14 @@ pub fn progress(name: &str, len: u64, quiet: bool) -> ProgressBar {
     pb
 }
 
+/// What the master's offload did during a run: (persisted, victims lost
+/// before their copy, dropped after failures).
+pub fn offload_outcomes(c: &LocalCluster) -> (u64, u64, u64) {
+    let m = &c.master.metrics.offload_results;
+    let get = |o: &str| m.with_label_values(&[o]).get();
+    (get("persisted"), get("source_gone"), get("dropped"))
+}
+
 pub fn parse_policies(list: &[String]) -> anyhow::Result<Vec<OffloadPolicy>> {
     list.iter()
         .map(|p| p.parse::<OffloadPolicy>().map_err(anyhow::Error::msg))
