@@ -54,3 +54,12 @@ pub async fn wait_until(timeout: std::time::Duration, mut f: impl FnMut() -> boo
     }
     f()
 }
+
+/// The value of an unlabelled Prometheus sample `name` in a `/metrics`
+/// body, or -1 when it is absent.
+pub fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(-1.0)
+}

@@ -5,7 +5,7 @@
 use std::time::Duration;
 use strata_client::{Client, Code, PutOptions};
 use strata_proto as pb;
-use strata_tests::{eager, http_get, payload, wait_until, ClusterBuilder, LocalCluster};
+use strata_tests::{eager, http_get, metric, payload, wait_until, ClusterBuilder, LocalCluster};
 
 async fn ssd_keys(c: &LocalCluster, keys: &[String]) -> usize {
     let mut n = 0;
@@ -218,12 +218,8 @@ async fn a_full_owner_evicts_old_buckets_and_never_exceeds_capacity() {
         "old buckets were evicted: {on_ssd}"
     );
     let (_, metrics) = http_get(c.agents[0].admin_addr, "/metrics").await;
-    let evicted = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("strata_ssd_agent_evicted_buckets_total "))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    assert!(evicted >= 1, "{metrics}");
+    let evicted = metric(&metrics, "strata_ssd_agent_evicted_buckets_total");
+    assert!(evicted >= 1.0, "{metrics}");
     // The master forgot every evicted replica: SSD replicas it lists are
     // exactly the objects the agent holds.
     assert_eq!(on_ssd as u64, c.agents[0].store.stats().objects);

@@ -5,7 +5,7 @@
 use std::time::Duration;
 use strata_client::{Client, Code, PutOptions};
 use strata_proto as pb;
-use strata_tests::{eager, http_get, payload, wait_until, ClusterBuilder, LocalCluster};
+use strata_tests::{eager, http_get, metric, payload, wait_until, ClusterBuilder, LocalCluster};
 
 fn drained(c: &LocalCluster) -> bool {
     let (q, a) = c.master.queue_counts();
@@ -32,13 +32,6 @@ async fn put_on_ssd_only(c: &LocalCluster, cl: &Client, keys: &[String], size: u
     for (k, s) in keys.iter().zip(r.results) {
         assert_eq!(s.code, 0, "{k}: {}", s.message);
     }
-}
-
-fn metric(body: &str, name: &str) -> f64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(-1.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

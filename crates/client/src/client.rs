@@ -325,17 +325,11 @@ impl Client {
 
     /// Gets many objects with one GetReplicas round trip.
     pub async fn batch_get(&self, keys: &[&str]) -> Result<Vec<Result<Vec<u8>>>> {
-        let infos = self.batch_replicas(keys).await?;
-        let mut bufs: Vec<Vec<u8>> = infos
-            .iter()
-            .map(|i| vec![0u8; i.as_ref().map_or(0, |i| i.size as usize)])
-            .collect();
-        let slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-        let done = self.batch_read(keys, infos, slices).await;
-        Ok(done
+        Ok(self
+            .batch_get_tiered(keys)
+            .await?
             .into_iter()
-            .zip(bufs)
-            .map(|(r, b)| r.map(|_| b))
+            .map(|r| r.map(|(b, _)| b))
             .collect())
     }
 

@@ -182,10 +182,8 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
             p50_ms: 0.0,
             p99_ms: 0.0,
             note: format!(
-                "DRAM {:.1}% SSD {:.1}% miss {:.1}%; {:.2}x infinite; offloads {persisted}, lost before copy {lost}, dropped {dropped}",
-                t.rate(t.dram) * 100.0,
-                t.rate(t.ssd) * 100.0,
-                t.rate(t.miss) * 100.0,
+                "{}; {:.2}x infinite; offloads {persisted}, lost before copy {lost}, dropped {dropped}",
+                t.breakdown(),
                 t.hit_rate() / infinite.max(1e-9)
             ),
         });

@@ -174,10 +174,8 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<()> {
         )
         .await?;
         let note = format!(
-            "DRAM {:.1}% SSD {:.1}% miss {:.1}%; SSD {:.2}x oracle",
-            t.rate(t.dram) * 100.0,
-            t.rate(t.ssd) * 100.0,
-            t.rate(t.miss) * 100.0,
+            "{}; SSD {:.2}x oracle",
+            t.breakdown(),
             t.rate(t.ssd) / oracle
         );
         report.rows.push(tally_row(
@@ -196,13 +194,7 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<()> {
             args.json,
         )
         .await?;
-        let note = format!(
-            "DRAM {:.1}% SSD {:.1}% miss {:.1}%; hit {:.1}%",
-            t.rate(t.dram) * 100.0,
-            t.rate(t.ssd) * 100.0,
-            t.rate(t.miss) * 100.0,
-            t.hit_rate() * 100.0
-        );
+        let note = format!("{}; hit {:.1}%", t.breakdown(), t.hit_rate() * 100.0);
         zipf_hits.push((p.to_string(), t.hit_rate()));
         report.rows.push(tally_row(
             &format!("zipf {p}"),

@@ -115,6 +115,15 @@ impl Tally {
     pub fn hit_rate(&self) -> f64 {
         self.rate(self.dram + self.ssd)
     }
+    /// "DRAM x% SSD y% miss z%", for report notes.
+    pub fn breakdown(&self) -> String {
+        format!(
+            "DRAM {:.1}% SSD {:.1}% miss {:.1}%",
+            self.rate(self.dram) * 100.0,
+            self.rate(self.ssd) * 100.0,
+            self.rate(self.miss) * 100.0
+        )
+    }
 }
 
 /// Looks `keys` up in order and stops at the first miss, as a prefix cache
