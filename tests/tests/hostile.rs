@@ -273,3 +273,75 @@ async fn garbage_grpc_requests_are_rejected_without_crashing() {
     assert_eq!(cl.get("after").await.unwrap(), b"still alive");
     c.shutdown().await;
 }
+
+/// Batch reads (`ReadV`) check every item on its own: a forged item fails
+/// alone, a write smuggled into a batch is refused, and an oversized batch is
+/// refused whole without the node reading its items.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_reads_check_every_item_and_refuse_oversized_batches() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("a", &payload(3, 4096), &PutOptions::default())
+        .await
+        .unwrap();
+    let g = cl
+        .master_client()
+        .get_replicas(pb::GetReplicasRequest { key: "a".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let good = range_of(&g.replicas[0]);
+    let item = |id: u64, op: Op, scope: GrantScope| Request {
+        op,
+        req_id: id,
+        grant: scope,
+        mac: good.mac,
+        offset: good.scope.offset,
+        length: 4096,
+    };
+    let forged = GrantScope {
+        length: 1 << 20,
+        ..good.scope
+    };
+    let mut frame = item(1, Op::ReadV, good.scope).encode().to_vec();
+    frame[80..88].copy_from_slice(&3u64.to_le_bytes()); // three items
+    for r in [
+        item(2, Op::Read, good.scope),
+        item(3, Op::Read, forged),
+        item(4, Op::Write, good.scope),
+    ] {
+        frame.extend_from_slice(&r.encode());
+    }
+    let mut s = TcpStream::connect(&good.addr).await.unwrap();
+    s.write_all(&frame).await.unwrap();
+    let mut h = [0u8; RESP_LEN];
+    s.read_exact(&mut h).await.unwrap();
+    let top = Response::decode(&h).unwrap();
+    assert_eq!((top.status, top.length), (Code::Ok, 3));
+    let (r, body) = read_raw(&mut s).await;
+    assert_eq!((r.status, r.req_id), (Code::Ok, 2));
+    assert_eq!(body, payload(3, 4096));
+    let (r, msg) = read_response(&mut s).await;
+    assert_eq!((r.status, r.req_id), (Code::PermissionDenied, 3), "{msg}");
+    let (r, msg) = read_response(&mut s).await;
+    assert_eq!(r.status, Code::InvalidArgument, "{msg}");
+    assert!(msg.contains("only hold reads"), "{msg}");
+
+    // An oversized batch: refused at once, connection closed.
+    let mut huge = item(5, Op::ReadV, good.scope).encode();
+    huge[80..88].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let mut s = TcpStream::connect(&good.addr).await.unwrap();
+    s.write_all(&huge).await.unwrap();
+    let (r, msg) = read_response(&mut s).await;
+    assert_eq!(r.status, Code::InvalidArgument);
+    assert!(msg.contains("exceeds the limit"), "{msg}");
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0, "the node hung up");
+    // The node still serves.
+    assert_eq!(cl.get("a").await.unwrap(), payload(3, 4096));
+    c.shutdown().await;
+}
