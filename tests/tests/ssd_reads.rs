@@ -285,7 +285,9 @@ async fn reads_racing_bucket_eviction_get_right_bytes_or_not_found() {
             .collect();
         put_on_ssd_only(&c, &cl, &keys, size, round * 6).await;
         written.store(round * 6 + 6, std::sync::atomic::Ordering::Release);
-        assert!(c.agents[0].store.stats().used <= 1 << 20);
+        // Capacity plus at most one bucket (compaction writes the objects
+        // it keeps before the emptied buckets go).
+        assert!(c.agents[0].store.stats().used <= (1 << 20) + (160 << 10));
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.cancel();
@@ -304,5 +306,61 @@ async fn reads_racing_bucket_eviction_get_right_bytes_or_not_found() {
         ok > 0 && gone > 0,
         "both outcomes happened: ok {ok}, not found {gone}"
     );
+    c.shutdown().await;
+}
+
+/// Objects read since their bucket was written survive its eviction: they
+/// are rewritten into a new bucket and the master learns their new place;
+/// the unread ones go with the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_keeps_recently_read_objects_and_drops_the_rest() {
+    let size = 64 << 10;
+    let c = ClusterBuilder::new()
+        .master(eager)
+        .store_nodes(1)
+        .ssd_agents(1)
+        .ssd_capacity(1 << 20)
+        .ssd(|a| {
+            a.bucket_bytes = 256 << 10;
+            a.low_watermark = 0.6;
+        })
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let first: Vec<String> = (0..4).map(|i| format!("old-{i}")).collect();
+    put_on_ssd_only(&c, &cl, &first, size, 0).await;
+    let store = c.agents[0].store.clone();
+    let old_bucket = store.location("old-1").unwrap().unwrap().bucket_id;
+    // Read one of them from SSD.
+    assert_eq!(cl.get("old-1").await.unwrap(), payload(1, size));
+    // Fill the owner until the first bucket is evicted.
+    for round in 0..6u64 {
+        let keys: Vec<String> = (0..4).map(|i| format!("new-{round}-{i}")).collect();
+        put_on_ssd_only(&c, &cl, &keys, size, 100 + round * 4).await;
+        if store.location("old-0").unwrap().is_none() {
+            break;
+        }
+    }
+    let (_, m) = http_get(c.agents[0].admin_addr, "/metrics").await;
+    assert!(
+        metric(&m, "strata_ssd_agent_kept_objects_total") >= 1.0,
+        "{m}"
+    );
+    let kept = store.location("old-1").unwrap().expect("old-1 kept");
+    assert_ne!(kept.bucket_id, old_bucket, "moved to a new bucket");
+    let info = c.master.inspect("old-1").unwrap();
+    assert!(info
+        .replicas
+        .iter()
+        .any(|r| r.kind == pb::ReplicaKind::Ssd as i32));
+    assert_eq!(cl.get("old-1").await.unwrap(), payload(1, size));
+    for k in ["old-0", "old-2", "old-3"] {
+        assert_eq!(
+            cl.get(k).await.unwrap_err().code,
+            Code::NotFound,
+            "{k} went with its bucket"
+        );
+    }
     c.shutdown().await;
 }

@@ -6,6 +6,10 @@
 //! 2. the buckets refuse new reads (a reader holding an older grant gets a
 //!    clean "not found"),
 //! 3. each bucket is deleted once its in-flight reads finished.
+//!
+//! Objects read since their bucket was written get a second chance: they are
+//! rewritten into a new bucket (the master learns their new place first), so
+//! eviction works per object for what is in use, per bucket for the rest.
 
 use crate::store::OwnerStore;
 use prometheus::IntCounter;
@@ -23,12 +27,18 @@ const READER_WAIT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct EvictionMetrics {
     pub buckets: IntCounter,
+    /// Recently read objects rewritten out of evicted buckets.
+    pub kept_objects: IntCounter,
     pub bytes: IntCounter,
     pub removed_objects: IntCounter,
 }
 
 pub struct Evictor {
     pub store: Arc<OwnerStore>,
+    /// Bytes of recently read objects one pass may keep by rewriting them
+    /// into a new bucket (a bucket's worth: disk use stays within the
+    /// capacity plus one bucket).
+    pub keep_budget: u64,
     pub high_watermark: f64,
     pub low_watermark: f64,
     pub sparse_below: f64,
@@ -67,6 +77,8 @@ impl Evictor {
         if victims.is_empty() {
             return Ok(freed);
         }
+        self.keep_read_objects(master, owner_id, epoch, &victims)
+            .await;
         master
             .evict_buckets(pb::EvictBucketsRequest {
                 owner_id,
@@ -95,6 +107,73 @@ impl Evictor {
             );
         }
         Ok(freed)
+    }
+
+    /// Second chance: objects read since their bucket was written are
+    /// rewritten into a new bucket, and the master learns their new place,
+    /// before their old buckets are evicted. Best effort: on any failure they
+    /// are simply evicted with their bucket.
+    async fn keep_read_objects(
+        &self,
+        master: &mut MasterClient<Channel>,
+        owner_id: u64,
+        epoch: u64,
+        victims: &[u64],
+    ) {
+        let keep = self.store.read_objects(victims, self.keep_budget);
+        if keep.is_empty() {
+            return;
+        }
+        let store = self.store.clone();
+        let slack = self.keep_budget + (keep.len() as u64 + 1) * 4096;
+        let written = tokio::task::spawn_blocking(move || {
+            let mut data = Vec::with_capacity(keep.len());
+            for (key, b, off, len, crc) in &keep {
+                let bytes = store.read_piece(*b, *off, *len)?;
+                if crc32c::crc32c(&bytes) == *crc {
+                    data.push((key.as_str(), bytes, *crc));
+                }
+            }
+            let objs: Vec<(&str, &[u8], u32)> = data
+                .iter()
+                .map(|(k, v, c)| (*k, v.as_slice(), *c))
+                .collect();
+            store.write_bucket_with_slack(&objs, slack)
+        })
+        .await
+        .map_err(|e| Error::internal(e.to_string()))
+        .and_then(|r| r);
+        let rec = match written {
+            Ok(rec) => rec,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not keep read objects; evicting them");
+                return;
+            }
+        };
+        let objects = rec
+            .objects
+            .iter()
+            .map(|e| pb::SsdObject {
+                key: e.key.clone(),
+                bucket_id: rec.bucket_id,
+                offset: e.offset,
+                length: e.length,
+                crc32c: e.crc32c,
+            })
+            .collect();
+        let kept = rec.objects.len() as u64;
+        match master
+            .report_inventory(pb::ReportInventoryRequest {
+                owner_id,
+                epoch,
+                objects,
+            })
+            .await
+        {
+            Ok(_) => self.metrics.kept_objects.inc_by(kept),
+            // The new copies stay unreferenced until their bucket goes.
+            Err(e) => tracing::warn!(error = %Error::from(e), "could not report kept objects"),
+        }
     }
 
     async fn delete_idle(&self, buckets: Vec<u64>) -> u64 {

@@ -126,6 +126,10 @@ impl AgentMetrics {
                     "strata_ssd_agent_evicted_buckets_total",
                     "Buckets evicted (capacity or mostly removed objects)",
                 ),
+                kept_objects: c(
+                    "strata_ssd_agent_kept_objects_total",
+                    "Recently read objects rewritten out of evicted buckets",
+                ),
                 bytes: c(
                     "strata_ssd_agent_evicted_bytes_total",
                     "Bytes of bucket files evicted",
@@ -384,6 +388,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
     };
     let evictor = eviction::Evictor {
         store: store.clone(),
+        keep_budget: cfg.bucket_bytes.min(cfg.capacity / 8),
         high_watermark: cfg.high_watermark,
         low_watermark: cfg.low_watermark,
         sparse_below: cfg.sparse_below,

@@ -69,6 +69,9 @@ impl DataRegion for BucketRegion {
                 .object_at(bucket, req.offset)
                 .filter(|(len, _)| *len == req.length)
                 .map(|(_, crc)| crc);
+            if expect.is_some() {
+                store.mark_read(bucket, req.offset);
+            }
             Ok(ReadSource::Stream(Box::new(SsdRead {
                 store,
                 staging: self.staging.clone(),

@@ -78,6 +78,9 @@ struct BucketMeta {
     /// The master was told; no new reads; deleted once `readers` is 0.
     evicting: bool,
     dead: HashSet<u64>,
+    /// Objects read since the bucket was written: eviction keeps them
+    /// (rewrites them into a new bucket) once, like a second chance.
+    read: HashSet<u64>,
     data_bytes: u64,
     live_bytes: u64,
 }
@@ -96,6 +99,7 @@ impl BucketMeta {
             last_access_ms: rec.created_unix_ms,
             evicting: false,
             dead,
+            read: HashSet::new(),
             data_bytes,
             live_bytes: data_bytes - dead_bytes,
         }
@@ -277,6 +281,18 @@ impl OwnerStore {
     /// Writes one bucket holding `objects` (key, bytes, crc32c) and indexes
     /// it. Nothing is indexed unless the file is complete and synced.
     pub fn write_bucket(&self, objects: &[(&str, &[u8], u32)]) -> Result<BucketRecord> {
+        self.write_bucket_with_slack(objects, 0)
+    }
+
+    /// Like [`OwnerStore::write_bucket`], allowed to pass the capacity by
+    /// `slack` bytes: compaction writes the objects it keeps before the
+    /// buckets it empties are deleted (disk use stays within the capacity
+    /// plus one bucket).
+    pub fn write_bucket_with_slack(
+        &self,
+        objects: &[(&str, &[u8], u32)],
+        slack: u64,
+    ) -> Result<BucketRecord> {
         let delay = self.faults.write_delay_ms.load(Ordering::Relaxed);
         let pause = (delay > 0).then(|| Duration::from_millis(delay));
         if Faults::take(&self.faults.fail_writes) {
@@ -284,7 +300,7 @@ impl OwnerStore {
         }
         let bytes = bucket::file_len_for(objects);
         let used = self.state.lock().used;
-        if used + bytes > self.capacity {
+        if used + bytes > self.capacity + slack {
             return Err(Error::new(
                 Code::NoSpace,
                 format!(
@@ -335,6 +351,35 @@ impl OwnerStore {
                 self.handle
             ))),
         }
+    }
+
+    /// Notes that the object at `(bucket, offset)` was read.
+    pub fn mark_read(&self, bucket_id: u64, offset: u64) {
+        if let Some(m) = self.state.lock().meta.get_mut(&bucket_id) {
+            m.read.insert(offset);
+        }
+    }
+
+    /// Live objects of `buckets` read since their bucket was written, at
+    /// most `budget` bytes, oldest bucket first: (key, bucket, offset,
+    /// length, crc32c).
+    pub fn read_objects(&self, buckets: &[u64], budget: u64) -> Vec<(String, u64, u64, u64, u32)> {
+        let st = self.state.lock();
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for b in buckets {
+            let (Some(rec), Some(m)) = (st.buckets.get(b), st.meta.get(b)) else {
+                continue;
+            };
+            for e in &rec.objects {
+                let live = st.by_loc.contains_key(&(*b, e.offset));
+                if live && m.read.contains(&e.offset) && bytes + e.length <= budget {
+                    bytes += e.length;
+                    out.push((e.key.clone(), *b, e.offset, e.length, e.crc32c));
+                }
+            }
+        }
+        out
     }
 
     /// Length and crc32c of the live object starting at `(bucket, offset)`.

@@ -208,8 +208,11 @@ impl Master {
                         return false; // a stale copy of an older object
                     }
                 }
-                if !o.ssd.iter().any(|s| s.owner_id == r.owner_id) {
-                    o.ssd.push(r);
+                // An owner holds one copy; its latest report of where wins
+                // (compaction moves objects between buckets).
+                match o.ssd.iter_mut().find(|s| s.owner_id == r.owner_id) {
+                    Some(s) => *s = r,
+                    None => o.ssd.push(r),
                 }
                 true
             }
