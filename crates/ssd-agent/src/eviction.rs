@@ -72,7 +72,11 @@ impl Evictor {
     ) -> Result<u64> {
         // Buckets a previous pass could not delete yet (still being read).
         let mut freed = self.delete_idle(self.store.evicting()).await;
-        let target = self.target(need).unwrap_or(u64::MAX);
+        // Evict a bucket more than needed: the objects kept by rewriting
+        // them take up to `keep_budget` of the room made.
+        let target = self
+            .target(need)
+            .map_or(u64::MAX, |t| t.saturating_sub(self.keep_budget));
         let victims = self.store.eviction_candidates(target, self.sparse_below);
         if victims.is_empty() {
             return Ok(freed);

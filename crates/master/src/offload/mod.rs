@@ -108,6 +108,10 @@ impl Master {
     pub async fn report_offload(&self, req: pb::ReportOffloadRequest) -> Result<()> {
         self.owners.check_epoch(req.owner_id, req.epoch)?;
         let now = unix_ms();
+        // Failures are logged once per report (a full disk fails a whole
+        // batch at once), with one example; each key at debug level.
+        let (mut requeued, mut dropped) = (0u64, 0u64);
+        let mut example: Option<(String, String)> = None;
         for r in req.results {
             let no_room = r.code == Code::NoSpace as u32;
             let res = self.queue.lock().report_with(
@@ -153,24 +157,28 @@ impl Master {
                         .inc();
                 }
                 queue::Outcome::Requeued => {
-                    tracing::warn!(
+                    tracing::debug!(
                         key = task.key,
                         attempts = task.attempts + 1,
                         error = r.error,
                         "offload failed; will retry"
                     );
+                    requeued += 1;
+                    example.get_or_insert((task.key.clone(), r.error.clone()));
                     self.metrics
                         .offload_results
                         .with_label_values(&["failed_requeued"])
                         .inc();
                 }
                 queue::Outcome::Dropped(why) => {
-                    tracing::warn!(
+                    tracing::debug!(
                         key = task.key,
                         why,
                         error = r.error,
                         "offload failed for good; dropped"
                     );
+                    dropped += 1;
+                    example.get_or_insert((task.key.clone(), r.error.clone()));
                     if self
                         .objects
                         .shard(&task.key)
@@ -186,6 +194,16 @@ impl Master {
                         .inc();
                 }
             }
+        }
+        if let Some((key, error)) = example {
+            tracing::warn!(
+                owner = req.owner_id,
+                requeued,
+                dropped,
+                example_key = key,
+                error,
+                "offload tasks failed (requeued ones are retried with backoff; dropped ones stay in DRAM or, under on-evict, are dropped)"
+            );
         }
         self.refresh_offload_gauges();
         Ok(())
