@@ -171,6 +171,7 @@ impl Evictor {
                 owner_id,
                 epoch,
                 objects,
+                relocation: true,
             })
             .await
         {

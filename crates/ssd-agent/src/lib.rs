@@ -266,6 +266,7 @@ impl Session {
                 owner_id,
                 epoch,
                 objects,
+                relocation: false,
             })
             .await
             .map_err(Error::from)?;

@@ -140,7 +140,7 @@ impl Master {
                         offset: r.offset,
                         length: task.size,
                     };
-                    let added = self.add_ssd_replica(&task.key, replica, None);
+                    let added = self.add_ssd_replica(&task.key, replica, None, false);
                     if added {
                         self.free_after_offload(&task.key);
                     } else {
@@ -209,19 +209,21 @@ impl Master {
         Ok(())
     }
 
-    /// Adds an SSD replica to `key`. With `create` = Some((size, crc)) an
+    /// Adds an SSD replica to `key`. With `expect` = Some((size, crc)) the
+    /// object must match it (else the copy is stale), and with `create` an
     /// object the master does not know is created SSD-only (inventory after
     /// a master restart). Returns whether the replica was recorded.
     pub(crate) fn add_ssd_replica(
         &self,
         key: &str,
         r: SsdReplica,
-        create: Option<(u64, u32)>,
+        expect: Option<(u64, u32)>,
+        create: bool,
     ) -> bool {
         let mut shard = self.objects.shard(key);
         match shard.get_mut(key) {
             Some(o) if o.is_complete() => {
-                if let Some((size, crc)) = create {
+                if let Some((size, crc)) = expect {
                     if size != o.size || crc != o.crc32c {
                         return false; // a stale copy of an older object
                     }
@@ -235,7 +237,7 @@ impl Master {
                 true
             }
             Some(_) => false,
-            None => match create {
+            None => match expect.filter(|_| create) {
                 Some((size, crc)) => {
                     shard.insert(
                         key.to_string(),
@@ -262,7 +264,10 @@ impl Master {
                 offset: o.offset,
                 length: o.length,
             };
-            if self.add_ssd_replica(&o.key, r, Some((o.length, o.crc32c))) {
+            // A relocation (compaction moved the object) never brings back
+            // a key removed meanwhile; a restart's inventory may create it.
+            let create = !req.relocation;
+            if self.add_ssd_replica(&o.key, r, Some((o.length, o.crc32c)), create) {
                 adopted += 1;
             } else {
                 // A stale copy of an older object under the same key.

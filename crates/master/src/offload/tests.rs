@@ -213,3 +213,45 @@ async fn removing_a_key_tells_its_owner_to_drop_the_ssd_copy() {
     });
     assert!(stale.is_err(), "a fenced epoch cannot evict");
 }
+
+#[tokio::test]
+async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
+    let (m, owner, epoch) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.9).await;
+    put(&m, "live", 100);
+    put(&m, "gone", 100);
+    persist_all(&m, owner, epoch).await;
+    m.remove("gone", false).unwrap();
+    let moved = |key: &str| pb::SsdObject {
+        key: key.into(),
+        bucket_id: 7,
+        offset: 64,
+        length: 100,
+        crc32c: 0,
+    };
+    let report = |relocation| pb::ReportInventoryRequest {
+        owner_id: owner,
+        epoch,
+        objects: vec![moved("live"), moved("gone")],
+        relocation,
+    };
+    m.report_inventory(report(true)).await.unwrap();
+    let live = m.objects.shard("live").get("live").unwrap().ssd.clone();
+    assert_eq!(live.len(), 1, "one copy per owner");
+    assert_eq!(
+        (live[0].bucket_id, live[0].offset),
+        (7, 64),
+        "its new place"
+    );
+    assert!(
+        !m.exists("gone").unwrap(),
+        "a relocation never revives a removed key"
+    );
+    let drops = m.take_ssd_drops(owner);
+    assert!(
+        drops.iter().any(|d| d.key == "gone" && d.bucket_id == 7),
+        "the owner is told to drop the moved copy: {drops:?}"
+    );
+    // A restart's inventory, unlike a relocation, may create SSD-only keys.
+    m.report_inventory(report(false)).await.unwrap();
+    assert!(m.exists("gone").unwrap());
+}
