@@ -33,18 +33,21 @@ fn queued_keys(m: &Master) -> Vec<String> {
     v
 }
 
+/// An agent's heartbeat taking up to `max_tasks` tasks.
+fn heartbeat(m: &Master, owner: u64, epoch: u64, max_tasks: u32) -> pb::OwnerHeartbeatResponse {
+    m.owner_heartbeat(&pb::OwnerHeartbeatRequest {
+        owner_id: owner,
+        epoch,
+        capacity_bytes: 1 << 30,
+        max_tasks,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// Takes every task and reports it persisted, as an agent would.
 async fn persist_all(m: &Master, owner: u64, epoch: u64) -> usize {
-    let tasks = m
-        .owner_heartbeat(&pb::OwnerHeartbeatRequest {
-            owner_id: owner,
-            epoch,
-            capacity_bytes: 1 << 30,
-            max_tasks: 1000,
-            ..Default::default()
-        })
-        .unwrap()
-        .tasks;
+    let tasks = heartbeat(m, owner, epoch, 1000).tasks;
     let n = tasks.len();
     let results = tasks
         .iter()
@@ -174,24 +177,10 @@ async fn removing_a_key_tells_its_owner_to_drop_the_ssd_copy() {
     put(&m, "k", 100);
     persist_all(&m, owner, epoch).await;
     m.remove("k", false).unwrap();
-    let hb = m
-        .owner_heartbeat(&pb::OwnerHeartbeatRequest {
-            owner_id: owner,
-            epoch,
-            capacity_bytes: 1 << 30,
-            ..Default::default()
-        })
-        .unwrap();
+    let hb = heartbeat(&m, owner, epoch, 0);
     assert_eq!(hb.drops.len(), 1);
     assert_eq!((hb.drops[0].key.as_str(), hb.drops[0].bucket_id), ("k", 1));
-    let again = m
-        .owner_heartbeat(&pb::OwnerHeartbeatRequest {
-            owner_id: owner,
-            epoch,
-            capacity_bytes: 1 << 30,
-            ..Default::default()
-        })
-        .unwrap();
+    let again = heartbeat(&m, owner, epoch, 0);
     assert!(again.drops.is_empty(), "delivered once");
     // Evicting a bucket forgets its replicas before the agent deletes it.
     put(&m, "e", 100);
