@@ -63,3 +63,9 @@ pub fn metric(body: &str, name: &str) -> f64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(-1.0)
 }
+
+/// The master's offload queue is idle: nothing queued or in flight, no pin.
+pub fn drained(c: &LocalCluster) -> bool {
+    let (q, a) = c.master.queue_counts();
+    q == 0 && a == 0 && c.master.total_pins() == 0
+}

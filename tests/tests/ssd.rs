@@ -5,7 +5,9 @@
 use std::time::Duration;
 use strata_client::{Client, Code, PutOptions};
 use strata_proto as pb;
-use strata_tests::{eager, http_get, metric, payload, wait_until, ClusterBuilder, LocalCluster};
+use strata_tests::{
+    drained, eager, http_get, metric, payload, wait_until, ClusterBuilder, LocalCluster,
+};
 
 async fn ssd_keys(c: &LocalCluster, keys: &[String]) -> usize {
     let mut n = 0;
@@ -44,11 +46,6 @@ async fn evict_memory(cl: &Client, keys: &[String]) {
     for (k, s) in keys.iter().zip(r.results) {
         assert_eq!(s.code, 0, "{k}: {}", s.message);
     }
-}
-
-fn drained(c: &LocalCluster) -> bool {
-    let (q, a) = c.master.queue_counts();
-    q == 0 && a == 0 && c.master.total_pins() == 0
 }
 
 /// The production failure this prevents: a partial last bucket kept as a

@@ -5,12 +5,9 @@
 use std::time::Duration;
 use strata_client::{Client, Code, PutOptions};
 use strata_proto as pb;
-use strata_tests::{eager, http_get, metric, payload, wait_until, ClusterBuilder, LocalCluster};
-
-fn drained(c: &LocalCluster) -> bool {
-    let (q, a) = c.master.queue_counts();
-    q == 0 && a == 0 && c.master.total_pins() == 0
-}
+use strata_tests::{
+    drained, eager, http_get, metric, payload, wait_until, ClusterBuilder, LocalCluster,
+};
 
 /// Puts `keys` (object i = payload(i, size)), waits until each is on SSD and
 /// drops its DRAM copy, so reads must go through the agent.

@@ -28,10 +28,6 @@ impl BucketRegion {
         }
     }
 
-    pub fn staging(&self) -> &Staging {
-        &self.staging
-    }
-
     pub fn install(&self, key: GrantKey, store: Arc<OwnerStore>) {
         *self.state.write() = Some((key, store));
     }

@@ -88,10 +88,6 @@ impl Staging {
         }
     }
 
-    pub fn capacity(&self) -> u64 {
-        self.inner.capacity
-    }
-
     /// Bytes held right now (by local readers and remote leases).
     pub fn in_use(&self) -> u64 {
         self.inner.capacity - self.inner.sem.available_permits() as u64 * UNIT
