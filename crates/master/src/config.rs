@@ -68,6 +68,37 @@ impl std::fmt::Display for OffloadPolicy {
     }
 }
 
+/// Which DRAM victims `on-evict` sends to SSD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SsdAdmission {
+    /// Every victim, unless a loop larger than DRAM + SSD is detected; then
+    /// the SSD keeps what it holds (offload/admission.rs).
+    #[default]
+    Auto,
+    /// Every victim.
+    All,
+}
+
+impl std::str::FromStr for SsdAdmission {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(SsdAdmission::Auto),
+            "all" => Ok(SsdAdmission::All),
+            _ => Err(format!("unknown SSD admission {s:?}; use auto or all")),
+        }
+    }
+}
+
+impl std::fmt::Display for SsdAdmission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SsdAdmission::Auto => "auto",
+            SsdAdmission::All => "all",
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct MasterConfig {
     pub listen: SocketAddr,
@@ -85,6 +116,8 @@ pub struct MasterConfig {
     pub eviction_ratio: f64,
     pub alloc_strategy: AllocStrategy,
     pub offload_policy: OffloadPolicy,
+    /// `on-evict` only: which victims go to SSD.
+    pub ssd_admission: SsdAdmission,
     /// An offload task handed to an agent must be reported within this time.
     pub offload_task_ttl: Duration,
     /// An SSD hit queues a copy of the object back into DRAM.
@@ -107,6 +140,7 @@ impl Default for MasterConfig {
             eviction_ratio: 0.05,
             alloc_strategy: AllocStrategy::Random,
             offload_policy: OffloadPolicy::OnEvict,
+            ssd_admission: SsdAdmission::Auto,
             offload_task_ttl: Duration::from_secs(30),
             promote_on_hit: false,
             promote_queue: 1024,
@@ -194,6 +228,9 @@ pub struct MasterArgs {
     /// SSD admission: eager | on-evict | reads:N [default: on-evict]
     #[arg(long, env = "STRATA_OFFLOAD_POLICY")]
     pub offload_policy: Option<String>,
+    /// on-evict: which DRAM victims go to SSD: auto (all, unless a loop larger than DRAM + SSD is detected) | all [default: auto]
+    #[arg(long, env = "STRATA_SSD_ADMISSION")]
+    pub ssd_admission: Option<String>,
     /// An offload task not reported within this time is requeued [default: 30s]
     #[arg(long, env = "STRATA_OFFLOAD_TASK_TTL")]
     pub offload_task_ttl: Option<HumanDuration>,
@@ -229,6 +266,7 @@ impl MasterArgs {
                     eviction_ratio,
                     alloc_strategy,
                     offload_policy,
+                    ssd_admission,
                     offload_task_ttl,
                     promote_on_hit,
                     promote_queue
@@ -253,6 +291,10 @@ impl MasterArgs {
             offload_policy: match self.offload_policy {
                 Some(s) => s.parse().map_err(Error::invalid)?,
                 None => d.offload_policy,
+            },
+            ssd_admission: match self.ssd_admission {
+                Some(s) => s.parse().map_err(Error::invalid)?,
+                None => d.ssd_admission,
             },
             offload_task_ttl: self.offload_task_ttl.map_or(d.offload_task_ttl, |v| v.0),
             promote_on_hit: self.promote_on_hit.unwrap_or(d.promote_on_hit),

@@ -73,6 +73,12 @@ impl Master {
                 };
                 match fate {
                     Fate::Free(o, gone) => {
+                        if gone {
+                            // Dropped without an SSD copy (a put needing room).
+                            self.admission.admit(&key, o.size);
+                        } else {
+                            self.admission.victim_on_ssd(&key, o.size);
+                        }
                         freed += o.release();
                         evicted += 1;
                         progressed = true;
@@ -81,7 +87,12 @@ impl Master {
                         }
                     }
                     Fate::Offload(size) => {
-                        if self.enqueue_offload(&key, size) {
+                        if !self.admission.admit(&key, size) {
+                            // Kept out of the SSD (a loop larger than the tiers).
+                            freed += self.drop_if_evictable(&key);
+                            evicted += 1;
+                            progressed = true;
+                        } else if self.enqueue_offload(&key, size) {
                             pending += self.objects.shard(&key).get(&key).map_or(0, alloc_bytes);
                             progressed = true;
                         } else {
@@ -178,6 +189,10 @@ impl Master {
             return 0;
         }
         let target = cap * (hw - self.cfg.eviction_ratio).max(0.0);
+        if self.policy.on_evict() {
+            let (capacity, used) = self.ssd_tier_usage();
+            self.admission.observe_tier(capacity, used);
+        }
         self.evict_with((allocated - target).max(0.0) as u64, self.policy.on_evict())
     }
 }

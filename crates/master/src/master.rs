@@ -7,6 +7,7 @@ use crate::config::{AllocStrategy, MasterConfig};
 use crate::durable::{DurableKv, FileKv, MemKv};
 use crate::metrics::MasterMetrics;
 use crate::objects::{ObjState, Object, ObjectTable, Replica, SsdReplica};
+use crate::offload::admission::AdmissionFilter;
 use crate::offload::owners::OwnerRegistry;
 use crate::offload::policy::{self, AdmissionPolicy};
 use crate::offload::queue::OffloadQueue;
@@ -45,6 +46,8 @@ pub struct Master {
     pub(crate) owners: OwnerRegistry,
     pub(crate) queue: Mutex<OffloadQueue>,
     pub(crate) policy: Box<dyn AdmissionPolicy>,
+    /// `on-evict`: which DRAM victims the SSD tier takes.
+    pub(crate) admission: AdmissionFilter,
     /// Pings data-plane addresses (is an SSD owner's holder still alive?).
     pinger: TcpTransport,
     /// Per owner: SSD copies it should forget (removed keys, stale copies),
@@ -111,6 +114,10 @@ impl Master {
         metrics.is_leader.set(1);
         metrics.term.set(1);
         let policy = policy::from_config(cfg.offload_policy)?;
+        let admission = AdmissionFilter::new(
+            policy.on_evict() && cfg.ssd_admission == crate::config::SsdAdmission::Auto,
+            metrics.admission.clone(),
+        );
         let owners = OwnerRegistry::new(kv, cfg.node_ttl.as_millis() as u64);
         let pinger = TcpTransport::new(TcpTransportConfig {
             connect_timeout: std::time::Duration::from_secs(1),
@@ -133,6 +140,7 @@ impl Master {
             owners,
             queue: Mutex::new(OffloadQueue::new(5, 500)),
             policy,
+            admission,
             pinger,
             ssd_drops: Mutex::new(HashMap::new()),
             promotions: Mutex::new(Default::default()),
@@ -439,9 +447,11 @@ impl Master {
         let now = unix_ms();
         let (size, crc, replicas, ssd, lease, reads) = {
             let mut shard = self.objects.shard(key);
-            let obj = shard
-                .get_mut(key)
-                .ok_or_else(|| Error::not_found(format!("key {key:?} not found")))?;
+            let Some(obj) = shard.get_mut(key) else {
+                drop(shard);
+                self.admission.lookup_miss(key);
+                return Err(Error::not_found(format!("key {key:?} not found")));
+            };
             if !obj.is_complete() {
                 return Err(Error::new(
                     Code::NotReady,
@@ -467,8 +477,11 @@ impl Master {
         };
         if !replicas.is_empty() {
             self.admit_on_read(key, size, reads, !ssd.is_empty());
-        } else if let Some(r) = ssd.first() {
-            self.maybe_promote(key, r.owner_id);
+        } else {
+            self.admission.lookup_miss(key);
+            if let Some(r) = ssd.first() {
+                self.maybe_promote(key, r.owner_id);
+            }
         }
         // Memory first, then SSD (served by the owning agent).
         let mut views: Vec<pb::Replica> = replicas

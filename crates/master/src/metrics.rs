@@ -16,6 +16,7 @@ pub struct MasterMetrics {
     pub offload_tasks: IntGaugeVec,
     pub offload_results: IntCounterVec,
     pub promotions: IntCounterVec,
+    pub admission: crate::offload::admission::AdmissionMetrics,
     pub is_leader: IntGauge,
     pub term: IntGauge,
     pub nodes: IntGauge,
@@ -101,6 +102,31 @@ impl MasterMetrics {
                 )
                 .expect("valid metric"),
             ),
+            admission: crate::offload::admission::AdmissionMetrics {
+                decisions: reg(
+                    &r,
+                    IntCounterVec::new(
+                        Opts::new(
+                            "strata_master_ssd_admission_total",
+                            "DRAM victims the SSD tier admitted or refused (on-evict, --ssd-admission auto)",
+                        ),
+                        &["decision"],
+                    )
+                    .expect("valid metric"),
+                ),
+                mode: g(
+                    "strata_master_ssd_admission_mode",
+                    "SSD admission mode: 0 admits every DRAM victim, 1 keeps what the SSD holds",
+                ),
+                score: g(
+                    "strata_master_ssd_admission_score",
+                    "Sampled DRAM misses the admit-all shadow served minus those the keeping shadow served (bounded)",
+                ),
+                sample: g(
+                    "strata_master_ssd_admission_sample",
+                    "One key in this many feeds the admission shadows",
+                ),
+            },
             is_leader: g(
                 "strata_master_is_leader",
                 "1 when this master serves as leader",

@@ -1,6 +1,7 @@
 //! The SSD tier as the master sees it: owners (SSD agents) and their
 //! identity, the offload task queue, and SSD replicas.
 
+pub mod admission;
 pub mod owners;
 pub mod policy;
 pub(crate) mod promotion;
@@ -335,6 +336,15 @@ impl Master {
         };
         obj.release();
         Ok(())
+    }
+
+    /// Capacity of the live SSD owners, and the bytes used or queued there.
+    pub(crate) fn ssd_tier_usage(&self) -> (u64, u64) {
+        let usage = self.owners.live_usage(unix_ms());
+        let q = self.queue.lock();
+        usage.iter().fold((0, 0), |(c, u), &(id, cap, used)| {
+            (c + cap, u + used + q.pending_bytes(id))
+        })
     }
 
     pub(crate) fn refresh_offload_gauges(&self) {

@@ -190,6 +190,16 @@ impl OwnerRegistry {
             .map(|(_, id)| id)
     }
 
+    /// (owner, capacity, used bytes) of each live owner.
+    pub fn live_usage(&self, now: u64) -> Vec<(u64, u64, u64)> {
+        self.owners
+            .read()
+            .values()
+            .filter(|o| self.live(o, now))
+            .map(|o| (o.owner_id, o.capacity, o.used))
+            .collect()
+    }
+
     /// Data address and handle of a live owner.
     pub fn endpoint(&self, owner: u64, now: u64) -> Option<(String, String)> {
         self.owners

@@ -34,8 +34,12 @@ pub struct ReplayArgs {
     /// Blocks the SSD tier holds
     #[arg(long, default_value_t = 17577)]
     pub ssd_blocks: u64,
-    /// Admission policies to compare
-    #[arg(long, value_delimiter = ',', default_value = "eager,on-evict,reads:1")]
+    /// Admission policies to compare (on-evict/all: every DRAM victim to SSD)
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "eager,on-evict,on-evict/all,reads:1"
+    )]
     pub policies: Vec<String>,
     /// Replay N times faster than the trace's timestamps (0 = as fast as
     /// possible, which outruns offload on a slow disk and turns victims into

@@ -5,7 +5,7 @@
 //! sequential read of the same bucket files, in the same run.
 
 use super::report::{Report, Row};
-use super::tiering::{parse_policies, progress, put_blocks, Tally, Tiers};
+use super::tiering::{parse_policies, progress, put_blocks, BenchPolicy, Tally, Tiers};
 use crate::{Client, ClientConfig, PutOptions, Tier};
 use anyhow::Context;
 use std::time::{Duration, Instant};
@@ -26,11 +26,11 @@ pub struct ScanArgs {
     /// Zipf skew of the second workload
     #[arg(long, default_value_t = 0.9)]
     pub zipf: f64,
-    /// Admission policies to compare
+    /// Admission policies to compare (on-evict/all: every DRAM victim to SSD)
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "eager,on-evict,reads:1,reads:2"
+        default_value = "eager,on-evict,on-evict/all,reads:1,reads:2"
     )]
     pub policies: Vec<String>,
     /// Objects of the SSD read-throughput phase (0 skips it)
@@ -74,7 +74,7 @@ impl Zipf {
 /// not counted.
 async fn drive(
     tiers: &Tiers,
-    policy: strata_master::config::OffloadPolicy,
+    policy: BenchPolicy,
     name: &str,
     accesses: &[u64],
     warm: usize,
@@ -236,7 +236,7 @@ async fn ssd_read_throughput(args: &ScanArgs, report: &mut Report) -> anyhow::Re
         promote: false,
     };
     let c = tiers
-        .start(strata_master::config::OffloadPolicy::Eager)
+        .start(BenchPolicy::of(strata_master::config::OffloadPolicy::Eager))
         .await?;
     let client = Client::connect(ClientConfig::new(c.master_addr())).await?;
     let keys: Vec<String> = (0..n).map(|i| format!("rd/{i}")).collect();

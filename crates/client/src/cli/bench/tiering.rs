@@ -6,7 +6,7 @@ use crate::local::{ClusterBuilder, LocalCluster};
 use crate::{Client, Code, PutOptions, Tier};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use strata_master::config::OffloadPolicy;
+use strata_master::config::{OffloadPolicy, SsdAdmission};
 
 /// Bucket-table bytes an SSD object costs beyond its data (entry + key).
 const SSD_ENTRY: u64 = 96;
@@ -25,7 +25,7 @@ impl Tiers {
     /// A cluster whose DRAM holds `dram_blocks` and whose one SSD owner holds
     /// `ssd_blocks`. The SSD watermarks are set close to full so the
     /// configured capacity is what the policies get to use.
-    pub async fn start(&self, policy: OffloadPolicy) -> anyhow::Result<PolicyCluster> {
+    pub async fn start(&self, policy: BenchPolicy) -> anyhow::Result<PolicyCluster> {
         let aligned = self.block.div_ceil(64) * 64;
         let bucket_blocks = 64;
         let bucket_bytes = bucket_blocks * (self.block + SSD_ENTRY) + 4096;
@@ -46,7 +46,8 @@ impl Tiers {
                 a.poll_interval = std::time::Duration::from_millis(20);
             })
             .master(move |m| {
-                m.offload_policy = policy;
+                m.offload_policy = policy.offload;
+                m.ssd_admission = policy.admission;
                 // Background eviction keeps headroom so puts rarely have to
                 // evict synchronously (which drops instead of offloading);
                 // victims queued for offload stay readable in DRAM.
@@ -196,8 +197,49 @@ pub fn offload_outcomes(c: &LocalCluster) -> (u64, u64, u64) {
     (get("persisted"), get("source_gone"), get("dropped"))
 }
 
-pub fn parse_policies(list: &[String]) -> anyhow::Result<Vec<OffloadPolicy>> {
-    list.iter()
-        .map(|p| p.parse::<OffloadPolicy>().map_err(anyhow::Error::msg))
-        .collect()
+/// A master's `--offload-policy` and, for `on-evict`, its `--ssd-admission`:
+/// written `on-evict` (auto) or `on-evict/all`.
+#[derive(Debug, Clone, Copy)]
+pub struct BenchPolicy {
+    pub offload: OffloadPolicy,
+    pub admission: SsdAdmission,
+}
+
+impl BenchPolicy {
+    pub fn of(offload: OffloadPolicy) -> Self {
+        BenchPolicy {
+            offload,
+            admission: SsdAdmission::default(),
+        }
+    }
+}
+
+impl std::str::FromStr for BenchPolicy {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        let (policy, admission) = match s.split_once('/') {
+            Some((p, a)) => (p, a.parse().map_err(anyhow::Error::msg)?),
+            None => (s, SsdAdmission::default()),
+        };
+        let offload: OffloadPolicy = policy.parse().map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            offload == OffloadPolicy::OnEvict || admission == SsdAdmission::default(),
+            "policy {s:?}: only on-evict takes an SSD admission (on-evict/auto or on-evict/all)"
+        );
+        Ok(BenchPolicy { offload, admission })
+    }
+}
+
+impl std::fmt::Display for BenchPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.offload)?;
+        if self.admission != SsdAdmission::default() {
+            write!(f, "/{}", self.admission)?;
+        }
+        Ok(())
+    }
+}
+
+pub fn parse_policies(list: &[String]) -> anyhow::Result<Vec<BenchPolicy>> {
+    list.iter().map(|p| p.parse()).collect()
 }
