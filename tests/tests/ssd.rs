@@ -181,7 +181,7 @@ async fn failed_writes_and_lost_reports_are_retried_until_persisted() {
     c.shutdown().await;
 }
 
-/// A full owner makes room by evicting its least recently used buckets
+/// A full owner makes room by evicting its oldest buckets
 /// (telling the master first): disk use never passes the capacity, and every
 /// key stays readable (from DRAM, where its SSD copy was evicted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,7 +31,8 @@ pub struct SsdAgentConfig {
     pub max_tasks: u32,
     /// Pause between offload cycles when there is no work.
     pub poll_interval: Duration,
-    /// Above this share of `capacity`, buckets are evicted (LRU)...
+    /// Above this share of `capacity`, buckets are evicted (oldest first; read
+    /// objects are kept)...
     pub high_watermark: f64,
     /// ...until usage is back at this share.
     pub low_watermark: f64,

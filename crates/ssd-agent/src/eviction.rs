@@ -1,18 +1,20 @@
 //! Bucket eviction. Above the high watermark (or when a batch of offloads
 //! needs room) the agent evicts whole buckets, sparse ones (mostly removed
-//! objects) first, then least recently read, down to the low watermark. The
+//! objects) first, then the oldest written, down to the low watermark. The
 //! order makes deletion safe against readers:
 //! 1. the master forgets every replica in the buckets (no new reader is sent),
 //! 2. the buckets refuse new reads (a reader holding an older grant gets a
 //!    clean "not found"),
 //! 3. each bucket is deleted once its in-flight reads finished.
 //!
-//! Objects read since their bucket was written get a second chance: they are
-//! rewritten into a new bucket (the master learns their new place first), so
-//! eviction works per object for what is in use, per bucket for the rest.
+//! Objects read since their bucket was written get another chance: they are
+//! rewritten into a new bucket (the master learns their new place first) with
+//! one read credit less, so eviction works per object for what is in use
+//! (CLOCK with counters up to `MAX_CREDIT`), per bucket for the rest.
 
 use crate::store::OwnerStore;
 use prometheus::IntCounter;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_common::{Error, Result};
@@ -130,12 +132,14 @@ impl Evictor {
         }
         let store = self.store.clone();
         let slack = self.keep_budget + (keep.len() as u64 + 1) * 4096;
+        let credits: HashMap<String, u8> =
+            keep.iter().map(|o| (o.key.clone(), o.credit - 1)).collect();
         let written = tokio::task::spawn_blocking(move || {
             let mut data = Vec::with_capacity(keep.len());
-            for (key, b, off, len, crc) in &keep {
-                let bytes = store.read_piece(*b, *off, *len)?;
-                if crc32c::crc32c(&bytes) == *crc {
-                    data.push((key.as_str(), bytes, *crc));
+            for o in &keep {
+                let bytes = store.read_piece(o.bucket_id, o.offset, o.length)?;
+                if crc32c::crc32c(&bytes) == o.crc32c {
+                    data.push((o.key.as_str(), bytes, o.crc32c));
                 }
             }
             let objs: Vec<(&str, &[u8], u32)> = data
@@ -154,6 +158,12 @@ impl Evictor {
                 return;
             }
         };
+        let left: Vec<(u64, u8)> = rec
+            .objects
+            .iter()
+            .map(|e| (e.offset, credits.get(&e.key).copied().unwrap_or(0)))
+            .collect();
+        self.store.set_credit(rec.bucket_id, &left);
         let objects = rec
             .objects
             .iter()

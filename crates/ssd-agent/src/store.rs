@@ -12,6 +12,21 @@ use std::time::Duration;
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 
+/// Reads an object's credit counts at most: an object read this often is
+/// kept through up to this many evictions of its bucket without a new read.
+pub const MAX_CREDIT: u8 = 3;
+
+/// An object eviction keeps (rewrites into a new bucket).
+#[derive(Debug, Clone)]
+pub struct KeptObject {
+    pub key: String,
+    pub bucket_id: u64,
+    pub offset: u64,
+    pub length: u64,
+    pub crc32c: u32,
+    pub credit: u8,
+}
+
 /// Test hooks: make the next writes fail or stall, or drop reports. Set in
 /// process by tests, or through `STRATA_TEST_FAULTS` (e.g.
 /// `fail_writes=1,write_delay_ms=3000,drop_reports=1`) for real processes.
@@ -74,13 +89,13 @@ pub struct RecoveryReport {
 #[derive(Debug, Default, Clone)]
 struct BucketMeta {
     readers: u32,
-    last_access_ms: u64,
     /// The master was told; no new reads; deleted once `readers` is 0.
     evicting: bool,
     dead: HashSet<u64>,
-    /// Objects read since the bucket was written: eviction keeps them
-    /// (rewrites them into a new bucket) once, like a second chance.
-    read: HashSet<u64>,
+    /// Reads of each object since the bucket was written (at most
+    /// `MAX_CREDIT`): eviction keeps an object with credit by rewriting it
+    /// into a new bucket with one credit less (CLOCK with counters).
+    credit: HashMap<u64, u8>,
     data_bytes: u64,
     live_bytes: u64,
 }
@@ -96,10 +111,9 @@ impl BucketMeta {
             .sum();
         BucketMeta {
             readers: 0,
-            last_access_ms: rec.created_unix_ms,
             evicting: false,
             dead,
-            read: HashSet::new(),
+            credit: HashMap::new(),
             data_bytes,
             live_bytes: data_bytes - dead_bytes,
         }
@@ -333,14 +347,12 @@ impl OwnerStore {
     }
 
     /// Registers a read of `bucket_id`: refused (not found) once the bucket
-    /// is being evicted, so a reader never races its deletion; marks the
-    /// bucket used for LRU.
+    /// is being evicted, so a reader never races its deletion.
     pub fn begin_read(self: &std::sync::Arc<Self>, bucket_id: u64) -> Result<BucketReadGuard> {
         let mut st = self.state.lock();
         match st.meta.get_mut(&bucket_id) {
             Some(m) if !m.evicting => {
                 m.readers += 1;
-                m.last_access_ms = unix_ms();
                 Ok(BucketReadGuard {
                     store: self.clone(),
                     bucket_id,
@@ -356,14 +368,24 @@ impl OwnerStore {
     /// Notes that the object at `(bucket, offset)` was read.
     pub fn mark_read(&self, bucket_id: u64, offset: u64) {
         if let Some(m) = self.state.lock().meta.get_mut(&bucket_id) {
-            m.read.insert(offset);
+            let c = m.credit.entry(offset).or_insert(0);
+            *c = (*c + 1).min(MAX_CREDIT);
         }
     }
 
-    /// Live objects of `buckets` read since their bucket was written, at
-    /// most `budget` bytes, oldest bucket first: (key, bucket, offset,
-    /// length, crc32c).
-    pub fn read_objects(&self, buckets: &[u64], budget: u64) -> Vec<(String, u64, u64, u64, u32)> {
+    /// Gives objects of a bucket just written their credit (kept objects
+    /// carry what they had left).
+    pub fn set_credit(&self, bucket_id: u64, credits: &[(u64, u8)]) {
+        if let Some(m) = self.state.lock().meta.get_mut(&bucket_id) {
+            for &(offset, c) in credits.iter().filter(|(_, c)| *c > 0) {
+                m.credit.insert(offset, c.min(MAX_CREDIT));
+            }
+        }
+    }
+
+    /// Live objects of `buckets` with read credit, at most `budget` bytes,
+    /// oldest bucket first: (key, bucket, offset, length, crc32c, credit).
+    pub fn read_objects(&self, buckets: &[u64], budget: u64) -> Vec<KeptObject> {
         let st = self.state.lock();
         let mut out = Vec::new();
         let mut bytes = 0;
@@ -373,9 +395,17 @@ impl OwnerStore {
             };
             for e in &rec.objects {
                 let live = st.by_loc.contains_key(&(*b, e.offset));
-                if live && m.read.contains(&e.offset) && bytes + e.length <= budget {
+                let credit = m.credit.get(&e.offset).copied().unwrap_or(0);
+                if live && credit > 0 && bytes + e.length <= budget {
                     bytes += e.length;
-                    out.push((e.key.clone(), *b, e.offset, e.length, e.crc32c));
+                    out.push(KeptObject {
+                        key: e.key.clone(),
+                        bucket_id: *b,
+                        offset: e.offset,
+                        length: e.length,
+                        crc32c: e.crc32c,
+                        credit,
+                    });
                 }
             }
         }
@@ -432,22 +462,25 @@ impl OwnerStore {
     }
 
     /// Buckets to evict so that usage falls to `target_used`: first those
-    /// whose live share fell below `sparse_below`, then least recently used.
+    /// whose live share fell below `sparse_below`, then the oldest written
+    /// (bucket ids grow). Read objects survive through their credit, so a
+    /// read does not keep a whole bucket of cold neighbours alive, as
+    /// ordering buckets by last read would.
     pub fn eviction_candidates(&self, target_used: u64, sparse_below: f64) -> Vec<u64> {
         let st = self.state.lock();
-        let mut order: Vec<(bool, u64, u64, u64)> = st
+        let mut order: Vec<(bool, u64, u64)> = st
             .meta
             .iter()
             .filter(|(_, m)| !m.evicting)
             .map(|(&id, m)| {
                 let len = st.buckets.get(&id).map_or(0, |b| b.file_len);
-                (m.live_ratio() >= sparse_below, m.last_access_ms, id, len)
+                (m.live_ratio() >= sparse_below, id, len)
             })
             .collect();
         order.sort_unstable();
         let mut used = st.used;
         let mut out = Vec::new();
-        for (dense, _, id, len) in order {
+        for (dense, id, len) in order {
             if used <= target_used && dense {
                 break;
             }
@@ -547,5 +580,57 @@ impl OwnerStore {
 
     pub fn flush(&self) -> Result<()> {
         self.index.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(dir: &Path) -> OwnerStore {
+        let index = Index::open(&dir.join("index")).unwrap();
+        OwnerStore::new(dir, index, 1, "t/0", 1 << 30, Default::default()).unwrap()
+    }
+
+    fn bucket(s: &OwnerStore, keys: &[&str]) -> BucketRecord {
+        let data = vec![7u8; 1000];
+        let crc = crc32c::crc32c(&data);
+        let objs: Vec<(&str, &[u8], u32)> = keys.iter().map(|k| (*k, &data[..], crc)).collect();
+        s.write_bucket(&objs).unwrap()
+    }
+
+    /// Buckets go oldest written first however they were read: a read keeps
+    /// its object (credit), not its bucket.
+    #[test]
+    fn eviction_goes_oldest_written_first_and_reads_earn_credit() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path());
+        let a = bucket(&s, &["a0", "a1"]);
+        let b = bucket(&s, &["b0", "b1"]);
+        // Reading bucket a (a1 twice) does not move it behind b.
+        for _ in 0..2 {
+            s.mark_read(a.bucket_id, a.objects[1].offset);
+        }
+        let one = s.stats().used - 1;
+        assert_eq!(s.eviction_candidates(one, 0.0), vec![a.bucket_id]);
+        assert_eq!(
+            s.eviction_candidates(0, 0.0),
+            vec![a.bucket_id, b.bucket_id]
+        );
+        let kept = s.read_objects(&[a.bucket_id, b.bucket_id], u64::MAX);
+        assert_eq!(kept.len(), 1, "only the read object: {kept:?}");
+        assert_eq!((kept[0].key.as_str(), kept[0].credit), ("a1", 2));
+        // Credit is capped, and set on a rewritten object's new bucket.
+        for _ in 0..10 {
+            s.mark_read(b.bucket_id, b.objects[0].offset);
+        }
+        let kept = s.read_objects(&[b.bucket_id], u64::MAX);
+        assert_eq!(kept[0].credit, MAX_CREDIT);
+        let c = bucket(&s, &["a1"]);
+        s.set_credit(c.bucket_id, &[(c.objects[0].offset, 1)]);
+        let kept = s.read_objects(&[c.bucket_id], u64::MAX);
+        assert_eq!((kept[0].key.as_str(), kept[0].credit), ("a1", 1));
+        // The budget bounds what one pass keeps.
+        assert!(s.read_objects(&[a.bucket_id, b.bucket_id], 999).is_empty());
     }
 }
