@@ -179,6 +179,7 @@ pub struct LocalAgent {
     pub store: Arc<strata_ssd_agent::store::OwnerStore>,
     pub faults: Arc<strata_ssd_agent::store::Faults>,
     pub staging: strata_ssd_agent::staging::Staging,
+    pub eviction: strata_ssd_agent::eviction::EvictionMetrics,
     token: CancellationToken,
     task: Option<tokio::task::JoinHandle<Result<()>>>,
 }
@@ -255,6 +256,7 @@ impl LocalCluster {
             store: h.store.clone(),
             faults: h.faults.clone(),
             staging: h.staging.clone(),
+            eviction: h.eviction.clone(),
             token,
             task: Some(tokio::spawn(h.wait())),
         })

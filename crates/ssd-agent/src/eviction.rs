@@ -12,7 +12,7 @@
 //! one read credit less, so eviction works per object for what is in use
 //! (CLOCK with counters up to `MAX_CREDIT`), per bucket for the rest.
 
-use crate::store::OwnerStore;
+use crate::store::{OwnerStore, MAX_CREDIT};
 use prometheus::IntCounter;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -75,27 +75,71 @@ impl Evictor {
         // Buckets a previous pass could not delete yet (still being read).
         let mut freed = self.delete_idle(self.store.evicting()).await;
         // Evict a bucket more than needed: the objects kept by rewriting
-        // them take up to `keep_budget` of the room made.
+        // them take some of the room made.
         let target = self
             .target(need)
             .map_or(u64::MAX, |t| t.saturating_sub(self.keep_budget));
-        let victims = self.store.eviction_candidates(target, self.sparse_below);
-        if victims.is_empty() {
-            return Ok(freed);
+        // Victims go in groups whose kept objects fit one rewrite of at most
+        // `keep_budget` bytes, each group kept, forgotten and deleted before
+        // the next: disk use stays within capacity + one bucket however many
+        // objects are kept. A round's victims are chosen at its start, so it
+        // never evicts what its own keeps wrote; when the keeps left too
+        // little room for `need`, another round goes on around the clock
+        // (kept objects lost a credit, so it ends).
+        for round in 0..=MAX_CREDIT {
+            // Objects read all the time would keep their credit forever: the
+            // last round keeps nothing, so room is always made.
+            let budget = if round < MAX_CREDIT {
+                self.keep_budget
+            } else {
+                0
+            };
+            let victims = self.store.eviction_candidates(target, self.sparse_below);
+            let mut rest = victims.as_slice();
+            while !rest.is_empty() {
+                let n = match budget {
+                    0 => rest.len(),
+                    b => self.store.keep_group(rest, b),
+                };
+                freed += self
+                    .evict_group(master, owner_id, epoch, &rest[..n], budget)
+                    .await?;
+                rest = &rest[n..];
+            }
+            let used = self.store.stats().used;
+            if victims.is_empty() || need == 0 || used + need <= self.store.capacity {
+                break;
+            }
         }
-        self.keep_read_objects(master, owner_id, epoch, &victims)
-            .await;
+        Ok(freed)
+    }
+
+    /// Keeps the read objects of `victims`, has the master forget the
+    /// buckets, then deletes each once its in-flight reads finished.
+    async fn evict_group(
+        &self,
+        master: &mut MasterClient<Channel>,
+        owner_id: u64,
+        epoch: u64,
+        victims: &[u64],
+        keep_budget: u64,
+    ) -> Result<u64> {
+        if keep_budget > 0 {
+            self.keep_read_objects(master, owner_id, epoch, victims, keep_budget)
+                .await;
+        }
         master
             .evict_buckets(pb::EvictBucketsRequest {
                 owner_id,
                 epoch,
-                bucket_ids: victims.clone(),
+                bucket_ids: victims.to_vec(),
             })
             .await
             .map_err(Error::from)?;
-        self.store.begin_evict(&victims);
+        self.store.begin_evict(victims);
         let deadline = Instant::now() + READER_WAIT;
-        let mut left = victims;
+        let mut left = victims.to_vec();
+        let mut freed = 0;
         while !left.is_empty() {
             let (idle, busy): (Vec<u64>, Vec<u64>) =
                 left.into_iter().partition(|b| self.store.readers(*b) == 0);
@@ -115,7 +159,7 @@ impl Evictor {
         Ok(freed)
     }
 
-    /// Second chance: objects read since their bucket was written are
+    /// Another chance: objects read since their bucket was written are
     /// rewritten into a new bucket, and the master learns their new place,
     /// before their old buckets are evicted. Best effort: on any failure they
     /// are simply evicted with their bucket.
@@ -125,13 +169,14 @@ impl Evictor {
         owner_id: u64,
         epoch: u64,
         victims: &[u64],
+        budget: u64,
     ) {
-        let keep = self.store.read_objects(victims, self.keep_budget);
+        let keep = self.store.read_objects(victims, budget);
         if keep.is_empty() {
             return;
         }
         let store = self.store.clone();
-        let slack = self.keep_budget + (keep.len() as u64 + 1) * 4096;
+        let slack = budget + (keep.len() as u64 + 1) * 4096;
         let credits: HashMap<String, u8> =
             keep.iter().map(|o| (o.key.clone(), o.credit - 1)).collect();
         let written = tokio::task::spawn_blocking(move || {

@@ -171,6 +171,8 @@ pub struct SsdAgentHandle {
     /// The read staging arena (tests hold space in it to fill it up).
     pub staging: staging::Staging,
     pub faults: Arc<Faults>,
+    /// Eviction counters (benchmarks report them).
+    pub eviction: eviction::EvictionMetrics,
     fatal: Arc<parking_lot::Mutex<Option<Error>>>,
     tasks: JoinSet<()>,
 }
@@ -428,6 +430,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         store,
         staging,
         faults,
+        eviction: metrics.eviction.clone(),
         fatal,
         tasks,
     })

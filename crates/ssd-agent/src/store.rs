@@ -478,7 +478,14 @@ impl OwnerStore {
             })
             .collect();
         order.sort_unstable();
-        let mut used = st.used;
+        // Buckets already being evicted are as good as gone.
+        let going: u64 = st
+            .meta
+            .iter()
+            .filter(|(_, m)| m.evicting)
+            .filter_map(|(id, _)| st.buckets.get(id).map(|b| b.file_len))
+            .sum();
+        let mut used = st.used.saturating_sub(going);
         let mut out = Vec::new();
         for (dense, id, len) in order {
             if used <= target_used && dense {
@@ -488,6 +495,30 @@ impl OwnerStore {
             used = used.saturating_sub(len);
         }
         out
+    }
+
+    /// How many of `victims`, from the first, can be evicted together: the
+    /// objects they keep (live, with read credit) fit in `budget` bytes. At
+    /// least one (its kept objects are cut to the budget).
+    pub fn keep_group(&self, victims: &[u64], budget: u64) -> usize {
+        let st = self.state.lock();
+        let mut bytes = 0;
+        for (i, b) in victims.iter().enumerate() {
+            let (Some(rec), Some(m)) = (st.buckets.get(b), st.meta.get(b)) else {
+                continue;
+            };
+            bytes += rec
+                .objects
+                .iter()
+                .filter(|e| m.credit.get(&e.offset).is_some_and(|c| *c > 0))
+                .filter(|e| st.by_loc.contains_key(&(*b, e.offset)))
+                .map(|e| e.length)
+                .sum::<u64>();
+            if bytes > budget {
+                return i.max(1);
+            }
+        }
+        victims.len()
     }
 
     /// Marks buckets as being evicted: new reads are refused from now on.
