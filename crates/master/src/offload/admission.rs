@@ -123,6 +123,9 @@ pub struct AdmissionMetrics {
 pub struct AdmissionFilter {
     enabled: bool,
     keep: AtomicBool,
+    /// Copy of `Duel::sample`, so a DRAM miss of an unsampled key (almost
+    /// all of them) takes no lock.
+    sample: AtomicU64,
     duel: Mutex<Duel>,
     /// Bytes the keeping mode may still admit without making the agents evict.
     room: AtomicU64,
@@ -136,6 +139,7 @@ impl AdmissionFilter {
         AdmissionFilter {
             enabled,
             keep: AtomicBool::new(false),
+            sample: AtomicU64::new(0),
             duel: Mutex::new(Duel::default()),
             room: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -172,6 +176,7 @@ impl AdmissionFilter {
         if stale || d.all.capacity != capacity / d.sample {
             let sample = if stale { want } else { d.sample };
             d.sample = sample;
+            self.sample.store(sample, Ordering::Relaxed);
             d.all.reset(capacity / sample);
             d.keep.reset(capacity / sample);
             if stale {
@@ -188,7 +193,7 @@ impl AdmissionFilter {
 
     /// A read of `key` that DRAM could not serve (served from SSD, or missed).
     pub fn lookup_miss(&self, key: &str) {
-        if !self.enabled {
+        if !self.enabled || !self.sampled(key, self.sample.load(Ordering::Relaxed)) {
             return;
         }
         let mut d = self.duel.lock();
