@@ -73,12 +73,7 @@ impl Master {
                 };
                 match fate {
                     Fate::Free(o, gone) => {
-                        if gone {
-                            // Dropped without an SSD copy (a put needing room).
-                            self.admission.admit(&key, o.size);
-                        } else {
-                            self.admission.victim_on_ssd(&key, o.size);
-                        }
+                        self.admission.victim_undecided(&key, o.size);
                         freed += o.release();
                         evicted += 1;
                         progressed = true;

@@ -231,9 +231,10 @@ impl AdmissionFilter {
         self.metrics.mode.set(i64::from(keep));
     }
 
-    /// A DRAM victim that already has an SSD copy: the shadows see it (they
-    /// model the tier, not this object's history); nothing to decide.
-    pub fn victim_on_ssd(&self, key: &str, size: u64) {
+    /// A DRAM victim nothing is decided for (it has an SSD copy already, or
+    /// a put needing room drops it now): the shadows still see it, as they
+    /// model the tier under each mode, not what happened to this object.
+    pub fn victim_undecided(&self, key: &str, size: u64) {
         self.shadow_offer(key, size);
     }
 
