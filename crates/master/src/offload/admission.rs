@@ -373,6 +373,28 @@ mod tests {
     }
 
     #[test]
+    fn the_mode_follows_the_workload_back_to_admit_all() {
+        let f = AdmissionFilter::new(true, metrics());
+        f.admit("warm", 1000);
+        f.observe_tier(1000 * 1000, 0);
+        drive(&f, (0..4).flat_map(|_| 0..3000u64), 300);
+        assert_eq!(f.mode(), Mode::Keep);
+        // Then a sliding window over new keys: the admit-all shadow serves
+        // its re-reads, the keeping one cannot take the new keys in.
+        let keys = (0..20_000u64).map(|i| {
+            let k = 10_000 + i / 2;
+            if i % 2 == 0 {
+                k
+            } else {
+                k.saturating_sub(400).max(10_000)
+            }
+        });
+        drive(&f, keys, 300);
+        assert_eq!(f.mode(), Mode::AdmitAll);
+        assert_eq!(f.metrics.mode.get(), 0);
+    }
+
+    #[test]
     fn keeping_mode_fills_free_room_first_and_a_disabled_filter_admits_all() {
         let f = AdmissionFilter::new(true, metrics());
         f.admit("warm", 10);
