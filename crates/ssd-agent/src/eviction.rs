@@ -86,6 +86,8 @@ impl Evictor {
         // never evicts what its own keeps wrote; when the keeps left too
         // little room for `need`, another round goes on around the clock
         // (kept objects lost a credit, so it ends).
+        // One wait for readers per pass, however many groups it evicts.
+        let deadline = Instant::now() + READER_WAIT;
         for round in 0..=MAX_CREDIT {
             // Objects read all the time would keep their credit forever: the
             // last round keeps nothing, so room is always made.
@@ -102,7 +104,7 @@ impl Evictor {
                     b => self.store.keep_group(rest, b),
                 };
                 freed += self
-                    .evict_group(master, owner_id, epoch, &rest[..n], budget)
+                    .evict_group(master, owner_id, epoch, &rest[..n], budget, deadline)
                     .await?;
                 rest = &rest[n..];
             }
@@ -115,7 +117,8 @@ impl Evictor {
     }
 
     /// Keeps the read objects of `victims`, has the master forget the
-    /// buckets, then deletes each once its in-flight reads finished.
+    /// buckets, then deletes each once its in-flight reads finished (waiting
+    /// until `deadline` at most; later passes delete the rest).
     async fn evict_group(
         &self,
         master: &mut MasterClient<Channel>,
@@ -123,6 +126,7 @@ impl Evictor {
         epoch: u64,
         victims: &[u64],
         keep_budget: u64,
+        deadline: Instant,
     ) -> Result<u64> {
         if keep_budget > 0 {
             self.keep_read_objects(master, owner_id, epoch, victims, keep_budget)
@@ -137,7 +141,6 @@ impl Evictor {
             .await
             .map_err(Error::from)?;
         self.store.begin_evict(victims);
-        let deadline = Instant::now() + READER_WAIT;
         let mut left = victims.to_vec();
         let mut freed = 0;
         while !left.is_empty() {
