@@ -177,6 +177,13 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
         let (evicted, kept) = c.agents.first().map_or((0, 0), |a| {
             (a.eviction.buckets.get(), a.eviction.kept_objects.get())
         });
+        let refused = c
+            .master
+            .metrics
+            .admission
+            .decisions
+            .with_label_values(&["refused"])
+            .get();
         c.shutdown().await;
         let secs = el.as_secs_f64().max(1e-9);
         report.rows.push(Row {
@@ -189,7 +196,7 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
             p50_ms: 0.0,
             p99_ms: 0.0,
             note: format!(
-                "{}; {:.2}x infinite; offloads {persisted}, lost before copy {lost}, dropped {dropped}; SSD evicted {evicted} buckets, kept {kept} objects",
+                "{}; {:.2}x infinite; offloads {persisted}, lost before copy {lost}, dropped {dropped}, refused by admission {refused}; SSD evicted {evicted} buckets, kept {kept} objects",
                 t.breakdown(),
                 t.hit_rate() / infinite.max(1e-9)
             ),
