@@ -33,6 +33,8 @@ pub struct EvictionMetrics {
     pub kept_objects: IntCounter,
     pub bytes: IntCounter,
     pub removed_objects: IntCounter,
+    /// Buckets evicted by a pass's last round, which keeps nothing.
+    pub forced_buckets: IntCounter,
 }
 
 pub struct Evictor {
@@ -97,6 +99,13 @@ impl Evictor {
                 0
             };
             let victims = self.store.eviction_candidates(target, self.sparse_below);
+            if budget == 0 && !victims.is_empty() {
+                self.metrics.forced_buckets.inc_by(victims.len() as u64);
+                tracing::debug!(
+                    buckets = victims.len(),
+                    "evicting without keeping read objects: what is read does not fit"
+                );
+            }
             let mut rest = victims.as_slice();
             while !rest.is_empty() {
                 let n = match budget {

@@ -138,6 +138,10 @@ impl AgentMetrics {
                     "strata_ssd_agent_removed_objects_total",
                     "Objects forgotten because their key was removed from Strata",
                 ),
+                forced_buckets: c(
+                    "strata_ssd_agent_forced_evictions_total",
+                    "Buckets evicted without keeping their read objects: what is read no longer fits the capacity",
+                ),
             },
             server: ServerMetrics {
                 requests: c(
