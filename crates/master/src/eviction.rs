@@ -82,20 +82,15 @@ impl Master {
                         }
                     }
                     Fate::Offload(size) => {
-                        if !self.admission.admit(&key, size) {
-                            // Kept out of the SSD (a loop larger than the tiers).
-                            freed += self.drop_if_evictable(&key);
-                            evicted += 1;
-                            progressed = true;
-                        } else if self.enqueue_offload(&key, size) {
+                        // Kept out of the SSD (a loop larger than the tiers),
+                        // or the SSD tier cannot take it: simply dropped.
+                        if self.admission.admit(&key, size) && self.enqueue_offload(&key, size) {
                             pending += self.objects.shard(&key).get(&key).map_or(0, alloc_bytes);
-                            progressed = true;
                         } else {
-                            // The SSD tier cannot take it: simply dropped.
-                            freed += self.drop_if_evictable(&key);
+                            freed += self.drop_victim(&key);
                             evicted += 1;
-                            progressed = true;
                         }
+                        progressed = true;
                     }
                     Fate::Pending(bytes) => pending += bytes,
                     Fate::Skip => {}
@@ -130,6 +125,21 @@ impl Master {
             }
             None => 0,
         }
+    }
+
+    /// A victim marked for offload that will not be offloaded after all: it
+    /// is dropped, or, if a reader leased it meanwhile, unmarked so that a
+    /// later pass decides again (rather than waiting for a copy forever).
+    pub(crate) fn drop_victim(&self, key: &str) -> u64 {
+        let freed = self.drop_if_evictable(key);
+        if freed == 0 {
+            if let Some(o) = self.objects.shard(key).get_mut(key) {
+                if o.ssd.is_empty() {
+                    o.offload_then_free = false;
+                }
+            }
+        }
+        freed
     }
 
     /// `on-evict`: the SSD copy of a victim exists, so its DRAM goes now

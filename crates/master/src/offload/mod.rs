@@ -187,7 +187,7 @@ impl Master {
                         .is_some_and(|o| o.offload_then_free)
                     {
                         // `on-evict`: the SSD tier could not take the victim.
-                        self.drop_if_evictable(&task.key);
+                        self.drop_victim(&task.key);
                     }
                     self.metrics
                         .offload_results

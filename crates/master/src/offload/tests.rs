@@ -244,3 +244,59 @@ async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
     m.report_inventory(report(false)).await.unwrap();
     assert!(m.exists("gone").unwrap());
 }
+
+/// A victim whose offload is given up (no room, or refused) while a reader
+/// holds it is not left waiting for a copy that will never come: once the
+/// lease ends, a later pass decides again.
+#[tokio::test]
+async fn a_victim_whose_offload_fails_while_leased_is_decided_again() {
+    let m = master_with(1, 1 << 20, |c| {
+        c.offload_policy = OffloadPolicy::OnEvict;
+        c.high_watermark = 0.5;
+        c.eviction_ratio = 0.0;
+        c.lease_ttl = std::time::Duration::from_millis(200);
+    });
+    let r = m
+        .register_owner(pb::RegisterOwnerRequest {
+            handle: "h/nvme0".into(),
+            data_addr: "127.0.0.1:1".into(),
+            capacity_bytes: 1 << 30,
+            instance: "i".into(),
+        })
+        .await
+        .unwrap();
+    for i in 0..12 {
+        put(&m, &format!("k{i:02}"), 64 << 10);
+    }
+    m.evict_to_watermark();
+    let victim = queued_keys(&m)[0].clone();
+    m.get_replicas(&victim).unwrap();
+    let tasks = heartbeat(&m, r.owner_id, r.epoch, 1000).tasks;
+    let results = tasks
+        .iter()
+        .map(|t| pb::OffloadResult {
+            task_id: t.task_id,
+            code: strata_common::Code::NoSpace as u32,
+            error: "disk full".into(),
+            ..Default::default()
+        })
+        .collect();
+    m.report_offload(pb::ReportOffloadRequest {
+        owner_id: r.owner_id,
+        epoch: r.epoch,
+        results,
+    })
+    .await
+    .unwrap();
+    {
+        let s = m.objects.shard(&victim);
+        let o = s.get(&victim).expect("leased: not dropped");
+        assert!(!o.offload_then_free, "no longer waiting for a copy");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    m.evict_to_watermark();
+    assert!(
+        queued_keys(&m).contains(&victim) || !m.exists(&victim).unwrap(),
+        "decided again: queued or dropped"
+    );
+}
