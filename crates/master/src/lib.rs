@@ -126,6 +126,7 @@ async fn housekeeping(m: Arc<Master>, shutdown: CancellationToken) {
             m2.expire_nodes(strata_common::time::unix_ms());
             m2.reclaim_expired_puts(Instant::now());
             m2.expire_offload_tasks(strata_common::time::unix_ms());
+            m2.reassign_orphaned_tasks(strata_common::time::unix_ms());
             m2.expire_promotions(strata_common::time::unix_ms());
         })
         .await;

@@ -85,7 +85,7 @@ impl MasterMetrics {
                 IntCounterVec::new(
                     Opts::new(
                         "strata_master_offload_results_total",
-                        "Offload task outcomes: persisted, failed_requeued, expired_requeued, dropped, source_gone",
+                        "Offload task outcomes: persisted, failed_requeued, expired_requeued, dropped, source_gone, reassigned (queued for an owner that went away)",
                     ),
                     &["outcome"],
                 )

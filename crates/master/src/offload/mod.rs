@@ -180,15 +180,8 @@ impl Master {
                     );
                     dropped += 1;
                     example.get_or_insert((task.key.clone(), r.error.clone()));
-                    if self
-                        .objects
-                        .shard(&task.key)
-                        .get(&task.key)
-                        .is_some_and(|o| o.offload_then_free)
-                    {
-                        // `on-evict`: the SSD tier could not take the victim.
-                        self.drop_victim(&task.key);
-                    }
+                    // `on-evict`: the SSD tier could not take the victim.
+                    self.drop_victim_if_pending(&task.key);
                     self.metrics
                         .offload_results
                         .with_label_values(&["dropped"])
@@ -293,6 +286,63 @@ impl Master {
             self.refresh_offload_gauges();
         }
         expired.len()
+    }
+
+    /// Tasks queued for an owner that stopped heartbeating (longer than
+    /// `--node-ttl`) go to a live owner, or, if none can take them, are
+    /// dropped (an `on-evict` victim then leaves DRAM). Returns how many
+    /// moved.
+    pub fn reassign_orphaned_tasks(&self, now_ms: u64) -> usize {
+        let live: std::collections::HashSet<u64> = self
+            .owners
+            .live_usage(now_ms)
+            .into_iter()
+            .map(|(id, _, _)| id)
+            .collect();
+        let orphans: Vec<queue::Task> = {
+            let mut q = self.queue.lock();
+            let gone: Vec<u64> = q
+                .owners_with_queued()
+                .into_iter()
+                .filter(|o| !live.contains(o))
+                .collect();
+            gone.into_iter().flat_map(|o| q.take_orphans(o)).collect()
+        };
+        if orphans.is_empty() {
+            return 0;
+        }
+        let (mut moved, mut dropped) = (0, 0);
+        for t in &orphans {
+            if self.enqueue_offload(&t.key, t.size) {
+                moved += 1;
+            } else {
+                dropped += 1;
+                self.drop_victim_if_pending(&t.key);
+            }
+        }
+        let m = &self.metrics.offload_results;
+        m.with_label_values(&["reassigned"]).inc_by(moved as u64);
+        m.with_label_values(&["dropped"]).inc_by(dropped as u64);
+        tracing::info!(
+            moved,
+            dropped,
+            "offload tasks of SSD owners that stopped heartbeating were placed elsewhere"
+        );
+        self.refresh_offload_gauges();
+        moved
+    }
+
+    /// An `on-evict` victim whose offload will not happen leaves DRAM (or is
+    /// unmarked if a reader holds it); other objects are left alone.
+    fn drop_victim_if_pending(&self, key: &str) {
+        let pending = self
+            .objects
+            .shard(key)
+            .get(key)
+            .is_some_and(|o| o.offload_then_free);
+        if pending {
+            self.drop_victim(key);
+        }
     }
 
     /// Forgets every SSD replica of `owner` (it registered again; its

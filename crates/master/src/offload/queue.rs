@@ -268,6 +268,31 @@ impl OffloadQueue {
         self.requeue_assigned(now_ms, |t, _| t.owner == owner)
     }
 
+    /// Owners with tasks waiting in their queue.
+    pub fn owners_with_queued(&self) -> Vec<u64> {
+        self.queued
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(o, _)| *o)
+            .collect()
+    }
+
+    /// Removes every *queued* task of `owner` (it is gone: the caller places
+    /// them elsewhere). Assigned ones stay until reported or expired (their
+    /// sources are pinned), then come back to the queue and go here too.
+    pub fn take_orphans(&mut self, owner: u64) -> Vec<Task> {
+        let ids: Vec<u64> = self.queued.remove(&owner).unwrap_or_default().into();
+        let mut out = Vec::new();
+        for id in ids {
+            match self.tasks.get(&id).map(|t| t.state) {
+                Some(TaskState::Queued { .. }) => out.extend(self.forget(id)),
+                // Assigned (taken before the owner went away): kept.
+                Some(TaskState::Assigned { .. }) | None => {}
+            }
+        }
+        out
+    }
+
     /// Drops a task outright (its source is gone). Returns it if it was
     /// assigned (its pin must be released).
     pub fn drop_task(&mut self, id: u64) -> Option<Task> {
@@ -332,6 +357,7 @@ mod tests {
         Advance(u16),
         Restart(u8),
         DropSource(usize),
+        OwnerGone(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -342,6 +368,7 @@ mod tests {
             (0u16..3000).prop_map(Op::Advance),
             (0u8..3).prop_map(Op::Restart),
             (0usize..64).prop_map(Op::DropSource),
+            (0u8..3).prop_map(Op::OwnerGone),
         ]
     }
 
@@ -400,6 +427,12 @@ mod tests {
                         }
                     }
                     Op::DropSource(_) => {}
+                    Op::OwnerGone(o) => {
+                        for t in q.take_orphans(o as u64) {
+                            prop_assert!(matches!(t.state, TaskState::Queued { .. }), "only queued tasks move");
+                            prop_assert!(terminal.insert(t.id, "moved").is_none());
+                        }
+                    }
                 }
                 let (_, a) = q.counts();
                 let scanned = q.tasks.values().filter(|t| matches!(t.state, TaskState::Assigned { .. })).count();

@@ -300,3 +300,58 @@ async fn a_victim_whose_offload_fails_while_leased_is_decided_again() {
         "decided again: queued or dropped"
     );
 }
+
+/// Tasks queued for an owner that stopped heartbeating go to a live owner;
+/// with none left they are dropped, and `on-evict` victims leave DRAM
+/// instead of waiting for a copy forever.
+#[tokio::test]
+async fn tasks_of_an_owner_that_went_away_move_to_a_live_one_or_are_dropped() {
+    let register = |m: Arc<Master>, handle: &'static str| async move {
+        m.register_owner(pb::RegisterOwnerRequest {
+            handle: handle.into(),
+            data_addr: "127.0.0.1:1".into(),
+            capacity_bytes: 1 << 30,
+            instance: "i".into(),
+        })
+        .await
+        .unwrap()
+        .owner_id
+    };
+    let m = master_with(1, 8 << 20, |c| {
+        c.offload_policy = OffloadPolicy::Eager;
+        c.node_ttl = std::time::Duration::from_millis(50);
+    });
+    let a = register(m.clone(), "a/nvme0").await;
+    for i in 0..4 {
+        put(&m, &format!("k{i}"), 4096);
+    }
+    assert!(m.queue.lock().tasks().all(|t| t.owner == a));
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let b = register(m.clone(), "b/nvme0").await;
+    assert_eq!(m.reassign_orphaned_tasks(strata_common::time::unix_ms()), 4);
+    assert_eq!(queued_keys(&m), vec!["k0", "k1", "k2", "k3"]);
+    assert!(m.queue.lock().tasks().all(|t| t.owner == b), "moved to b");
+    assert_eq!(m.queue.lock().pending_bytes(a), 0);
+
+    // No live owner at all: dropped; on-evict victims leave DRAM.
+    let m = master_with(1, 1 << 20, |c| {
+        c.offload_policy = OffloadPolicy::OnEvict;
+        c.high_watermark = 0.5;
+        c.eviction_ratio = 0.0;
+        c.node_ttl = std::time::Duration::from_millis(50);
+    });
+    register(m.clone(), "a/nvme0").await;
+    for i in 0..12 {
+        put(&m, &format!("k{i:02}"), 64 << 10);
+    }
+    m.evict_to_watermark();
+    let victims = queued_keys(&m);
+    assert!(!victims.is_empty());
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(m.reassign_orphaned_tasks(strata_common::time::unix_ms()), 0);
+    assert!(queued_keys(&m).is_empty());
+    for k in &victims {
+        assert!(!m.exists(k).unwrap(), "{k} left DRAM");
+    }
+    assert!(m.allocated_bytes() <= (1 << 20) / 2);
+}
