@@ -294,6 +294,11 @@ async fn a_victim_whose_offload_fails_while_leased_is_decided_again() {
         assert!(!o.offload_then_free, "no longer waiting for a copy");
     }
     tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    // Fill DRAM past the watermark again: the victim, still the oldest, is
+    // picked again (before the fix it stayed "waiting" and was skipped).
+    for i in 0..12 {
+        put(&m, &format!("n{i:02}"), 64 << 10);
+    }
     m.evict_to_watermark();
     assert!(
         queued_keys(&m).contains(&victim) || !m.exists(&victim).unwrap(),
