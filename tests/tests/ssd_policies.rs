@@ -299,6 +299,14 @@ async fn a_loop_larger_than_the_tiers_makes_the_ssd_keep_what_it_holds() {
             .with_label_values(&["refused"])
             .get();
         eprintln!("{admission}: SSD served {served} of 300, refused {refused}, mode {mode}");
+        let (_, body) = strata_tests::http_get(c.master_admin, "/api/v1/offload").await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let (enabled, shown) = match admission {
+            SsdAdmission::Auto => (true, "keep"),
+            SsdAdmission::All => (false, "admit-all"),
+        };
+        assert_eq!(v["ssd_admission"]["enabled"], enabled, "{body}");
+        assert_eq!(v["ssd_admission"]["mode"], shown, "{body}");
         match admission {
             SsdAdmission::Auto => {
                 assert_eq!(mode, 1.0, "switched to keeping");

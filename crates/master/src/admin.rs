@@ -157,6 +157,7 @@ impl Master {
         drop(q);
         json!({
             "policy": self.policy.name(),
+            "ssd_admission": self.admission.describe(),
             "queued": queued,
             "assigned": assigned,
             "persisted": c.persisted,

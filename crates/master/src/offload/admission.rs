@@ -155,6 +155,21 @@ impl AdmissionFilter {
         }
     }
 
+    /// For `/api/v1/offload`: whether the filter runs, its mode, score and
+    /// sample rate.
+    pub fn describe(&self) -> serde_json::Value {
+        let d = self.duel.lock();
+        serde_json::json!({
+            "enabled": self.enabled,
+            "mode": match self.mode() {
+                Mode::AdmitAll => "admit-all",
+                Mode::Keep => "keep",
+            },
+            "score": d.score,
+            "sample": d.sample,
+        })
+    }
+
     /// The SSD tier as it is now: capacity of the live owners and bytes used
     /// or queued there. Sets the sample rate (the shadows start over when it
     /// changes by more than 2x) and the room the keeping mode fills freely.
