@@ -57,6 +57,23 @@ impl Shadow {
         };
     }
 
+    /// A new capacity, keeping the most recent keys that fit.
+    fn resize(&mut self, capacity: u64) {
+        self.capacity = capacity;
+        self.shrink_to(capacity);
+    }
+
+    fn shrink_to(&mut self, bytes: u64) {
+        while self.used > bytes {
+            let Some((_, k)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some((_, s)) = self.keys.remove(&k) {
+                self.used -= s;
+            }
+        }
+    }
+
     /// Whether `key` is cached; a hit makes it the most recent.
     fn lookup(&mut self, key: &str) -> bool {
         let Some(e) = self.keys.get_mut(key) else {
@@ -82,14 +99,7 @@ impl Shadow {
             }
             self.refused = 0;
         }
-        while self.used + size > self.capacity {
-            let Some((_, k)) = self.order.pop_first() else {
-                break;
-            };
-            if let Some((_, s)) = self.keys.remove(&k) {
-                self.used -= s;
-            }
-        }
+        self.shrink_to(self.capacity - size);
         self.clock += 1;
         self.keys.insert(key.to_string(), (self.clock, size));
         self.order.insert(self.clock, key.to_string());
@@ -184,21 +194,23 @@ impl AdmissionFilter {
             return;
         }
         let want = capacity
-            .div_ceil(SHADOW_ENTRIES * d.avg_size)
+            .div_ceil(SHADOW_ENTRIES.saturating_mul(d.avg_size))
             .max(1)
             .next_power_of_two();
-        let stale = d.sample == 0 || want > d.sample * 2 || want * 2 < d.sample;
-        if stale || d.all.capacity != capacity / d.sample {
-            let sample = if stale { want } else { d.sample };
-            d.sample = sample;
-            self.sample.store(sample, Ordering::Relaxed);
-            d.all.reset(capacity / sample);
-            d.keep.reset(capacity / sample);
-            if stale {
-                d.score = 0;
-                self.set_keep(false, 0, sample);
-            }
-            self.metrics.sample.set(sample as i64);
+        if d.sample == 0 || want > d.sample * 2 || want * 2 < d.sample {
+            // Another sample of keys: what the shadows learned is void.
+            d.sample = want;
+            self.sample.store(want, Ordering::Relaxed);
+            d.all.reset(capacity / want);
+            d.keep.reset(capacity / want);
+            d.score = 0;
+            self.set_keep(false, 0, want);
+            self.metrics.sample.set(want as i64);
+        } else if d.all.capacity != capacity / d.sample {
+            // Owners came or went: same keys, another size.
+            let cap = capacity / d.sample;
+            d.all.resize(cap);
+            d.keep.resize(cap);
         }
     }
 
@@ -286,7 +298,7 @@ impl AdmissionFilter {
         d.avg_size = if d.avg_size == 0 {
             size.max(1)
         } else {
-            ((d.avg_size * 63 + size) / 64).max(1)
+            (d.avg_size.saturating_mul(63).saturating_add(size) / 64).max(1)
         };
         if self.sampled(key, d.sample) {
             d.all.offer(key, size, false);
@@ -435,6 +447,15 @@ mod tests {
         // 1.15 GB of 64 KiB objects: ~17,500 objects, sampled 1 in 8.
         f.observe_tier(17_577 * (64 << 10), 0);
         assert_eq!(f.duel.lock().sample, 8);
+        // An owner joins (1.5x): same sample, the shadows keep what they hold.
+        f.duel.lock().all.offer("kept", 64 << 10, false);
+        f.observe_tier(26_365 * (64 << 10), 0);
+        {
+            let mut d = f.duel.lock();
+            assert_eq!(d.sample, 8);
+            assert_eq!(d.all.capacity, 26_365 * (64 << 10) / 8);
+            assert!(d.all.lookup("kept"), "resized, not reset");
+        }
         // A 64x larger tier samples 64x fewer keys; the shadows start over.
         f.observe_tier(64 * 17_577 * (64 << 10), 0);
         assert_eq!(f.duel.lock().sample, 512);
