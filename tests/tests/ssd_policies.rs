@@ -291,14 +291,7 @@ async fn a_loop_larger_than_the_tiers_makes_the_ssd_keep_what_it_holds() {
         let served = read_through(&cl, &pass, size).await;
         let (_, body) = strata_tests::http_get(c.master_admin, "/metrics").await;
         let mode = strata_tests::metric(&body, "strata_master_ssd_admission_mode");
-        let refused = c
-            .master
-            .metrics
-            .admission
-            .decisions
-            .with_label_values(&["refused"])
-            .get();
-        eprintln!("{admission}: SSD served {served} of 300, refused {refused}, mode {mode}");
+        let refused = c.master.metrics.admission.refused();
         let (_, body) = strata_tests::http_get(c.master_admin, "/api/v1/offload").await;
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         let (enabled, shown) = match admission {

@@ -155,6 +155,20 @@ struct State {
     foreign_files: u64,
 }
 
+impl State {
+    /// Live objects of bucket `b` with read credit, and their credit.
+    fn credited(&self, b: u64) -> impl Iterator<Item = (&Entry, u8)> {
+        let rec = self.buckets.get(&b);
+        let meta = self.meta.get(&b);
+        rec.into_iter()
+            .flat_map(|r| r.objects.iter())
+            .filter_map(move |e| {
+                let c = meta?.credit.get(&e.offset).copied().unwrap_or(0);
+                (c > 0 && self.by_loc.contains_key(&(b, e.offset))).then_some((e, c))
+            })
+    }
+}
+
 pub struct OwnerStore {
     pub owner_id: u64,
     pub handle: String,
@@ -389,18 +403,13 @@ impl OwnerStore {
         let st = self.state.lock();
         let mut out = Vec::new();
         let mut bytes = 0;
-        for b in buckets {
-            let (Some(rec), Some(m)) = (st.buckets.get(b), st.meta.get(b)) else {
-                continue;
-            };
-            for e in &rec.objects {
-                let live = st.by_loc.contains_key(&(*b, e.offset));
-                let credit = m.credit.get(&e.offset).copied().unwrap_or(0);
-                if live && credit > 0 && bytes + e.length <= budget {
+        for &b in buckets {
+            for (e, credit) in st.credited(b) {
+                if bytes + e.length <= budget {
                     bytes += e.length;
                     out.push(KeptObject {
                         key: e.key.clone(),
-                        bucket_id: *b,
+                        bucket_id: b,
                         offset: e.offset,
                         length: e.length,
                         crc32c: e.crc32c,
@@ -503,17 +512,8 @@ impl OwnerStore {
     pub fn keep_group(&self, victims: &[u64], budget: u64) -> usize {
         let st = self.state.lock();
         let mut bytes = 0;
-        for (i, b) in victims.iter().enumerate() {
-            let (Some(rec), Some(m)) = (st.buckets.get(b), st.meta.get(b)) else {
-                continue;
-            };
-            bytes += rec
-                .objects
-                .iter()
-                .filter(|e| m.credit.get(&e.offset).is_some_and(|c| *c > 0))
-                .filter(|e| st.by_loc.contains_key(&(*b, e.offset)))
-                .map(|e| e.length)
-                .sum::<u64>();
+        for (i, &b) in victims.iter().enumerate() {
+            bytes += st.credited(b).map(|(e, _)| e.length).sum::<u64>();
             if bytes > budget {
                 return i.max(1);
             }

@@ -30,6 +30,11 @@ const FLIP_AT: i64 = 16;
 /// default high watermark, so filling it does not evict anything).
 const FREE_FILL: f64 = 0.9;
 
+/// Whether `key` is in the 1-in-`sample` subset the shadows model.
+fn sampled(key: &str, sample: u64) -> bool {
+    sample != 0 && u64::from(crc32c::crc32c(key.as_bytes())) % sample == 0
+}
+
 /// The mode the real SSD tier follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -130,6 +135,13 @@ pub struct AdmissionMetrics {
     pub sample: IntGauge,
 }
 
+impl AdmissionMetrics {
+    /// DRAM victims kept out of the SSD so far.
+    pub fn refused(&self) -> u64 {
+        self.decisions.with_label_values(&["refused"]).get()
+    }
+}
+
 pub struct AdmissionFilter {
     enabled: bool,
     keep: AtomicBool,
@@ -214,17 +226,13 @@ impl AdmissionFilter {
         }
     }
 
-    fn sampled(&self, key: &str, sample: u64) -> bool {
-        sample != 0 && u64::from(crc32c::crc32c(key.as_bytes())) % sample == 0
-    }
-
     /// A read of `key` that DRAM could not serve (served from SSD, or missed).
     pub fn lookup_miss(&self, key: &str) {
-        if !self.enabled || !self.sampled(key, self.sample.load(Ordering::Relaxed)) {
+        if !self.enabled || !sampled(key, self.sample.load(Ordering::Relaxed)) {
             return;
         }
         let mut d = self.duel.lock();
-        if !self.sampled(key, d.sample) {
+        if !sampled(key, d.sample) {
             return;
         }
         let all = d.all.lookup(key);
@@ -300,7 +308,7 @@ impl AdmissionFilter {
         } else {
             (d.avg_size.saturating_mul(63).saturating_add(size) / 64).max(1)
         };
-        if self.sampled(key, d.sample) {
+        if sampled(key, d.sample) {
             d.all.offer(key, size, false);
             d.keep.offer(key, size, true);
         }
@@ -375,7 +383,7 @@ mod tests {
         assert_eq!(f.mode(), Mode::AdmitAll, "admit-all until proven worse");
         drive(&f, (0..4).flat_map(|_| 0..3000u64), 300);
         assert_eq!(f.mode(), Mode::Keep);
-        let refused = f.metrics.decisions.with_label_values(&["refused"]).get();
+        let refused = f.metrics.refused();
         assert!(refused > 1000, "refused {refused}");
     }
 
@@ -396,7 +404,7 @@ mod tests {
         drive(&f, keys, 300);
         assert_eq!(f.mode(), Mode::AdmitAll);
         assert!(f.duel.lock().score >= FLIP_AT, "admit-all served more");
-        assert_eq!(f.metrics.decisions.with_label_values(&["refused"]).get(), 0);
+        assert_eq!(f.metrics.refused(), 0);
     }
 
     #[test]

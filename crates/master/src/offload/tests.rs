@@ -15,16 +15,20 @@ async fn with_owner(policy: OffloadPolicy, seg: u64, hw: f64) -> (Arc<Master>, u
         c.eviction_ratio = 0.0;
         c.lease_ttl = std::time::Duration::from_millis(1);
     });
-    let r = m
-        .register_owner(pb::RegisterOwnerRequest {
-            handle: "h/nvme0".into(),
-            data_addr: "127.0.0.1:1".into(),
-            capacity_bytes: 1 << 30,
-            instance: "i".into(),
-        })
-        .await
-        .unwrap();
+    let r = register(&m, "h/nvme0").await;
     (m, r.owner_id, r.epoch)
+}
+
+/// Registers an SSD owner of 1 GiB under `handle`.
+async fn register(m: &Master, handle: &str) -> pb::RegisterOwnerResponse {
+    m.register_owner(pb::RegisterOwnerRequest {
+        handle: handle.into(),
+        data_addr: "127.0.0.1:1".into(),
+        capacity_bytes: 1 << 30,
+        instance: "i".into(),
+    })
+    .await
+    .unwrap()
 }
 
 fn queued_keys(m: &Master) -> Vec<String> {
@@ -256,15 +260,7 @@ async fn a_victim_whose_offload_fails_while_leased_is_decided_again() {
         c.eviction_ratio = 0.0;
         c.lease_ttl = std::time::Duration::from_millis(200);
     });
-    let r = m
-        .register_owner(pb::RegisterOwnerRequest {
-            handle: "h/nvme0".into(),
-            data_addr: "127.0.0.1:1".into(),
-            capacity_bytes: 1 << 30,
-            instance: "i".into(),
-        })
-        .await
-        .unwrap();
+    let r = register(&m, "h/nvme0").await;
     for i in 0..12 {
         put(&m, &format!("k{i:02}"), 64 << 10);
     }
@@ -311,28 +307,17 @@ async fn a_victim_whose_offload_fails_while_leased_is_decided_again() {
 /// instead of waiting for a copy forever.
 #[tokio::test]
 async fn tasks_of_an_owner_that_went_away_move_to_a_live_one_or_are_dropped() {
-    let register = |m: Arc<Master>, handle: &'static str| async move {
-        m.register_owner(pb::RegisterOwnerRequest {
-            handle: handle.into(),
-            data_addr: "127.0.0.1:1".into(),
-            capacity_bytes: 1 << 30,
-            instance: "i".into(),
-        })
-        .await
-        .unwrap()
-        .owner_id
-    };
     let m = master_with(1, 8 << 20, |c| {
         c.offload_policy = OffloadPolicy::Eager;
         c.node_ttl = std::time::Duration::from_millis(50);
     });
-    let a = register(m.clone(), "a/nvme0").await;
+    let a = register(&m, "a/nvme0").await.owner_id;
     for i in 0..4 {
         put(&m, &format!("k{i}"), 4096);
     }
     assert!(m.queue.lock().tasks().all(|t| t.owner == a));
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let b = register(m.clone(), "b/nvme0").await;
+    let b = register(&m, "b/nvme0").await.owner_id;
     assert_eq!(m.reassign_orphaned_tasks(strata_common::time::unix_ms()), 4);
     assert_eq!(queued_keys(&m), vec!["k0", "k1", "k2", "k3"]);
     assert!(m.queue.lock().tasks().all(|t| t.owner == b), "moved to b");
@@ -345,7 +330,7 @@ async fn tasks_of_an_owner_that_went_away_move_to_a_live_one_or_are_dropped() {
         c.eviction_ratio = 0.0;
         c.node_ttl = std::time::Duration::from_millis(50);
     });
-    register(m.clone(), "a/nvme0").await;
+    register(&m, "a/nvme0").await;
     for i in 0..12 {
         put(&m, &format!("k{i:02}"), 64 << 10);
     }

@@ -177,13 +177,7 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
         let (evicted, kept) = c.agents.first().map_or((0, 0), |a| {
             (a.eviction.buckets.get(), a.eviction.kept_objects.get())
         });
-        let refused = c
-            .master
-            .metrics
-            .admission
-            .decisions
-            .with_label_values(&["refused"])
-            .get();
+        let refused = c.master.metrics.admission.refused();
         c.shutdown().await;
         let secs = el.as_secs_f64().max(1e-9);
         report.rows.push(Row {
