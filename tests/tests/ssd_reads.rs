@@ -228,24 +228,30 @@ async fn eviction_waits_for_readers_of_a_bucket_and_then_refuses_new_ones() {
     c.shutdown().await;
 }
 
+/// A cluster whose one SSD owner holds 1 MiB in buckets of `bucket_bytes`
+/// and evicts down to `low_watermark`.
+async fn small_owner(bucket_bytes: u64, low_watermark: f64) -> LocalCluster {
+    ClusterBuilder::new()
+        .master(eager)
+        .store_nodes(1)
+        .ssd_agents(1)
+        .ssd_capacity(1 << 20)
+        .ssd(move |a| {
+            a.bucket_bytes = bucket_bytes;
+            a.low_watermark = low_watermark;
+        })
+        .build()
+        .await
+        .unwrap()
+}
+
 /// Readers race continuous offload and bucket eviction on a small owner:
 /// every read returns the right bytes or a clean "not found", never wrong
 /// bytes, a checksum failure or a crash.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_racing_bucket_eviction_get_right_bytes_or_not_found() {
     let size = 32 << 10;
-    let c = ClusterBuilder::new()
-        .master(eager)
-        .store_nodes(1)
-        .ssd_agents(1)
-        .ssd_capacity(1 << 20)
-        .ssd(|a| {
-            a.bucket_bytes = 128 << 10;
-            a.low_watermark = 0.5;
-        })
-        .build()
-        .await
-        .unwrap();
+    let c = small_owner(128 << 10, 0.5).await;
     let cl = c.client().await.unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     let written = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -317,18 +323,7 @@ async fn reads_racing_bucket_eviction_get_right_bytes_or_not_found() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_keeps_recently_read_objects_and_drops_the_rest() {
     let size = 64 << 10;
-    let c = ClusterBuilder::new()
-        .master(eager)
-        .store_nodes(1)
-        .ssd_agents(1)
-        .ssd_capacity(1 << 20)
-        .ssd(|a| {
-            a.bucket_bytes = 256 << 10;
-            a.low_watermark = 0.6;
-        })
-        .build()
-        .await
-        .unwrap();
+    let c = small_owner(256 << 10, 0.6).await;
     let cl = c.client().await.unwrap();
     let first: Vec<String> = (0..4).map(|i| format!("old-{i}")).collect();
     put_on_ssd_only(&c, &cl, &first, size, 0).await;
