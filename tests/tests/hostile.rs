@@ -11,8 +11,15 @@ use strata_transport::RemoteRange;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-fn range_of(r: &pb::Replica) -> RemoteRange {
-    strata_client::remote_range(r).unwrap()
+/// The granted range of `key`'s first replica, as a reader gets it.
+async fn granted(cl: &strata_client::Client, key: &str) -> RemoteRange {
+    let g = cl
+        .master_client()
+        .get_replicas(pb::GetReplicasRequest { key: key.into() })
+        .await
+        .unwrap()
+        .into_inner();
+    strata_client::remote_range(&g.replicas[0]).unwrap()
 }
 
 async fn read_response(s: &mut TcpStream) -> (Response, String) {
@@ -42,13 +49,7 @@ async fn data_plane_rejects_access_outside_the_grant() {
     cl.put("b", b"secret neighbour", &PutOptions::default())
         .await
         .unwrap();
-    let g = cl
-        .master_client()
-        .get_replicas(pb::GetReplicasRequest { key: "a".into() })
-        .await
-        .unwrap()
-        .into_inner();
-    let good = range_of(&g.replicas[0]);
+    let good = granted(&cl, "a").await;
     let t = cl.transport();
     let mut buf = vec![0u8; 1000];
     t.read(&good, 0, &mut buf).await.unwrap();
@@ -284,13 +285,7 @@ async fn batch_reads_check_every_item_and_refuse_oversized_batches() {
     cl.put("a", &payload(3, 4096), &PutOptions::default())
         .await
         .unwrap();
-    let g = cl
-        .master_client()
-        .get_replicas(pb::GetReplicasRequest { key: "a".into() })
-        .await
-        .unwrap()
-        .into_inner();
-    let good = range_of(&g.replicas[0]);
+    let good = granted(&cl, "a").await;
     let item = |id: u64, op: Op, scope: GrantScope| Request {
         op,
         req_id: id,
