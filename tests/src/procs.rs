@@ -43,6 +43,44 @@ impl Proc {
     }
 }
 
+/// Token files for every role.
+pub struct TokenFiles {
+    pub member: std::path::PathBuf,
+    pub client: std::path::PathBuf,
+    pub admin: std::path::PathBuf,
+}
+
+impl TokenFiles {
+    /// The master flags that load them.
+    pub fn master_args(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for (flag, p) in [
+            ("--member-token-file", &self.member),
+            ("--client-token-file", &self.client),
+            ("--admin-token-file", &self.admin),
+        ] {
+            v.push(flag.to_string());
+            v.push(p.to_str().unwrap().to_string());
+        }
+        v
+    }
+}
+
+/// Fresh token files for every role in `dir`.
+pub fn token_files(dir: &std::path::Path) -> TokenFiles {
+    let c = strata_common::auth::Credentials::generate();
+    let f = |name: &str, s: &Option<strata_common::auth::Secret>| {
+        let p = dir.join(name);
+        s.as_ref().unwrap().write_file(&p).unwrap();
+        p
+    };
+    TokenFiles {
+        member: f("member.token", &c.member),
+        client: f("client.token", &c.client),
+        admin: f("admin.token", &c.admin),
+    }
+}
+
 pub struct Master {
     pub proc: Proc,
     pub addr: String,
@@ -93,8 +131,13 @@ pub async fn start_master(extra: &[&str]) -> Master {
 }
 
 pub async fn start_node(master: &str, node_id: &str) -> (Proc, String) {
+    start_node_with(master, node_id, &[]).await
+}
+
+/// Starts `strata-store-node` with extra flags, waits until it is ready.
+pub async fn start_node_with(master: &str, node_id: &str, extra: &[&str]) -> (Proc, String) {
     let (d, a) = (free_port(), free_port());
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         "--master",
         master,
         "--listen",
@@ -109,6 +152,7 @@ pub async fn start_node(master: &str, node_id: &str) -> (Proc, String) {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
     let p = spawn("strata-store-node", &args);
     wait_ready(format!("127.0.0.1:{a}").parse().unwrap()).await;
     (p, format!("127.0.0.1:{d}"))

@@ -167,6 +167,7 @@ async fn malformed_data_plane_frames_do_not_crash_the_node() {
             offset: 0,
             length: 0,
             expires_unix_ms: 0,
+            generation: 0,
         },
         mac: [0; 16],
         offset: 0,
@@ -262,11 +263,21 @@ async fn garbage_grpc_requests_are_rejected_without_crashing() {
         node_id: "evil".into(),
         data_addr: "not an addr".into(),
         segments: vec![],
+        ..Default::default()
     };
+    // Registration is a member call: the admin token may not make it...
     assert_eq!(
-        m.register_node(reg).await.unwrap_err().code(),
-        tonic::Code::InvalidArgument
+        m.register_node(reg.clone()).await.unwrap_err().code(),
+        tonic::Code::PermissionDenied
     );
+    // ...and a member's bad registration is refused for what is wrong in it.
+    let mut member = strata_proto::master_client::MasterClient::new(
+        strata_common::grpc::master_channel(&c.master_addr(), c.credentials().member.as_ref())
+            .unwrap(),
+    );
+    let e = member.register_node(reg).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("data_addr"), "{e}");
     // Still serving.
     cl.put("after", b"still alive", &PutOptions::default())
         .await

@@ -1,12 +1,12 @@
 use crate::retry::Backoff;
 use futures::StreamExt;
 use std::sync::Arc;
+use strata_common::grpc::MasterChannel;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
 use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
 use strata_transport::{RemoteRange, Transport};
-use tonic::transport::Channel;
 
 /// How to reach the cluster and how hard to try.
 #[derive(Debug, Clone)]
@@ -17,6 +17,8 @@ pub struct ClientConfig {
     pub backoff: Backoff,
     /// Objects moved concurrently by batch calls.
     pub batch_concurrency: usize,
+    /// The client (or admin) token presented to the master.
+    pub token: Option<strata_common::auth::Secret>,
 }
 
 impl ClientConfig {
@@ -26,7 +28,14 @@ impl ClientConfig {
             transport: TcpTransportConfig::default(),
             backoff: Backoff::default(),
             batch_concurrency: 16,
+            token: None,
         }
+    }
+
+    /// Presents `token` to the master.
+    pub fn with_token(mut self, token: Option<strata_common::auth::Secret>) -> Self {
+        self.token = token;
+        self
     }
 }
 
@@ -56,7 +65,7 @@ impl Default for PutOptions {
 /// A handle to a Strata cluster. Cheap to clone; share one per process.
 #[derive(Clone)]
 pub struct Client {
-    master: MasterClient<Channel>,
+    master: MasterClient<MasterChannel>,
     transport: Arc<dyn Transport>,
     cfg: Arc<ClientConfig>,
 }
@@ -81,7 +90,7 @@ impl Client {
     /// Creates a client. The master connection is made lazily and re-made
     /// after failures, so this succeeds even while the master restarts.
     pub async fn connect(cfg: ClientConfig) -> Result<Client> {
-        let channel = strata_common::grpc::master_channel(&cfg.master)?;
+        let channel = strata_common::grpc::master_channel(&cfg.master, cfg.token.as_ref())?;
         Ok(Client {
             master: MasterClient::new(channel)
                 .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE)
@@ -91,7 +100,7 @@ impl Client {
         })
     }
 
-    fn m(&self) -> MasterClient<Channel> {
+    fn m(&self) -> MasterClient<MasterChannel> {
         self.master.clone()
     }
 
@@ -577,7 +586,7 @@ impl Client {
     }
 
     /// Raw access to the master API, for tools and tests.
-    pub fn master_client(&self) -> MasterClient<Channel> {
+    pub fn master_client(&self) -> MasterClient<MasterChannel> {
         self.m()
     }
 

@@ -5,6 +5,7 @@ use crate::{Client, ClientConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use strata_common::auth::Credentials;
 use strata_common::{Error, Result};
 use strata_master::{Master, MasterConfig};
 use strata_ssd_agent::{SsdAgentConfig, SsdAgentHandle};
@@ -26,6 +27,7 @@ pub struct ClusterBuilder {
     ssd_capacity: u64,
     ssd_dir: Option<std::path::PathBuf>,
     ssd: Option<AgentTweak>,
+    credentials: bool,
 }
 
 impl Default for ClusterBuilder {
@@ -40,6 +42,7 @@ impl Default for ClusterBuilder {
             ssd_capacity: 1 << 30,
             ssd_dir: None,
             ssd: None,
+            credentials: true,
         }
     }
 }
@@ -94,6 +97,12 @@ impl ClusterBuilder {
         self.prefault = yes;
         self
     }
+    /// Generate credentials for every role (the default) and pass them on,
+    /// or run in protected mode (no credentials, loopback only).
+    pub fn credentials(mut self, on: bool) -> Self {
+        self.credentials = on;
+        self
+    }
     /// Adjusts the master's configuration (TTLs, watermarks, addresses).
     pub fn master(mut self, f: impl FnOnce(&mut MasterConfig)) -> Self {
         f(&mut self.master);
@@ -114,6 +123,10 @@ impl ClusterBuilder {
             .ssd_dir
             .clone()
             .unwrap_or_else(|| tmp.path().join("ssd"));
+        if self.credentials && self.master.credentials.is_empty() {
+            self.master.credentials = Credentials::generate();
+        }
+        let credentials = self.master.credentials.clone();
         let root = CancellationToken::new();
         let master_token = root.child_token();
         let mh = strata_master::start(self.master.clone(), master_token.clone()).await?;
@@ -134,6 +147,7 @@ impl ClusterBuilder {
             ssd_dir,
             ssd_capacity: self.ssd_capacity,
             ssd_cfg: self.ssd.clone(),
+            credentials,
             _tmp: tmp,
         };
         for _ in 0..self.store_nodes {
@@ -210,6 +224,7 @@ pub struct LocalCluster {
     pub ssd_dir: std::path::PathBuf,
     ssd_capacity: u64,
     ssd_cfg: Option<AgentTweak>,
+    credentials: Credentials,
     _tmp: tempfile::TempDir,
 }
 
@@ -242,6 +257,7 @@ impl LocalCluster {
             self.ssd_dir.clone(),
             self.ssd_capacity,
         );
+        cfg.token = self.credentials.member.clone();
         if let Some(f) = &self.ssd_cfg {
             f(&mut cfg);
         }
@@ -267,6 +283,7 @@ impl LocalCluster {
             cfg.segment_size = s;
         }
         cfg.prefault = self.prefault;
+        cfg.token = self.credentials.member.clone();
         let token = self.root.child_token();
         let h: StoreNodeHandle = strata_store_node::start(cfg, token.clone()).await?;
         self.nodes.push(LocalNode {
@@ -301,7 +318,19 @@ impl LocalCluster {
     }
 
     pub async fn client(&self) -> Result<Client> {
-        Client::connect(ClientConfig::new(self.master_addr())).await
+        Client::connect(self.client_config()).await
+    }
+
+    /// A client configuration that presents the admin token (admins may
+    /// do everything a client may, and tests force-remove and evict).
+    pub fn client_config(&self) -> ClientConfig {
+        ClientConfig::new(self.master_addr()).with_token(self.credentials.admin.clone())
+    }
+
+    /// The credentials the cluster's master checks (all `None` in
+    /// protected mode).
+    pub fn credentials(&self) -> &Credentials {
+        &self.credentials
     }
 
     /// Stops every service cleanly and waits for their tasks.

@@ -22,6 +22,8 @@ pub enum Code {
     Internal = 11,
     Cancelled = 12,
     ResourceExhausted = 13,
+    /// No (valid) credential was presented for a call that needs one.
+    Unauthenticated = 14,
 }
 
 impl Code {
@@ -41,6 +43,7 @@ impl Code {
             10 => Corrupted,
             12 => Cancelled,
             13 => ResourceExhausted,
+            14 => Unauthenticated,
             _ => Internal,
         }
     }
@@ -70,6 +73,7 @@ impl Code {
             Internal => "internal",
             Cancelled => "cancelled",
             ResourceExhausted => "resource_exhausted",
+            Unauthenticated => "unauthenticated",
         }
     }
 
@@ -90,6 +94,7 @@ impl Code {
             Internal => tonic::Code::Internal,
             Cancelled => tonic::Code::Cancelled,
             ResourceExhausted => tonic::Code::ResourceExhausted,
+            Unauthenticated => tonic::Code::Unauthenticated,
         }
     }
 
@@ -103,6 +108,7 @@ impl Code {
             AlreadyExists | Leased => 409,
             NoSpace | ResourceExhausted => 507,
             PermissionDenied => 403,
+            Unauthenticated => 401,
             Timeout => 504,
             Corrupted | Internal => 500,
             Cancelled => 499,
@@ -177,9 +183,8 @@ impl From<tonic::Status> for Error {
                 tonic::Code::AlreadyExists => Code::AlreadyExists,
                 tonic::Code::ResourceExhausted => Code::ResourceExhausted,
                 tonic::Code::FailedPrecondition => Code::Leased,
-                tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => {
-                    Code::PermissionDenied
-                }
+                tonic::Code::PermissionDenied => Code::PermissionDenied,
+                tonic::Code::Unauthenticated => Code::Unauthenticated,
                 tonic::Code::DeadlineExceeded => Code::Timeout,
                 tonic::Code::Unavailable => Code::Unavailable,
                 tonic::Code::Cancelled => Code::Cancelled,
@@ -210,7 +215,13 @@ mod tests {
 
     #[test]
     fn status_round_trip_keeps_code() {
-        for c in [Code::NotReady, Code::NoSpace, Code::Leased, Code::Corrupted] {
+        for c in [
+            Code::NotReady,
+            Code::NoSpace,
+            Code::Leased,
+            Code::Corrupted,
+            Code::Unauthenticated,
+        ] {
             let st: tonic::Status = Error::new(c, "x").into();
             let back: Error = st.into();
             assert_eq!(back.code, c);

@@ -22,6 +22,16 @@ pub fn split_ssd_segment_id(id: u64) -> (u64, u64) {
 
 pub const MAC_LEN: usize = 16;
 
+/// The member name a store node's grant key is derived for.
+pub fn node_member(node_id: &str) -> String {
+    format!("node/{node_id}")
+}
+
+/// The member name an SSD owner's grant key is derived for.
+pub fn owner_member(owner_id: u64) -> String {
+    format!("owner/{owner_id}")
+}
+
 /// The secret shared by the master and its store nodes.
 #[derive(Clone)]
 pub struct GrantKey([u8; 32]);
@@ -33,13 +43,17 @@ impl std::fmt::Debug for GrantKey {
 }
 
 /// What a grant authorises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GrantScope {
     pub perm: u32,
     pub segment_id: u64,
     pub offset: u64,
     pub length: u64,
     pub expires_unix_ms: u64,
+    /// The allocation the range belongs to (0 for SSD buckets, which are
+    /// never reused): nodes refuse a grant whose range a newer allocation
+    /// has taken (`strata_transport::fence`).
+    pub generation: u64,
 }
 
 impl GrantKey {
@@ -58,13 +72,39 @@ impl GrantKey {
         &self.0
     }
 
+    /// The key one member (see [`node_member`], [`owner_member`]) verifies
+    /// grants with. Members get only their own, so a compromised node can
+    /// forge grants for nobody else's memory.
+    pub fn derive(&self, member: &str) -> GrantKey {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        h.update(b"strata member grant key v1\0");
+        h.update(member.as_bytes());
+        GrantKey(*h.finalize().as_bytes())
+    }
+
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn from_hex(s: &str) -> Option<Self> {
+        if s.len() != 64 || !s.is_ascii() {
+            return None;
+        }
+        let mut k = [0u8; 32];
+        for (i, b) in k.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(GrantKey(k))
+    }
+
     pub fn sign(&self, s: &GrantScope) -> [u8; MAC_LEN] {
-        let mut msg = [0u8; 36];
+        let mut msg = [0u8; 44];
         msg[0..4].copy_from_slice(&s.perm.to_le_bytes());
         msg[4..12].copy_from_slice(&s.segment_id.to_le_bytes());
         msg[12..20].copy_from_slice(&s.offset.to_le_bytes());
         msg[20..28].copy_from_slice(&s.length.to_le_bytes());
         msg[28..36].copy_from_slice(&s.expires_unix_ms.to_le_bytes());
+        msg[36..44].copy_from_slice(&s.generation.to_le_bytes());
         let h = blake3::keyed_hash(&self.0, &msg);
         let mut out = [0u8; MAC_LEN];
         out.copy_from_slice(&h.as_bytes()[..MAC_LEN]);
@@ -94,10 +134,12 @@ mod tests {
             offset: 4096,
             length: 100,
             expires_unix_ms: 99,
+            generation: 7,
         };
         let mac = k.sign(&s);
         assert!(k.verify(&s, &mac));
         assert!(!k.verify(&GrantScope { length: 101, ..s }, &mac));
+        assert!(!k.verify(&GrantScope { generation: 6, ..s }, &mac));
         assert!(!k.verify(
             &GrantScope {
                 perm: PERM_WRITE,
@@ -107,5 +149,22 @@ mod tests {
         ));
         assert!(!GrantKey::random().verify(&s, &mac));
         assert!(!k.verify(&s, &mac[..8]));
+    }
+
+    #[test]
+    fn derived_keys_are_per_member_and_stable() {
+        let k = GrantKey::random();
+        let a = k.derive(&node_member("a"));
+        assert_eq!(a.as_bytes(), k.derive(&node_member("a")).as_bytes());
+        assert_ne!(a.as_bytes(), k.derive(&node_member("b")).as_bytes());
+        assert_ne!(a.as_bytes(), k.as_bytes());
+        assert_ne!(
+            k.derive(&owner_member(1)).as_bytes(),
+            GrantKey::random().derive(&owner_member(1)).as_bytes()
+        );
+        let back = GrantKey::from_hex(&k.to_hex()).unwrap();
+        assert_eq!(back.as_bytes(), k.as_bytes());
+        assert!(GrantKey::from_hex("zz").is_none());
+        assert!(GrantKey::from_hex(&"g".repeat(64)).is_none());
     }
 }

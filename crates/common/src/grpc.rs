@@ -1,24 +1,134 @@
 //! gRPC plumbing shared by every service and client.
 
+use crate::auth::{bearer, Credentials, Role, Secret};
 use crate::{Error, Result};
+use futures::future::BoxFuture;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
 use tonic::transport::Channel;
 
-/// Largest gRPC message either side accepts (heartbeat log pages, batches).
+/// Largest gRPC message a client accepts (heartbeat log pages, batches).
 pub const MAX_MESSAGE: usize = 256 << 20;
+
+/// Adds the caller's bearer token (if any) to every call.
+#[derive(Clone, Default)]
+pub struct BearerToken(Option<MetadataValue<Ascii>>);
+
+impl BearerToken {
+    pub fn new(token: Option<&Secret>) -> Result<Self> {
+        match token {
+            None => Ok(BearerToken(None)),
+            Some(t) => format!("Bearer {}", t.expose())
+                .parse()
+                .map(|v| BearerToken(Some(v)))
+                .map_err(|_| Error::invalid("token is not a valid header value")),
+        }
+    }
+}
+
+impl Interceptor for BearerToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A channel to the master that presents a token.
+pub type MasterChannel = InterceptedService<Channel, BearerToken>;
 
 /// A channel to the master, dialled lazily: it reconnects by itself after
 /// failures, so callers survive a master restart.
-pub fn master_channel(addr: &str) -> Result<Channel> {
+pub fn master_channel(addr: &str, token: Option<&Secret>) -> Result<MasterChannel> {
     let uri = if addr.starts_with("http://") || addr.starts_with("https://") {
         addr.to_string()
     } else {
         format!("http://{addr}")
     };
-    Ok(tonic::transport::Endpoint::from_shared(uri)
+    let ch = tonic::transport::Endpoint::from_shared(uri)
         .map_err(|e| Error::invalid(format!("bad master address {addr:?}: {e}")))?
         .connect_timeout(Duration::from_secs(3))
         .timeout(Duration::from_secs(30))
         .tcp_nodelay(true)
-        .connect_lazy())
+        .connect_lazy();
+    Ok(InterceptedService::new(ch, BearerToken::new(token)?))
+}
+
+/// Wraps a gRPC service so every call is authenticated before its message is
+/// decoded: the caller's token is checked against the role the method needs
+/// (`role_of` maps the method name), and the proven roles are put in the
+/// request's extensions ([`crate::auth::Roles`]) for checks that depend on
+/// the message (e.g. a forced remove needs the admin role).
+#[derive(Clone)]
+pub struct Authenticated<S> {
+    inner: S,
+    creds: Arc<Credentials>,
+    role_of: fn(&str) -> Role,
+}
+
+impl<S> Authenticated<S> {
+    pub fn new(inner: S, creds: Arc<Credentials>, role_of: fn(&str) -> Role) -> Self {
+        Authenticated {
+            inner,
+            creds,
+            role_of,
+        }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Authenticated<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> tower_service::Service<http::Request<B>> for Authenticated<S>
+where
+    S: tower_service::Service<
+            http::Request<B>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let method = req.uri().path().rsplit('/').next().unwrap_or_default();
+        let need = (self.role_of)(method);
+        let header = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        let checked = self
+            .creds
+            .roles_of(bearer(header))
+            .and_then(|roles| self.creds.check(roles, need).map(|_| roles));
+        match checked {
+            Ok(roles) => {
+                req.extensions_mut().insert(roles);
+                // The clone is ready only if polled; swap so the ready one serves.
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                Box::pin(async move { inner.call(req).await })
+            }
+            Err(e) => {
+                let st: tonic::Status = e.into();
+                Box::pin(async move { Ok(st.into_http()) })
+            }
+        }
+    }
 }

@@ -2,6 +2,7 @@
 //! data-plane grants, telemetry set-up and the admin HTTP server.
 
 pub mod admin;
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod grant;

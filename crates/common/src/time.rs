@@ -9,3 +9,15 @@ pub fn unix_ms() -> u64 {
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
+
+/// Public id of this process, answered on data-plane pings so the master can
+/// tell whether a registered member is still the same live process.
+pub fn instance_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!(
+        "pid {}@{} started {}",
+        std::process::id(),
+        host.trim(),
+        unix_ms()
+    )
+}

@@ -5,16 +5,34 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use strata_common::auth::ProofHash;
+use strata_common::grant::GrantKey;
+use strata_common::{Error, Result};
 use strata_proto::{object_log_entry, CommittedObject, FreedRange, ObjectLogEntry};
 
 /// Heartbeat responses carry at most this many log entries; the node asks
 /// again at once when it got a full page.
 pub const LOG_PAGE: usize = 32_768;
 
+/// Who a registered store node is.
+pub struct NodeIdentity {
+    pub node_id: String,
+    pub data_addr: String,
+    /// Public id of its process (its data-plane ping answer).
+    pub instance: String,
+    /// The secret its process registered with.
+    pub proof: ProofHash,
+    /// The key it verifies grants with (derived for it alone).
+    pub grant_key: GrantKey,
+}
+
 /// A registered store node.
 pub struct NodeEntry {
     pub node_id: String,
     pub data_addr: String,
+    pub instance: String,
+    pub proof: ProofHash,
+    pub grant_key: GrantKey,
     pub incarnation: u64,
     pub segment_ids: Vec<u64>,
     pub last_heartbeat_ms: AtomicU64,
@@ -32,16 +50,13 @@ struct NodeLog {
 }
 
 impl NodeEntry {
-    pub fn new(
-        node_id: String,
-        data_addr: String,
-        incarnation: u64,
-        segment_ids: Vec<u64>,
-        now_ms: u64,
-    ) -> Self {
+    pub fn new(id: NodeIdentity, incarnation: u64, segment_ids: Vec<u64>, now_ms: u64) -> Self {
         NodeEntry {
-            node_id,
-            data_addr,
+            node_id: id.node_id,
+            data_addr: id.data_addr,
+            instance: id.instance,
+            proof: id.proof,
+            grant_key: id.grant_key,
             incarnation,
             segment_ids,
             last_heartbeat_ms: AtomicU64::new(now_ms),
@@ -77,13 +92,21 @@ impl NodeEntry {
         }));
     }
 
-    /// Drops what the node has applied and returns the next page.
-    pub fn log_page(&self, applied_seq: u64) -> Vec<ObjectLogEntry> {
+    /// Drops what the node has applied and returns the next page. A node
+    /// cannot have applied what was never sent: such a claim is refused
+    /// (it would empty the log unread).
+    pub fn log_page(&self, applied_seq: u64) -> Result<Vec<ObjectLogEntry>> {
         let mut log = self.log.lock();
+        if applied_seq >= log.next_seq {
+            return Err(Error::invalid(format!(
+                "applied_seq {applied_seq} is beyond the last log entry sent ({})",
+                log.next_seq - 1
+            )));
+        }
         while log.entries.front().is_some_and(|e| e.seq <= applied_seq) {
             log.entries.pop_front();
         }
-        log.entries.iter().take(LOG_PAGE).cloned().collect()
+        Ok(log.entries.iter().take(LOG_PAGE).cloned().collect())
     }
 
     pub fn log_backlog(&self) -> usize {

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use strata_common::auth::{Credentials, Secret};
 use strata_common::units::HumanDuration;
 use strata_common::{Error, Result};
 
@@ -124,13 +125,17 @@ pub struct MasterConfig {
     pub promote_on_hit: bool,
     /// Promotions waiting at most (more are not queued: a read never waits).
     pub promote_queue: usize,
+    /// One secret per role; none at all = protected mode (loopback only).
+    pub credentials: Credentials,
+    /// Serve beyond loopback without credentials (protected mode off).
+    pub insecure: bool,
 }
 
 impl Default for MasterConfig {
     fn default() -> Self {
         MasterConfig {
-            listen: ([0, 0, 0, 0], 7400).into(),
-            admin_addr: ([0, 0, 0, 0], 7401).into(),
+            listen: ([127, 0, 0, 1], 7400).into(),
+            admin_addr: ([127, 0, 0, 1], 7401).into(),
             advertise: None,
             state_dir: None,
             lease_ttl: Duration::from_secs(5),
@@ -144,6 +149,8 @@ impl Default for MasterConfig {
             offload_task_ttl: Duration::from_secs(30),
             promote_on_hit: false,
             promote_queue: 1024,
+            credentials: Credentials::default(),
+            insecure: false,
         }
     }
 }
@@ -158,7 +165,9 @@ impl MasterConfig {
         }
     }
 
-    pub fn validate(&self) -> Result<()> {
+    /// Checks the settings; says how calls are guarded (protected mode).
+    pub fn validate(&self) -> Result<strata_common::auth::Protection> {
+        strata_common::auth::check_advertise("--listen", self.listen, self.advertise.as_deref())?;
         if !(self.high_watermark > 0.0 && self.high_watermark <= 1.0) {
             return Err(Error::invalid(format!(
                 "--high-watermark must be in (0, 1], got {}",
@@ -181,7 +190,11 @@ impl MasterConfig {
                 return Err(Error::invalid(format!("{name} must be at least 10ms")));
             }
         }
-        Ok(())
+        strata_common::auth::check_protected_mode(
+            &self.credentials,
+            &[("--listen", self.listen), ("--admin-addr", self.admin_addr)],
+            self.insecure,
+        )
     }
 }
 
@@ -195,10 +208,10 @@ pub struct MasterArgs {
     #[arg(long, env = "STRATA_CONFIG")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// gRPC listen address [default: 0.0.0.0:7400]
+    /// gRPC listen address [default: 127.0.0.1:7400]
     #[arg(long, env = "STRATA_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Admin HTTP address: /metrics, /health, /ready, /api/v1 [default: 0.0.0.0:7401]
+    /// Admin HTTP address: /metrics, /health, /ready, /api/v1 [default: 127.0.0.1:7401]
     #[arg(long, env = "STRATA_ADMIN_ADDR")]
     pub admin_addr: Option<SocketAddr>,
     /// Address others should dial (HOST:PORT) [default: the listen address]
@@ -240,6 +253,18 @@ pub struct MasterArgs {
     /// Promotions queued at most; beyond it SSD hits are not promoted [default: 1024]
     #[arg(long, env = "STRATA_PROMOTE_QUEUE")]
     pub promote_queue: Option<usize>,
+    /// File holding the secret store nodes and SSD agents present (register, heartbeat, report)
+    #[arg(long, env = "STRATA_MEMBER_TOKEN_FILE")]
+    pub member_token_file: Option<PathBuf>,
+    /// File holding the secret clients present (put, get, exists, remove, list)
+    #[arg(long, env = "STRATA_CLIENT_TOKEN_FILE")]
+    pub client_token_file: Option<PathBuf>,
+    /// File holding the secret admins present (client calls plus forced removes, rm --all, evict)
+    #[arg(long, env = "STRATA_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Serve beyond loopback without any token file (anyone reaching the ports owns the cluster) [default: false]
+    #[arg(long, env = "STRATA_INSECURE", num_args = 0..=1, default_missing_value = "true")]
+    pub insecure: Option<bool>,
     /// text | json [default: text]
     #[arg(long, env = "STRATA_LOG_FORMAT")]
     #[serde(skip)]
@@ -269,7 +294,11 @@ impl MasterArgs {
                     ssd_admission,
                     offload_task_ttl,
                     promote_on_hit,
-                    promote_queue
+                    promote_queue,
+                    member_token_file,
+                    client_token_file,
+                    admin_token_file,
+                    insecure
                 ]
             );
         }
@@ -299,10 +328,22 @@ impl MasterArgs {
             offload_task_ttl: self.offload_task_ttl.map_or(d.offload_task_ttl, |v| v.0),
             promote_on_hit: self.promote_on_hit.unwrap_or(d.promote_on_hit),
             promote_queue: self.promote_queue.unwrap_or(d.promote_queue),
+            credentials: Credentials {
+                member: secret(&self.member_token_file, "--member-token-file")?,
+                client: secret(&self.client_token_file, "--client-token-file")?,
+                admin: secret(&self.admin_token_file, "--admin-token-file")?,
+            },
+            insecure: self.insecure.unwrap_or(false),
         };
         cfg.validate()?;
         Ok(cfg)
     }
+}
+
+fn secret(path: &Option<PathBuf>, flag: &str) -> Result<Option<Secret>> {
+    path.as_deref()
+        .map(|p| Secret::from_file(p, flag))
+        .transpose()
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ impl MasterHandle {
 
 /// Binds the gRPC and admin listeners and starts the master's tasks.
 pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<MasterHandle> {
-    cfg.validate()?;
+    cfg.validate()?.log();
     if let Some(dir) = &cfg.state_dir {
         std::fs::create_dir_all(dir).map_err(|e| {
             Error::invalid(format!("cannot create --state-dir {}: {e}", dir.display()))
@@ -71,11 +71,15 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
         let _ = admin_task.await;
     });
 
-    let svc = MasterServer::new(service::MasterService {
-        master: master.clone(),
-    })
-    .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE)
-    .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE);
+    let svc = strata_common::grpc::Authenticated::new(
+        MasterServer::new(service::MasterService {
+            master: master.clone(),
+        })
+        .max_decoding_message_size(service::MAX_REQUEST)
+        .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE),
+        Arc::new(cfg.credentials.clone()),
+        service::role_of,
+    );
     let sd = shutdown.clone();
     tasks.spawn(async move {
         let incoming =

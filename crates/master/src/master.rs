@@ -17,8 +17,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+use strata_common::auth::ProofHash;
 use strata_common::grant::{
-    ssd_segment_id, GrantKey, GrantScope, PERM_READ, PERM_SSD_READ, PERM_WRITE,
+    node_member, owner_member, ssd_segment_id, GrantKey, GrantScope, PERM_READ, PERM_SSD_READ,
+    PERM_WRITE,
 };
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
@@ -39,6 +41,11 @@ pub struct Master {
     next_segment_id: AtomicU64,
     next_put_id: AtomicU64,
     next_incarnation: AtomicU64,
+    /// Generation of the next allocation; grants carry it so a freed range's
+    /// old grants die (`strata_transport::fence`). Seeded from the clock so
+    /// it keeps increasing across restarts (65,536 allocations per
+    /// millisecond of uptime would be needed to catch up with it).
+    next_generation: AtomicU64,
     /// In-flight puts in deadline order (the timeout is constant, so FIFO).
     pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
     pub(crate) evict_wakeup: tokio::sync::Notify,
@@ -118,6 +125,7 @@ impl Master {
             policy.on_evict() && cfg.ssd_admission == crate::config::SsdAdmission::Auto,
             metrics.admission.clone(),
         );
+        let grant_key = futures::executor::block_on(load_grant_key(kv.as_ref()))?;
         let owners = OwnerRegistry::new(kv, cfg.node_ttl.as_millis() as u64);
         let pinger = TcpTransport::new(TcpTransportConfig {
             connect_timeout: std::time::Duration::from_secs(1),
@@ -127,13 +135,14 @@ impl Master {
         });
         Ok(Arc::new(Master {
             cfg,
-            grant_key: GrantKey::random(),
+            grant_key,
             objects: ObjectTable::default(),
             segments: RwLock::new(HashMap::new()),
             nodes: RwLock::new(HashMap::new()),
             next_segment_id: AtomicU64::new(1),
             next_put_id: AtomicU64::new(1),
             next_incarnation: AtomicU64::new(1),
+            next_generation: AtomicU64::new(unix_ms() << 16),
             pending_puts: Mutex::new(VecDeque::new()),
             evict_wakeup: tokio::sync::Notify::new(),
             metrics,
@@ -147,6 +156,11 @@ impl Master {
         }))
     }
 
+    /// The key owner `owner_id` verifies its grants with.
+    pub(crate) fn owner_key(&self, owner_id: u64) -> GrantKey {
+        self.grant_key.derive(&owner_member(owner_id))
+    }
+
     fn ssd_view(&self, r: &SsdReplica, expires: u64, now: u64) -> Option<pb::Replica> {
         let (addr, handle) = self.owners.endpoint(r.owner_id, now)?;
         let scope = GrantScope {
@@ -155,6 +169,7 @@ impl Master {
             offset: r.offset,
             length: r.length,
             expires_unix_ms: expires,
+            generation: 0,
         };
         Some(pb::Replica {
             kind: pb::ReplicaKind::Ssd as i32,
@@ -166,7 +181,8 @@ impl Master {
             grant: Some(pb::Grant {
                 perm: PERM_SSD_READ,
                 expires_unix_ms: expires,
-                mac: self.grant_key.sign(&scope).to_vec(),
+                generation: 0,
+                mac: self.owner_key(r.owner_id).sign(&scope).to_vec(),
             }),
             state: pb::ReplicaState::Complete as i32,
             owner_id: r.owner_id,
@@ -191,6 +207,7 @@ impl Master {
             offset: r.offset,
             length,
             expires_unix_ms: expires,
+            generation: r.generation,
         };
         pb::Replica {
             kind: pb::ReplicaKind::Memory as i32,
@@ -202,7 +219,8 @@ impl Master {
             grant: Some(pb::Grant {
                 perm,
                 expires_unix_ms: expires,
-                mac: self.grant_key.sign(&scope).to_vec(),
+                generation: r.generation,
+                mac: r.seg.node.grant_key.sign(&scope).to_vec(),
             }),
             state: if complete {
                 pb::ReplicaState::Complete as i32
@@ -434,6 +452,7 @@ impl Master {
                     seg,
                     offset,
                     alloc_len,
+                    generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
                 });
             }
         }
@@ -779,8 +798,11 @@ impl Master {
                 "a node must register at least one segment of at least 64 bytes",
             ));
         }
+        let proof = ProofHash::of(&req.instance_proof)?;
         // A node that registers again (restart, lost registration) starts
         // clean: whatever the master knew of its old incarnation goes.
+        // (`check_node_takeover` refused first if another live process
+        // holds the id.)
         if self.nodes.read().contains_key(&req.node_id) {
             self.drop_node(&req.node_id, "re-registered");
         }
@@ -790,9 +812,15 @@ impl Master {
             .iter()
             .map(|_| self.next_segment_id.fetch_add(1, Ordering::Relaxed))
             .collect();
+        let grant_key = self.grant_key.derive(&node_member(&req.node_id));
         let node = Arc::new(NodeEntry::new(
-            req.node_id.clone(),
-            req.data_addr.clone(),
+            crate::cluster::NodeIdentity {
+                node_id: req.node_id.clone(),
+                data_addr: req.data_addr.clone(),
+                instance: req.instance.clone(),
+                proof,
+                grant_key: grant_key.clone(),
+            },
             incarnation,
             ids.clone(),
             unix_ms(),
@@ -815,26 +843,59 @@ impl Master {
         );
         Ok(pb::RegisterNodeResponse {
             segment_ids: ids,
-            grant_key: self.grant_key.as_bytes().to_vec(),
+            grant_key: grant_key.as_bytes().to_vec(),
             incarnation,
             heartbeat_interval_ms: (self.cfg.node_ttl.as_millis() as u64 / 4).clamp(20, 2000),
         })
     }
 
-    pub fn heartbeat(&self, req: &pb::HeartbeatRequest) -> pb::HeartbeatResponse {
+    /// Refuses to register `req.node_id` when another live process holds it:
+    /// the registered process answers a ping with its instance id. A node
+    /// restarting on the same address answers with its new id, so it
+    /// replaces its dead predecessor; a process that proves it *is* the
+    /// registered one (same instance proof) simply registers again.
+    pub async fn check_node_takeover(&self, req: &pb::RegisterNodeRequest) -> Result<()> {
+        let holder = self.nodes.read().get(&req.node_id).cloned();
+        let Some(h) = holder else { return Ok(()) };
+        if h.proof.matches(&req.instance_proof) {
+            return Ok(());
+        }
+        let ttl = self.cfg.node_ttl.as_millis() as u64;
+        if h.last_heartbeat_ms.load(Ordering::Relaxed) + ttl < unix_ms() {
+            return Ok(());
+        }
+        match self.pinger.ping(&h.data_addr).await {
+            Ok(answer) if answer == h.instance.as_bytes() => Err(Error::new(
+                Code::AlreadyExists,
+                format!(
+                    "node_id {:?} is held by a live process ({}) serving {}; stop it first \
+                     or give this node another --node-id",
+                    req.node_id, h.instance, h.data_addr
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn heartbeat(&self, req: &pb::HeartbeatRequest) -> Result<pb::HeartbeatResponse> {
         let node = self.nodes.read().get(&req.node_id).cloned();
         match node {
+            Some(n) if !n.proof.matches(&req.instance_proof) => Err(Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "heartbeat for node {:?} does not come from the process that registered it",
+                    req.node_id
+                ),
+            )),
             Some(n) if n.incarnation == req.incarnation => {
+                let log = n.log_page(req.applied_seq)?;
                 n.last_heartbeat_ms.store(unix_ms(), Ordering::Relaxed);
-                pb::HeartbeatResponse {
-                    known: true,
-                    log: n.log_page(req.applied_seq),
-                }
+                Ok(pb::HeartbeatResponse { known: true, log })
             }
-            _ => pb::HeartbeatResponse {
+            _ => Ok(pb::HeartbeatResponse {
                 known: false,
                 log: vec![],
-            },
+            }),
         }
     }
 
@@ -856,7 +917,7 @@ impl Master {
         Ok(pb::RegisterOwnerResponse {
             owner_id,
             epoch,
-            grant_key: self.grant_key.as_bytes().to_vec(),
+            grant_key: self.owner_key(owner_id).as_bytes().to_vec(),
             heartbeat_interval_ms: (self.cfg.node_ttl.as_millis() as u64 / 4).clamp(20, 2000),
         })
     }
@@ -937,6 +998,20 @@ impl Master {
         }
         dead
     }
+}
+
+/// The master's grant key, created once and kept in the durable state, so
+/// that grants and members' derived keys stay valid across a restart.
+async fn load_grant_key(kv: &dyn DurableKv) -> Result<GrantKey> {
+    const KEY: &str = "grant-key/v1";
+    let hex = crate::durable::get_or_create(kv, KEY, || async { Ok(GrantKey::random().to_hex()) })
+        .await?;
+    GrantKey::from_hex(&hex).ok_or_else(|| {
+        Error::new(
+            Code::Corrupted,
+            format!("durable {KEY} is not 64 hex digits; restore the master's --state-dir"),
+        )
+    })
 }
 
 fn already_exists(key: &str, complete: bool) -> Error {

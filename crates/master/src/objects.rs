@@ -17,6 +17,8 @@ pub struct Replica {
     pub offset: u64,
     /// Bytes reserved in the allocator (the size rounded up).
     pub alloc_len: u64,
+    /// The allocation's generation, carried in its grants.
+    pub generation: u64,
 }
 
 /// A copy of an object's bytes in an SSD owner's bucket.

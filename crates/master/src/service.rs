@@ -4,6 +4,7 @@
 use crate::master::{Master, PutSpec};
 use std::sync::Arc;
 use std::time::Instant;
+use strata_common::auth::{Role, Roles};
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 use strata_proto::master_server::Master as MasterRpc;
@@ -11,6 +12,19 @@ use tonic::{Request, Response, Status};
 
 /// Largest batch accepted by the Batch* calls.
 pub const MAX_BATCH: usize = 4096;
+/// Largest request message the master decodes.
+pub const MAX_REQUEST: usize = strata_common::grpc::MAX_MESSAGE;
+
+/// The role each method needs (the rest are client calls). A forced remove
+/// additionally needs the admin role, checked once its message is decoded.
+pub fn role_of(method: &str) -> Role {
+    match method {
+        "RegisterNode" | "Heartbeat" | "RegisterOwner" | "OwnerHeartbeat" | "ReportOffload"
+        | "ReportInventory" | "EvictBuckets" | "ReportPromotion" => Role::Member,
+        "RemoveAll" | "EvictMemory" => Role::Admin,
+        _ => Role::Client,
+    }
+}
 /// Default and maximum page of `List`.
 const LIST_DEFAULT: usize = 1000;
 const LIST_MAX: usize = 100_000;
@@ -32,6 +46,18 @@ impl MasterService {
         };
         m.requests.with_label_values(&[op, code.as_str()]).inc();
         r.map(Response::new).map_err(Status::from)
+    }
+
+    /// Checks a role that depends on the message (the method's own role was
+    /// checked before decoding, by `strata_common::grpc::Authenticated`).
+    fn require<T>(&self, req: &Request<T>, need: Role) -> Result<()> {
+        let creds = &self.master.config().credentials;
+        let roles = if creds.is_empty() {
+            Roles::ALL
+        } else {
+            req.extensions().get::<Roles>().copied().unwrap_or_default()
+        };
+        creds.check(roles, need)
     }
 
     /// Runs a call that scans all metadata off the async workers.
@@ -209,11 +235,16 @@ impl MasterRpc for MasterService {
         req: Request<pb::RemoveRequest>,
     ) -> Result<Response<pb::RemoveResponse>, Status> {
         let t0 = Instant::now();
-        let r = req.get_ref();
-        let r = self
-            .master
-            .remove(&r.key, r.force)
-            .map(|_| pb::RemoveResponse {});
+        let r = match req.get_ref().force {
+            true => self.require(&req, Role::Admin),
+            false => Ok(()),
+        };
+        let r = r.and_then(|_| {
+            let r = req.get_ref();
+            self.master
+                .remove(&r.key, r.force)
+                .map(|_| pb::RemoveResponse {})
+        });
         self.done("remove", t0, r)
     }
 
@@ -275,7 +306,10 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::RegisterNodeResponse>, Status> {
         let t0 = Instant::now();
         let req = req.into_inner();
-        let r = self.blocking(move |m| m.register_node(req)).await;
+        let r = match self.master.check_node_takeover(&req).await {
+            Ok(()) => self.blocking(move |m| m.register_node(req)).await,
+            Err(e) => Err(e),
+        };
         self.done("register_node", t0, r)
     }
 
@@ -284,7 +318,7 @@ impl MasterRpc for MasterService {
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let t0 = Instant::now();
-        let r = Ok(self.master.heartbeat(req.get_ref()));
+        let r = self.master.heartbeat(req.get_ref());
         self.done("heartbeat", t0, r)
     }
 

@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 use strata_common::Code;
 use strata_proto as pb;
 
+/// The instance proof the fake nodes of these tests register with.
+pub(crate) const NODE_PROOF: &[u8] = &[9u8; 32];
+
 pub(crate) fn master_with(
     nodes: usize,
     seg: u64,
@@ -25,6 +28,8 @@ pub(crate) fn master_with(
                 local_id: 0,
                 size: seg,
             }],
+            instance: format!("i{i}"),
+            instance_proof: NODE_PROOF.to_vec(),
         })
         .unwrap();
     }
@@ -235,8 +240,9 @@ fn expired_node_loses_its_replicas() {
         node_id: node.into(),
         incarnation: inc,
         applied_seq: 0,
+        instance_proof: NODE_PROOF.to_vec(),
     };
-    assert!(m.heartbeat(&hb(alive, inc)).known);
+    assert!(m.heartbeat(&hb(alive, inc)).unwrap().known);
     m.nodes.read()[alive]
         .last_heartbeat_ms
         .store(now + 1000, std::sync::atomic::Ordering::Relaxed);
@@ -244,7 +250,7 @@ fn expired_node_loses_its_replicas() {
     assert_eq!(m.get_replicas("one").unwrap_err().code, Code::NotFound);
     assert_eq!(m.get_replicas("both").unwrap().replicas.len(), 1);
     assert!(
-        !m.heartbeat(&hb(&dead, 1)).known,
+        !m.heartbeat(&hb(&dead, 1)).unwrap().known,
         "a dropped node must re-register"
     );
     assert_eq!(m.stat().segments, 1);
@@ -257,11 +263,14 @@ fn nodes_learn_commits_and_frees_through_heartbeats() {
     put(&m, "b", 100);
     m.remove("a", true).unwrap();
     let inc = m.nodes.read()["n0"].incarnation;
-    let r = m.heartbeat(&pb::HeartbeatRequest {
-        node_id: "n0".into(),
-        incarnation: inc,
-        applied_seq: 0,
-    });
+    let r = m
+        .heartbeat(&pb::HeartbeatRequest {
+            node_id: "n0".into(),
+            incarnation: inc,
+            applied_seq: 0,
+            instance_proof: NODE_PROOF.to_vec(),
+        })
+        .unwrap();
     let ops: Vec<String> = r
         .log
         .iter()
@@ -272,12 +281,47 @@ fn nodes_learn_commits_and_frees_through_heartbeats() {
         .collect();
     assert_eq!(ops, ["commit a", "commit b", "free"]);
     let last = r.log.last().unwrap().seq;
-    let r = m.heartbeat(&pb::HeartbeatRequest {
-        node_id: "n0".into(),
-        incarnation: inc,
-        applied_seq: last,
-    });
+    let hb = |applied_seq, proof: &[u8]| {
+        m.heartbeat(&pb::HeartbeatRequest {
+            node_id: "n0".into(),
+            incarnation: inc,
+            applied_seq,
+            instance_proof: proof.to_vec(),
+        })
+    };
+    // Both sides of each check: another process's proof and a claim beyond
+    // what was sent are refused and trim nothing; the real one trims.
+    let e = hb(last, &[1u8; 32]).unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    let e = hb(last + 1, NODE_PROOF).unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument, "{e}");
+    let e = hb(u64::MAX, NODE_PROOF).unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument, "{e}");
+    assert_eq!(hb(0, NODE_PROOF).unwrap().log.len(), 3, "nothing trimmed");
+    let r = hb(last, NODE_PROOF).unwrap();
     assert!(r.log.is_empty(), "acknowledged entries are trimmed");
+}
+
+#[test]
+fn allocations_get_increasing_generations_in_their_grants() {
+    let m = master_with(1, 1 << 20, |_| {});
+    let a = m.put_start(spec("a", 100, 1)).unwrap();
+    m.put_revoke("a").unwrap();
+    // The same range again: a newer generation, so the node can tell the
+    // revoked put's grant from the new one.
+    let b = m.put_start(spec("b", 100, 1)).unwrap();
+    assert_eq!(
+        (a[0].segment_id, a[0].offset),
+        (b[0].segment_id, b[0].offset)
+    );
+    let (ga, gb) = (
+        a[0].grant.as_ref().unwrap().generation,
+        b[0].grant.as_ref().unwrap().generation,
+    );
+    assert!(gb > ga && ga > 0, "{ga} then {gb}");
+    m.put_end("b", 0).unwrap();
+    let r = m.get_replicas("b").unwrap();
+    assert_eq!(r.replicas[0].grant.as_ref().unwrap().generation, gb);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use strata_common::auth::Secret;
 use strata_common::units::{ByteSize, HumanDuration};
 use strata_common::{Error, Result};
 
@@ -39,6 +40,8 @@ pub struct SsdAgentConfig {
     /// A bucket whose live bytes (not removed) fall below this share is
     /// dropped at the next eviction pass.
     pub sparse_below: f64,
+    /// The member token presented to the master.
+    pub token: Option<Secret>,
 }
 
 impl Default for SsdAgentConfig {
@@ -48,9 +51,9 @@ impl Default for SsdAgentConfig {
             handle: String::new(),
             data_dir: PathBuf::from("/var/lib/strata/ssd"),
             capacity: 64 << 30,
-            listen: ([0, 0, 0, 0], 7600).into(),
+            listen: ([127, 0, 0, 1], 7600).into(),
             advertise: None,
-            admin_addr: ([0, 0, 0, 0], 7601).into(),
+            admin_addr: ([127, 0, 0, 1], 7601).into(),
             staging_bytes: 256 << 20,
             staging_wait: Duration::from_secs(5),
             bucket_keys: 500,
@@ -60,6 +63,7 @@ impl Default for SsdAgentConfig {
             high_watermark: 0.95,
             low_watermark: 0.85,
             sparse_below: 0.25,
+            token: None,
         }
     }
 }
@@ -80,6 +84,7 @@ impl SsdAgentConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
+        strata_common::auth::check_advertise("--listen", self.listen, self.advertise.as_deref())?;
         if self.handle.is_empty() {
             return Err(Error::invalid(
                 "--handle is required: a stable name for this SSD owner, e.g. node-7/nvme0",
@@ -150,13 +155,13 @@ pub struct SsdAgentArgs {
     /// Bytes of buckets this owner may keep [default: 64GiB]
     #[arg(long, env = "STRATA_CAPACITY")]
     pub capacity: Option<ByteSize>,
-    /// Data-plane listen address (SSD reads) [default: 0.0.0.0:7600]
+    /// Data-plane listen address (SSD reads) [default: 127.0.0.1:7600]
     #[arg(long, env = "STRATA_LISTEN")]
     pub listen: Option<SocketAddr>,
     /// Data-plane address clients dial [default: the bound listen address]
     #[arg(long, env = "STRATA_ADVERTISE")]
     pub advertise: Option<String>,
-    /// Admin HTTP address [default: 0.0.0.0:7601]
+    /// Admin HTTP address [default: 127.0.0.1:7601]
     #[arg(long, env = "STRATA_ADMIN_ADDR")]
     pub admin_addr: Option<SocketAddr>,
     /// Read staging memory of THIS process, shared by all its readers [default: 256MiB]
@@ -183,6 +188,9 @@ pub struct SsdAgentArgs {
     /// Drop a bucket once less than this share of its bytes is live [default: 0.25]
     #[arg(long, env = "STRATA_SPARSE_BELOW")]
     pub sparse_below: Option<f64>,
+    /// File holding the member token (the master's --member-token-file secret)
+    #[arg(long, env = "STRATA_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// text | json [default: text]
     #[arg(long, env = "STRATA_LOG_FORMAT")]
     #[serde(skip)]
@@ -211,7 +219,8 @@ impl SsdAgentArgs {
                     max_tasks,
                     high_watermark,
                     low_watermark,
-                    sparse_below
+                    sparse_below,
+                    token_file
                 ]
             );
         }
@@ -233,6 +242,11 @@ impl SsdAgentArgs {
             high_watermark: self.high_watermark.unwrap_or(d.high_watermark),
             low_watermark: self.low_watermark.unwrap_or(d.low_watermark),
             sparse_below: self.sparse_below.unwrap_or(d.sparse_below),
+            token: self
+                .token_file
+                .as_deref()
+                .map(|p| Secret::from_file(p, "--token-file"))
+                .transpose()?,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -17,10 +17,10 @@ use prometheus::IntCounter;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use strata_common::grpc::MasterChannel;
 use strata_common::{Error, Result};
 use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
-use tonic::transport::Channel;
 
 /// How long one pass waits for readers of the buckets it evicts; buckets
 /// still read after that are deleted by a later pass.
@@ -69,9 +69,8 @@ impl Evictor {
     /// watermark) and drops sparse buckets. Returns the bytes freed.
     pub async fn pass(
         &self,
-        master: &mut MasterClient<Channel>,
-        owner_id: u64,
-        epoch: u64,
+        master: &mut MasterClient<MasterChannel>,
+        who: &crate::Registration,
         need: u64,
     ) -> Result<u64> {
         // Buckets a previous pass could not delete yet (still being read).
@@ -113,7 +112,7 @@ impl Evictor {
                     b => self.store.keep_group(rest, b),
                 };
                 freed += self
-                    .evict_group(master, owner_id, epoch, &rest[..n], budget, deadline)
+                    .evict_group(master, who, &rest[..n], budget, deadline)
                     .await?;
                 rest = &rest[n..];
             }
@@ -130,22 +129,22 @@ impl Evictor {
     /// until `deadline` at most; later passes delete the rest).
     async fn evict_group(
         &self,
-        master: &mut MasterClient<Channel>,
-        owner_id: u64,
-        epoch: u64,
+        master: &mut MasterClient<MasterChannel>,
+        who: &crate::Registration,
         victims: &[u64],
         keep_budget: u64,
         deadline: Instant,
     ) -> Result<u64> {
         if keep_budget > 0 {
-            self.keep_read_objects(master, owner_id, epoch, victims, keep_budget)
+            self.keep_read_objects(master, who, victims, keep_budget)
                 .await;
         }
         master
             .evict_buckets(pb::EvictBucketsRequest {
-                owner_id,
-                epoch,
+                owner_id: who.owner_id,
+                epoch: who.epoch,
                 bucket_ids: victims.to_vec(),
+                instance_proof: who.proof.clone(),
             })
             .await
             .map_err(Error::from)?;
@@ -177,9 +176,8 @@ impl Evictor {
     /// are simply evicted with their bucket.
     async fn keep_read_objects(
         &self,
-        master: &mut MasterClient<Channel>,
-        owner_id: u64,
-        epoch: u64,
+        master: &mut MasterClient<MasterChannel>,
+        who: &crate::Registration,
         victims: &[u64],
         budget: u64,
     ) {
@@ -235,10 +233,11 @@ impl Evictor {
         let kept = rec.objects.len() as u64;
         match master
             .report_inventory(pb::ReportInventoryRequest {
-                owner_id,
-                epoch,
+                owner_id: who.owner_id,
+                epoch: who.epoch,
                 objects,
                 relocation: true,
+                instance_proof: who.proof.clone(),
             })
             .await
         {

@@ -45,6 +45,7 @@ pub struct Index {
     db: DB,
     /// Next id to hand out and the end of the durably reserved block.
     ids: parking_lot::Mutex<(u64, u64)>,
+    bad_records: std::sync::atomic::AtomicU64,
 }
 
 fn db_err(e: rocksdb::Error) -> Error {
@@ -71,6 +72,7 @@ impl Index {
         Ok(Index {
             db,
             ids: parking_lot::Mutex::new((0, 0)),
+            bad_records: Default::default(),
         })
     }
 
@@ -201,15 +203,31 @@ impl Index {
             });
             match parsed {
                 Some(v) => out.push(v),
-                None => {
-                    return Err(Error::new(
-                        Code::Corrupted,
-                        format!("malformed index key {}", String::from_utf8_lossy(&k)),
-                    ))
-                }
+                None => self.drop_bad(&k, "malformed key"),
             }
         }
         Ok(out)
+    }
+
+    /// A record that does not parse is data from disk, not a reason to stop:
+    /// it is logged, counted and deleted (its bucket file, if any, is then
+    /// unknown to the index and quarantined by recovery).
+    fn drop_bad(&self, k: &[u8], why: &str) {
+        tracing::warn!(
+            record = %String::from_utf8_lossy(k),
+            why,
+            "bad index record; dropping it"
+        );
+        self.bad_records
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = self.db.delete(k) {
+            tracing::warn!(error = %e, "cannot delete a bad index record");
+        }
+    }
+
+    /// Bad records dropped since the index was opened.
+    pub fn bad_records(&self) -> u64 {
+        self.bad_records.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn key(&self, key: &str) -> Result<Option<KeyLocation>> {
@@ -228,12 +246,10 @@ impl Index {
             if !k.starts_with(BUCKET_PREFIX.as_bytes()) {
                 break;
             }
-            out.push(serde_json::from_slice(&v).map_err(|e| {
-                Error::new(
-                    Code::Corrupted,
-                    format!("index bucket record {}: {e}", String::from_utf8_lossy(&k)),
-                )
-            })?);
+            match serde_json::from_slice(&v) {
+                Ok(r) => out.push(r),
+                Err(e) => self.drop_bad(&k, &e.to_string()),
+            }
         }
         Ok(out)
     }
@@ -288,5 +304,30 @@ mod tests {
         assert!(ix.key("k").unwrap().is_none());
         assert!(ix.dead().unwrap().is_empty());
         assert!(ix.buckets().unwrap().is_empty());
+    }
+
+    #[test]
+    fn bad_records_are_dropped_not_fatal() {
+        let d = tempfile::tempdir().unwrap();
+        let ix = Index::open(d.path()).unwrap();
+        let rec = BucketRecord {
+            bucket_id: 3,
+            file_len: 100,
+            created_unix_ms: 1,
+            objects: vec![],
+        };
+        ix.add_bucket(&rec).unwrap();
+        ix.db
+            .put(format!("{BUCKET_PREFIX}zz"), b"{not json")
+            .unwrap();
+        ix.db.put(format!("{DEAD_PREFIX}nothex"), b"").unwrap();
+        ix.mark_dead(&[("k", 3, 64)]).unwrap();
+        assert_eq!(ix.buckets().unwrap().len(), 1);
+        assert_eq!(ix.dead().unwrap(), vec![(3, 64)]);
+        assert_eq!(ix.bad_records(), 2);
+        // Deleted: the next scan is clean.
+        assert_eq!(ix.buckets().unwrap().len(), 1);
+        assert_eq!(ix.dead().unwrap().len(), 1);
+        assert_eq!(ix.bad_records(), 2);
     }
 }

@@ -24,13 +24,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use store::{Faults, OwnerStore, RecoveryReport};
 use strata_common::grant::GrantKey;
+use strata_common::grpc::MasterChannel;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
 use strata_transport::tcp::{ServerMetrics, TcpTransport, TcpTransportConfig};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 struct AgentMetrics {
     registry: Registry,
@@ -160,6 +160,14 @@ impl AgentMetrics {
                     "strata_ssd_agent_rejected_requests_total",
                     "Data-plane requests refused",
                 ),
+                refused_connections: c(
+                    "strata_ssd_agent_refused_connections_total",
+                    "Data-plane connections refused at accept (total or per-peer limit)",
+                ),
+                cut_off: c(
+                    "strata_ssd_agent_cut_off_connections_total",
+                    "Data-plane connections cut off: no grant in time, stalled I/O, too many refused requests",
+                ),
             },
             registry: r,
         }
@@ -192,23 +200,22 @@ impl SsdAgentHandle {
     }
 }
 
-fn instance_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    format!(
-        "pid {}@{} started {}",
-        std::process::id(),
-        host.trim(),
-        strata_common::time::unix_ms()
-    )
+/// Who this agent currently is to the master: every call of a registration
+/// carries its owner id, fencing epoch and the process's instance proof.
+pub struct Registration {
+    pub owner_id: u64,
+    pub epoch: u64,
+    pub proof: Vec<u8>,
 }
 
 /// Registration state shared by the worker loop.
 struct Session {
-    client: MasterClient<Channel>,
+    client: MasterClient<MasterChannel>,
     handle: String,
     advertise: String,
     capacity: u64,
     instance: String,
+    proof: Vec<u8>,
 }
 
 impl Session {
@@ -218,6 +225,7 @@ impl Session {
             data_addr: self.advertise.clone(),
             capacity_bytes: self.capacity,
             instance: self.instance.clone(),
+            instance_proof: self.proof.clone(),
         };
         Ok(self
             .client
@@ -249,12 +257,7 @@ impl Session {
         }
     }
 
-    async fn report_inventory(
-        &mut self,
-        store: &OwnerStore,
-        owner_id: u64,
-        epoch: u64,
-    ) -> Result<u64> {
+    async fn report_inventory(&mut self, store: &OwnerStore, who: &Registration) -> Result<u64> {
         let objects = store
             .inventory()
             .into_iter()
@@ -269,10 +272,11 @@ impl Session {
         let r = self
             .client
             .report_inventory(pb::ReportInventoryRequest {
-                owner_id,
-                epoch,
+                owner_id: who.owner_id,
+                epoch: who.epoch,
                 objects,
                 relocation: false,
+                instance_proof: who.proof.clone(),
             })
             .await
             .map_err(Error::from)?;
@@ -282,7 +286,7 @@ impl Session {
 
 pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<SsdAgentHandle> {
     cfg.validate()?;
-    let instance = instance_id();
+    let instance = strata_common::time::instance_id();
     let owner_dir = cfg
         .data_dir
         .join("owners")
@@ -329,13 +333,17 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         .map_err(|e| Error::internal(e.to_string()))??;
 
     let mut session = Session {
-        client: MasterClient::new(strata_common::grpc::master_channel(&cfg.master)?)
-            .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE)
-            .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE),
+        client: MasterClient::new(strata_common::grpc::master_channel(
+            &cfg.master,
+            cfg.token.as_ref(),
+        )?)
+        .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE)
+        .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE),
         handle: cfg.handle.clone(),
         advertise: advertise.clone(),
         capacity: cfg.capacity,
         instance: instance.clone(),
+        proof: strata_common::auth::new_instance_proof(),
     };
     let reg = session.register_retrying(&shutdown).await?;
     let key = GrantKey::from_bytes(&reg.grant_key)
@@ -365,9 +373,13 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         ?recovery,
         "SSD owner recovered"
     );
-    let adopted = session
-        .report_inventory(&store, reg.owner_id, reg.epoch)
-        .await?;
+    let who_id = reg.owner_id;
+    let who = Registration {
+        owner_id: reg.owner_id,
+        epoch: reg.epoch,
+        proof: session.proof.clone(),
+    };
+    let adopted = session.report_inventory(&store, &who).await?;
     tracing::info!(adopted, "inventory reported to the master");
     region.install(key, store.clone());
 
@@ -401,12 +413,9 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         sparse_below: cfg.sparse_below,
         metrics: metrics.eviction.clone(),
     };
-    let (owner_id, epoch, interval) = (
-        reg.owner_id,
-        reg.epoch,
-        Duration::from_millis(reg.heartbeat_interval_ms),
-    );
+    let interval = Duration::from_millis(reg.heartbeat_interval_ms);
     let m2 = metrics.clone();
+    let region2 = region.clone();
     let sd = shutdown.clone();
     let max_tasks = cfg.max_tasks;
     let poll = cfg.poll_interval.min(interval);
@@ -415,7 +424,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
     tasks.spawn(async move {
         let _lock = lock; // held until the agent stops
         let r = run_loop(
-            session, worker, evictor, promoter, m2, owner_id, epoch, max_tasks, poll, &sd,
+            session, worker, evictor, promoter, region2, m2, who, max_tasks, poll, &sd,
         )
         .await;
         if let Err(e) = r {
@@ -425,11 +434,11 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         }
         ready.store(false, Ordering::Release);
     });
-    tracing::info!(%data_addr, %admin_addr, handle = cfg.handle, owner_id, "strata-ssd-agent started");
+    tracing::info!(%data_addr, %admin_addr, handle = cfg.handle, owner_id = who_id, "strata-ssd-agent started");
     Ok(SsdAgentHandle {
         data_addr,
         admin_addr,
-        owner_id,
+        owner_id: who_id,
         recovery,
         store,
         staging,
@@ -486,15 +495,15 @@ async fn run_loop(
     worker: offload::Worker,
     evictor: eviction::Evictor,
     promoter: promotion::Promoter,
+    region: Arc<region::BucketRegion>,
     m: Arc<AgentMetrics>,
-    mut owner_id: u64,
-    mut epoch: u64,
+    mut who: Registration,
     max_tasks: u32,
     poll: Duration,
     shutdown: &CancellationToken,
 ) -> Result<()> {
     loop {
-        if let Err(e) = evictor.pass(&mut session.client, owner_id, epoch, 0).await {
+        if let Err(e) = evictor.pass(&mut session.client, &who, 0).await {
             tracing::warn!(error = %e, "bucket eviction pass failed");
         }
         let st = worker.store.stats();
@@ -503,8 +512,9 @@ async fn run_loop(
         let room = st.used < worker.store.capacity
             && !worker.store.faults.pause_offload.load(Ordering::Relaxed);
         let req = pb::OwnerHeartbeatRequest {
-            owner_id,
-            epoch,
+            owner_id: who.owner_id,
+            epoch: who.epoch,
+            instance_proof: who.proof.clone(),
             used_bytes: st.used,
             buckets: st.buckets,
             capacity_bytes: worker.store.capacity,
@@ -528,9 +538,10 @@ async fn run_loop(
                     if let Err(e) = session
                         .client
                         .report_promotion(pb::ReportPromotionRequest {
-                            owner_id,
-                            epoch,
+                            owner_id: who.owner_id,
+                            epoch: who.epoch,
                             results,
+                            instance_proof: who.proof.clone(),
                         })
                         .await
                     {
@@ -546,10 +557,7 @@ async fn run_loop(
                         .iter()
                         .map(|t| t.size + 128 + t.key.len() as u64)
                         .sum();
-                    if let Err(e) = evictor
-                        .pass(&mut session.client, owner_id, epoch, need)
-                        .await
-                    {
+                    if let Err(e) = evictor.pass(&mut session.client, &who, need).await {
                         tracing::warn!(error = %e, "could not make room for offloads");
                     }
                     let results = worker.process(&tasks).await;
@@ -561,9 +569,10 @@ async fn run_loop(
                     } else if let Err(e) = session
                         .client
                         .report_offload(pb::ReportOffloadRequest {
-                            owner_id,
-                            epoch,
+                            owner_id: who.owner_id,
+                            epoch: who.epoch,
                             results,
+                            instance_proof: who.proof.clone(),
                         })
                         .await
                     {
@@ -587,20 +596,23 @@ async fn run_loop(
                 // re-report what we hold.
                 tracing::warn!("master no longer knows this owner; registering again");
                 let reg = session.register_retrying(shutdown).await?;
-                if reg.owner_id != owner_id {
+                if reg.owner_id != who.owner_id {
                     return Err(Error::new(
                         Code::Corrupted,
                         format!(
-                            "master now maps handle {:?} to owner {} (was {owner_id}): it lost its --state-dir",
-                            session.handle, reg.owner_id
+                            "master now maps handle {:?} to owner {} (was {}): it lost its --state-dir",
+                            session.handle, reg.owner_id, who.owner_id
                         ),
                     ));
                 }
-                (owner_id, epoch) = (reg.owner_id, reg.epoch);
-                if let Err(e) = session
-                    .report_inventory(&worker.store, owner_id, epoch)
-                    .await
-                {
+                who.epoch = reg.epoch;
+                // The master may hand out a new key (e.g. it lost its state):
+                // verify grants with the one it signs with now.
+                match GrantKey::from_bytes(&reg.grant_key) {
+                    Some(k) => region.install(k, worker.store.clone()),
+                    None => tracing::warn!("master sent a malformed grant key"),
+                }
+                if let Err(e) = session.report_inventory(&worker.store, &who).await {
                     tracing::warn!(error = %e, "inventory report failed");
                 }
             }

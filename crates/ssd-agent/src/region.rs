@@ -10,7 +10,9 @@ use std::sync::Arc;
 use strata_common::grant::{split_ssd_segment_id, GrantKey, PERM_SSD_READ};
 use strata_common::{Code, Error, Result};
 use strata_transport::frame::Request;
-use strata_transport::region::{verify_grant, Chunk, ChunkStream, DataRegion, ReadSource, Segment};
+use strata_transport::region::{
+    verify_grant, Chunk, ChunkStream, DataRegion, ReadSource, WriteTarget,
+};
 
 pub struct BucketRegion {
     /// Installed once registered: grant key and the owner's store.
@@ -82,7 +84,7 @@ impl DataRegion for BucketRegion {
         })
     }
 
-    fn write_target(&self, _req: &Request, _now_ms: u64) -> Result<Arc<Segment>> {
+    fn write_target(&self, _req: &Request, _now_ms: u64) -> Result<WriteTarget> {
         Err(Error::new(
             Code::PermissionDenied,
             "SSD agents accept no data-plane writes; objects arrive through offload",

@@ -82,6 +82,8 @@ pub struct RecoveryReport {
     pub unknown_files: u64,
     /// Other owners' buckets (never opened).
     pub foreign_files: u64,
+    /// Index records that did not parse, dropped (counted as quarantined).
+    pub bad_index_records: u64,
 }
 
 /// In-memory life of one bucket: who reads it, when it was last used, and
@@ -299,6 +301,8 @@ impl OwnerStore {
                 }
             }
         }
+        rep.bad_index_records = self.index.bad_records();
+        st.quarantined += rep.bad_index_records;
         rep.quarantined = st.quarantined;
         rep.unknown_files = st.unknown_files;
         rep.foreign_files = st.foreign_files;

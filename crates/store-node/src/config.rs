@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use strata_common::auth::Secret;
 use strata_common::units::ByteSize;
 use strata_common::{Error, Result};
 
@@ -39,20 +40,23 @@ pub struct StoreNodeConfig {
     pub transport: TransportKind,
     /// Touch all segment memory at start (resident, no faults on the data path).
     pub prefault: bool,
+    /// The member token presented to the master.
+    pub token: Option<Secret>,
 }
 
 impl Default for StoreNodeConfig {
     fn default() -> Self {
         StoreNodeConfig {
             master: "127.0.0.1:7400".into(),
-            listen: ([0, 0, 0, 0], 7500).into(),
+            listen: ([127, 0, 0, 1], 7500).into(),
             advertise: None,
-            admin_addr: ([0, 0, 0, 0], 7501).into(),
+            admin_addr: ([127, 0, 0, 1], 7501).into(),
             capacity: 1 << 30,
             segment_size: 16 << 30,
             node_id: None,
             transport: TransportKind::Tcp,
             prefault: true,
+            token: None,
         }
     }
 }
@@ -90,6 +94,7 @@ impl StoreNodeConfig {
                 "--transport ucx is not available in this build yet; use --transport tcp",
             ));
         }
+        strata_common::auth::check_advertise("--listen", self.listen, self.advertise.as_deref())?;
         if self.master.trim().is_empty() {
             return Err(Error::invalid(
                 "--master is required (HOST:PORT of strata-master)",
@@ -126,13 +131,13 @@ pub struct StoreNodeArgs {
     /// Master gRPC address HOST:PORT [default: 127.0.0.1:7400]
     #[arg(long, env = "STRATA_MASTER")]
     pub master: Option<String>,
-    /// Data-plane listen address [default: 0.0.0.0:7500]
+    /// Data-plane listen address [default: 127.0.0.1:7500]
     #[arg(long, env = "STRATA_LISTEN")]
     pub listen: Option<SocketAddr>,
     /// Data-plane address clients dial [default: the bound listen address]
     #[arg(long, env = "STRATA_ADVERTISE")]
     pub advertise: Option<String>,
-    /// Admin HTTP address [default: 0.0.0.0:7501]
+    /// Admin HTTP address [default: 127.0.0.1:7501]
     #[arg(long, env = "STRATA_ADMIN_ADDR")]
     pub admin_addr: Option<SocketAddr>,
     /// DRAM this node contributes, e.g. 16GiB [default: 1GiB]
@@ -150,6 +155,9 @@ pub struct StoreNodeArgs {
     /// Make all of --capacity resident at start: true | false [default: true]
     #[arg(long, env = "STRATA_PREFAULT")]
     pub prefault: Option<bool>,
+    /// File holding the member token (the master's --member-token-file secret)
+    #[arg(long, env = "STRATA_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// text | json [default: text]
     #[arg(long, env = "STRATA_LOG_FORMAT")]
     #[serde(skip)]
@@ -171,7 +179,9 @@ impl StoreNodeArgs {
                     capacity,
                     segment_size,
                     node_id,
-                    transport
+                    transport,
+                    prefault,
+                    token_file
                 ]
             );
         }
@@ -189,6 +199,11 @@ impl StoreNodeArgs {
                 None => d.transport,
             },
             prefault: self.prefault.unwrap_or(d.prefault),
+            token: self
+                .token_file
+                .as_deref()
+                .map(|p| Secret::from_file(p, "--token-file"))
+                .transpose()?,
         };
         cfg.validate()?;
         Ok(cfg)

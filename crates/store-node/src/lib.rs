@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use strata_common::grant::GrantKey;
+use strata_common::grpc::MasterChannel;
 use strata_common::{Error, Result};
 use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
@@ -24,7 +25,6 @@ use strata_transport::region::{Segment, SegmentTable};
 use strata_transport::tcp::ServerMetrics;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 pub struct StoreNodeHandle {
     pub data_addr: SocketAddr,
@@ -92,6 +92,14 @@ impl NodeMetrics {
                     "strata_store_node_rejected_requests_total",
                     "Data-plane requests refused (bad frame, grant or range)",
                 ),
+                refused_connections: c(
+                    "strata_store_node_refused_connections_total",
+                    "Data-plane connections refused at accept (total or per-peer limit)",
+                ),
+                cut_off: c(
+                    "strata_store_node_cut_off_connections_total",
+                    "Data-plane connections cut off: no grant in time, stalled I/O, too many refused requests",
+                ),
             },
             registry: r,
         }
@@ -123,7 +131,9 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
             .map_err(|e| Error::internal(format!("prefaulting segments failed: {e}")))?;
         tracing::info!(bytes = cfg.capacity, took = ?t0.elapsed(), "segment memory is resident");
     }
+    let instance = strata_common::time::instance_id();
     let table = Arc::new(SegmentTable::new());
+    table.set_ping_payload(instance.clone().into_bytes());
     let records = Arc::new(ObjectRecords::default());
     let registered = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(NodeMetrics::new());
@@ -167,9 +177,14 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
     });
 
     let agent = Agent {
-        client: MasterClient::new(strata_common::grpc::master_channel(&cfg.master)?)
-            .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE),
+        client: MasterClient::new(strata_common::grpc::master_channel(
+            &cfg.master,
+            cfg.token.as_ref(),
+        )?)
+        .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE),
         node_id: node_id.clone(),
+        instance,
+        proof: strata_common::auth::new_instance_proof(),
         advertise: advertise.clone(),
         sizes,
         segments,
@@ -198,8 +213,12 @@ pub async fn run(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<()
 
 /// Keeps the node registered with the master and applies its object log.
 struct Agent {
-    client: MasterClient<Channel>,
+    client: MasterClient<MasterChannel>,
     node_id: String,
+    /// Public id of this process (ping answer) and the secret it proves
+    /// its registration with.
+    instance: String,
+    proof: Vec<u8>,
     advertise: String,
     sizes: Vec<u64>,
     segments: Vec<Arc<Segment>>,
@@ -214,6 +233,8 @@ impl Agent {
         let req = pb::RegisterNodeRequest {
             node_id: self.node_id.clone(),
             data_addr: self.advertise.clone(),
+            instance: self.instance.clone(),
+            instance_proof: self.proof.clone(),
             segments: self
                 .sizes
                 .iter()
@@ -276,6 +297,7 @@ impl Agent {
                     node_id: self.node_id.clone(),
                     incarnation,
                     applied_seq: self.records.applied_seq(),
+                    instance_proof: self.proof.clone(),
                 };
                 let mut wait = interval;
                 match self.client.heartbeat(req).await {
@@ -294,6 +316,11 @@ impl Agent {
                         }
                         let full = r.log.len() >= 32_768;
                         self.records.apply(&r.log);
+                        for e in &r.log {
+                            if let Some(pb::object_log_entry::Op::Free(f)) = &e.op {
+                                self.table.freed(f.segment_id, f.offset, f.length);
+                            }
+                        }
                         self.metrics.objects.set(self.records.len() as i64);
                         self.metrics.object_bytes.set(self.records.bytes() as i64);
                         if full {

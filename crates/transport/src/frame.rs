@@ -7,7 +7,8 @@
 //!  8 request id u64   | 16 segment id u64
 //! 24 grant offset u64 | 32 grant length u64 | 40 grant perm u32 | 44 reserved u32
 //! 48 grant expiry (unix ms) u64 | 56 grant mac [16]
-//! 72 offset u64 (absolute in segment) | 80 length u64 | 88 reserved u64
+//! 72 offset u64 (absolute in segment) | 80 length u64 | 88 grant generation u64
+//! (the generation was a reserved zero before; old peers send 0)
 //! ```
 //! Response (24 bytes), then `length` bytes: the data of a read, or a UTF-8
 //! error message when status != 0.
@@ -79,6 +80,7 @@ impl Request {
         b[56..72].copy_from_slice(&self.mac);
         b[72..80].copy_from_slice(&self.offset.to_le_bytes());
         b[80..88].copy_from_slice(&self.length.to_le_bytes());
+        b[88..96].copy_from_slice(&self.grant.generation.to_le_bytes());
         b
     }
 
@@ -115,6 +117,7 @@ impl Request {
                 length: u64_at(b, 32),
                 perm: u32_at(b, 40),
                 expires_unix_ms: u64_at(b, 48),
+                generation: u64_at(b, 88),
             },
             mac,
             offset: u64_at(b, 72),
@@ -171,6 +174,7 @@ mod tests {
                 offset: 3,
                 length: 4,
                 expires_unix_ms: 5,
+                generation: 6,
             },
             mac: [9; MAC_LEN],
             offset: 3,

@@ -5,6 +5,7 @@
 //! one-sided implementation fits the same shape (registered region = segment,
 //! remote descriptor = [`RemoteRange`]).
 
+pub mod fence;
 pub mod frame;
 pub mod region;
 pub mod tcp;
@@ -98,6 +99,7 @@ pub fn remote_range(r: &strata_proto::Replica) -> Result<RemoteRange> {
             offset: r.offset,
             length: r.length,
             expires_unix_ms: g.expires_unix_ms,
+            generation: g.generation,
         },
         mac,
     })

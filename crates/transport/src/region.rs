@@ -2,6 +2,7 @@
 //! the cluster-wide segment id the master assigned. A one-sided transport
 //! (UCX) would register the same buffers with the NIC.
 
+use crate::fence::SegmentFences;
 use crate::frame::Request;
 use futures::future::BoxFuture;
 use parking_lot::RwLock;
@@ -138,12 +139,19 @@ pub trait ChunkStream: Send {
     fn recycle(&mut self, _buf: Vec<u8>) {}
 }
 
+/// Where a granted write lands, and the fence lease that keeps the range's
+/// next allocation out until the write is done.
+pub struct WriteTarget {
+    pub segment: Arc<Segment>,
+    pub lease: Option<crate::fence::WriteLease>,
+}
+
 /// What a data-plane server serves: it authorises each request and supplies
 /// or receives the bytes. DRAM segments and SSD buckets both implement it.
 pub trait DataRegion: Send + Sync + 'static {
     fn read<'a>(&'a self, req: &'a Request, now_ms: u64) -> BoxFuture<'a, Result<ReadSource>>;
     /// Memory a granted write lands in.
-    fn write_target(&self, req: &Request, now_ms: u64) -> Result<Arc<Segment>>;
+    fn write_target(&self, req: &Request, now_ms: u64) -> Result<WriteTarget>;
     /// Answer to a ping: identifies the serving process (empty by default).
     fn ping_payload(&self) -> Vec<u8> {
         Vec::new()
@@ -207,6 +215,10 @@ pub struct SegmentTable {
 struct TableInner {
     key: Option<GrantKey>,
     segments: HashMap<u64, Arc<Segment>>,
+    /// Per segment: the newest allocation generation seen on each range.
+    fences: HashMap<u64, Arc<SegmentFences>>,
+    /// Answer to pings: the serving process's public instance id.
+    ping: Vec<u8>,
 }
 
 impl SegmentTable {
@@ -218,7 +230,24 @@ impl SegmentTable {
     pub fn install(&self, key: GrantKey, segments: HashMap<u64, Arc<Segment>>) {
         let mut g = self.inner.write();
         g.key = Some(key);
+        g.fences = segments
+            .keys()
+            .map(|id| (*id, SegmentFences::new()))
+            .collect();
         g.segments = segments;
+    }
+
+    /// The master freed a range (object log): grants of the allocations in
+    /// it die now.
+    pub fn freed(&self, segment_id: u64, offset: u64, length: u64) {
+        if let Some(f) = self.inner.read().fences.get(&segment_id) {
+            f.freed(offset, length);
+        }
+    }
+
+    /// What pings are answered with (the process's instance id).
+    pub fn set_ping_payload(&self, payload: Vec<u8>) {
+        self.inner.write().ping = payload;
     }
 
     /// Stops serving everything (node lost its registration).
@@ -226,13 +255,15 @@ impl SegmentTable {
         let mut g = self.inner.write();
         g.key = None;
         g.segments.clear();
+        g.fences.clear();
     }
 
     pub fn segment_ids(&self) -> Vec<u64> {
         self.inner.read().segments.keys().copied().collect()
     }
 
-    /// Checks the grant (signature, expiry, permission, bounds) for an access of
+    /// Checks the grant (signature, expiry, permission, bounds, and that no
+    /// newer allocation took its range) for an access of
     /// `[offset, offset+length)` and returns the segment to perform it on.
     pub fn authorize(
         &self,
@@ -242,7 +273,7 @@ impl SegmentTable {
         offset: u64,
         length: u64,
         now_ms: u64,
-    ) -> Result<Arc<Segment>> {
+    ) -> Result<WriteTarget> {
         let g = self.inner.read();
         let key = g
             .key
@@ -256,7 +287,20 @@ impl SegmentTable {
             ))
         })?;
         seg.check(offset, length)?;
-        Ok(seg)
+        seg.check(grant.offset, grant.length)?;
+        let lease = match g.fences.get(&grant.segment_id) {
+            Some(f) => f.admit(
+                grant.offset,
+                grant.offset + grant.length,
+                grant.generation,
+                want_perm == PERM_WRITE,
+            )?,
+            None => None,
+        };
+        Ok(WriteTarget {
+            segment: seg,
+            lease,
+        })
     }
 }
 
@@ -266,13 +310,17 @@ impl DataRegion for SegmentTable {
             .authorize(
                 &req.grant, &req.mac, PERM_READ, req.offset, req.length, now_ms,
             )
-            .map(ReadSource::Segment);
+            .map(|t| ReadSource::Segment(t.segment));
         Box::pin(async move { r })
     }
 
-    fn write_target(&self, req: &Request, now_ms: u64) -> Result<Arc<Segment>> {
+    fn write_target(&self, req: &Request, now_ms: u64) -> Result<WriteTarget> {
         self.authorize(
             &req.grant, &req.mac, PERM_WRITE, req.offset, req.length, now_ms,
         )
+    }
+
+    fn ping_payload(&self) -> Vec<u8> {
+        self.inner.read().ping.clone()
     }
 }

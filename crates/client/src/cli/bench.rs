@@ -10,7 +10,7 @@ mod scan;
 mod tiering;
 
 use crate::local::ClusterBuilder;
-use crate::{Client, ClientConfig, PutOptions};
+use crate::{Client, PutOptions};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use report::{Report, Row};
@@ -189,7 +189,7 @@ fn ops_for(args: &BenchArgs, size: u64) -> u64 {
     (args.bytes.0 / size.max(1)).clamp(args.min_ops, args.max_ops.max(args.min_ops))
 }
 
-pub async fn run(master: &str, mut args: BenchArgs) -> anyhow::Result<()> {
+pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> {
     match args.mode.take() {
         Some(BenchMode::Scan(a)) => return scan::run(a).await,
         Some(BenchMode::Replay(a)) => return replay::run(a).await,
@@ -231,10 +231,11 @@ pub async fn run(master: &str, mut args: BenchArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let addr = local
-        .as_ref()
-        .map_or(master.to_string(), |c| c.master_addr());
-    let client = Client::connect(ClientConfig::new(&addr)).await?;
+    let (addr, cfg) = match &local {
+        Some(c) => (c.master_addr(), c.client_config()),
+        None => (conn.master.clone(), conn.config()?),
+    };
+    let client = Client::connect(cfg).await?;
     client
         .stat()
         .await

@@ -24,6 +24,9 @@ pub struct Cli {
         global = true
     )]
     pub master: String,
+    /// File holding the client or admin token [default: the token `strata up` wrote, if any]
+    #[arg(long, env = "STRATA_TOKEN_FILE", global = true)]
+    pub token_file: Option<std::path::PathBuf>,
     /// Log format on stderr: text | json
     #[arg(long, env = "STRATA_LOG_FORMAT", default_value = "text", global = true)]
     pub log_format: strata_common::telemetry::LogFormat,
@@ -49,6 +52,29 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// Where the master is and what the CLI presents to it.
+pub struct Conn {
+    pub master: String,
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+impl Conn {
+    /// The client configuration: `--token-file` if given, else the token
+    /// file a running `strata up` wrote, else none (protected mode).
+    pub fn config(&self) -> anyhow::Result<crate::ClientConfig> {
+        let token = match &self.token_file {
+            Some(p) => Some(strata_common::auth::Secret::from_file(p, "--token-file")?),
+            None => match up::default_token_file() {
+                Some(p) if p.exists() => {
+                    Some(strata_common::auth::Secret::from_file(&p, "--token-file")?)
+                }
+                _ => None,
+            },
+        };
+        Ok(crate::ClientConfig::new(self.master.clone()).with_token(token))
+    }
+}
+
 /// Entry point of the `strata` binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -67,15 +93,19 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let conn = Conn {
+        master: cli.master,
+        token_file: cli.token_file,
+    };
     let res = rt.block_on(async move {
         match cli.cmd {
             Command::Up(a) => up::run(a).await,
-            Command::Put(a) => objects::put(&cli.master, a).await,
-            Command::Get(a) => objects::get(&cli.master, a).await,
-            Command::Rm(a) => objects::rm(&cli.master, a).await,
-            Command::Ls(a) => objects::ls(&cli.master, a).await,
-            Command::Stat(a) => objects::stat(&cli.master, a).await,
-            Command::Bench(a) => bench::run(&cli.master, a).await,
+            Command::Put(a) => objects::put(&conn, a).await,
+            Command::Get(a) => objects::get(&conn, a).await,
+            Command::Rm(a) => objects::rm(&conn, a).await,
+            Command::Ls(a) => objects::ls(&conn, a).await,
+            Command::Stat(a) => objects::stat(&conn, a).await,
+            Command::Bench(a) => bench::run(&conn, a).await,
         }
     });
     match res {

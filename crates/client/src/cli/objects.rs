@@ -1,6 +1,7 @@
 //! `strata put|get|rm|ls|stat`.
 
-use crate::{Client, ClientConfig, PutOptions};
+use super::Conn;
+use crate::{Client, PutOptions};
 use anyhow::Context;
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -8,8 +9,8 @@ use strata_common::time::unix_ms;
 use strata_common::units::format_size;
 use strata_proto as pb;
 
-async fn client(master: &str) -> anyhow::Result<Client> {
-    Ok(Client::connect(ClientConfig::new(master)).await?)
+async fn client(conn: &Conn) -> anyhow::Result<Client> {
+    Ok(Client::connect(conn.config()?).await?)
 }
 
 #[derive(Debug, clap::Args)]
@@ -29,7 +30,7 @@ fn is_stdio(p: &Option<PathBuf>) -> bool {
     p.as_ref().is_none_or(|p| p.as_os_str() == "-")
 }
 
-pub async fn put(master: &str, a: PutArgs) -> anyhow::Result<()> {
+pub async fn put(master: &Conn, a: PutArgs) -> anyhow::Result<()> {
     let data = if is_stdio(&a.file) {
         let mut v = Vec::new();
         std::io::stdin()
@@ -63,7 +64,7 @@ pub struct GetArgs {
     pub file: Option<PathBuf>,
 }
 
-pub async fn get(master: &str, a: GetArgs) -> anyhow::Result<()> {
+pub async fn get(master: &Conn, a: GetArgs) -> anyhow::Result<()> {
     let data = client(master).await?.get(&a.key).await?;
     if is_stdio(&a.file) {
         let mut out = std::io::stdout().lock();
@@ -95,7 +96,7 @@ pub struct RmArgs {
     pub force: bool,
 }
 
-pub async fn rm(master: &str, a: RmArgs) -> anyhow::Result<()> {
+pub async fn rm(master: &Conn, a: RmArgs) -> anyhow::Result<()> {
     let c = client(master).await?;
     match a.key {
         Some(k) => {
@@ -121,7 +122,7 @@ pub struct LsArgs {
     pub json: bool,
 }
 
-pub async fn ls(master: &str, a: LsArgs) -> anyhow::Result<()> {
+pub async fn ls(master: &Conn, a: LsArgs) -> anyhow::Result<()> {
     let objs = client(master).await?.list(&a.prefix, a.limit).await?;
     let mut out = std::io::stdout().lock();
     if a.json {
@@ -154,7 +155,7 @@ fn kind_name(k: i32) -> &'static str {
     }
 }
 
-pub async fn stat(master: &str, a: StatArgs) -> anyhow::Result<()> {
+pub async fn stat(master: &Conn, a: StatArgs) -> anyhow::Result<()> {
     let c = client(master).await?;
     let mut out = std::io::stdout().lock();
     match a.key {

@@ -30,6 +30,20 @@ pub struct UpArgs {
     pub ssd_capacity: ByteSize,
 }
 
+/// Where `strata up` leaves its admin token for the CLI on the same machine:
+/// `$XDG_CONFIG_HOME/strata/up.token` or `~/.config/strata/up.token`.
+pub fn default_token_file() -> Option<std::path::PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| std::path::PathBuf::from(h).join(".config"))
+        })?;
+    Some(base.join("strata").join("up.token"))
+}
+
 pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=64).contains(&a.store_nodes),
@@ -57,8 +71,27 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
              try --listen 127.0.0.1:0 --admin-addr 127.0.0.1:0)",
         )?;
     let addr = cluster.master_addr();
+    // The CLI on this machine finds the admin token here by itself.
+    let token_file = default_token_file();
+    let wrote = match (&token_file, &cluster.credentials().admin) {
+        (Some(p), Some(t)) => {
+            if let Some(dir) = p.parent() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            t.write_file(p)?;
+            Some(p.clone())
+        }
+        _ => None,
+    };
     println!("Strata local cluster is up.");
     println!("  master:       {addr}    (export STRATA_MASTER={addr})");
+    if let Some(p) = &wrote {
+        println!(
+            "  admin token:  {}    (the CLI here reads it; elsewhere: --token-file)",
+            p.display()
+        );
+    }
     println!("  admin:        http://{}/metrics", cluster.master_admin);
     println!(
         "  store nodes:  {} x {}",
@@ -87,6 +120,9 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     strata_common::shutdown::on_signals().cancelled().await;
     eprintln!("stopping...");
     cluster.shutdown().await;
+    if let Some(p) = &wrote {
+        let _ = std::fs::remove_file(p);
+    }
     eprintln!("stopped.");
     Ok(())
 }

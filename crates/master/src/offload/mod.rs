@@ -107,7 +107,8 @@ impl Master {
     }
 
     pub async fn report_offload(&self, req: pb::ReportOffloadRequest) -> Result<()> {
-        self.owners.check_epoch(req.owner_id, req.epoch)?;
+        self.owners
+            .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         let now = unix_ms();
         // Failures are logged once per report (a full disk fails a whole
         // batch at once), with one example; each key at debug level.
@@ -246,7 +247,8 @@ impl Master {
     }
 
     pub async fn report_inventory(&self, req: pb::ReportInventoryRequest) -> Result<u64> {
-        self.owners.check_epoch(req.owner_id, req.epoch)?;
+        self.owners
+            .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         let mut adopted = 0;
         for o in req.objects {
             if crate::master::validate_key(&o.key).is_err() || o.length == 0 {

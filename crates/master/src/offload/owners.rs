@@ -7,6 +7,7 @@ use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use strata_common::auth::ProofHash;
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
@@ -24,6 +25,9 @@ pub struct OwnerEntry {
     pub unknown_files: u64,
     pub quarantined_files: u64,
     pub last_heartbeat_ms: u64,
+    /// The secret the registered process proves itself with (not published).
+    #[serde(skip)]
+    pub proof: Option<ProofHash>,
 }
 
 pub struct OwnerRegistry {
@@ -76,6 +80,7 @@ impl OwnerRegistry {
         Fut: Future<Output = Result<Vec<u8>>>,
     {
         validate_handle(&req.handle)?;
+        let proof = ProofHash::of(&req.instance_proof)?;
         if req.data_addr.parse::<std::net::SocketAddr>().is_err() {
             return Err(Error::invalid(format!(
                 "data_addr {:?} is not HOST:PORT",
@@ -97,7 +102,13 @@ impl OwnerRegistry {
 
         let holder = self.owners.read().get(&id).cloned();
         if let Some(h) = holder {
-            if h.instance != req.instance && self.live(&h, unix_ms()) {
+            // The registered process itself may register again; anyone else
+            // (even one replaying its public instance id) only once it is gone.
+            let same = h
+                .proof
+                .as_ref()
+                .is_some_and(|p| p.matches(&req.instance_proof));
+            if !same && self.live(&h, unix_ms()) {
                 // Live on paper; ask the process itself before fencing it.
                 if let Ok(answer) = ping(h.data_addr.clone()).await {
                     if answer == h.instance.as_bytes() {
@@ -127,6 +138,7 @@ impl OwnerRegistry {
                 unknown_files: 0,
                 quarantined_files: 0,
                 last_heartbeat_ms: unix_ms(),
+                proof: Some(proof),
             },
         );
         tracing::info!(
@@ -139,10 +151,19 @@ impl OwnerRegistry {
         Ok((id, epoch))
     }
 
-    /// Refuses requests from an older (fenced) or unknown registration.
-    pub fn check_epoch(&self, owner: u64, epoch: u64) -> Result<()> {
+    /// Refuses requests from an older (fenced) or unknown registration, and
+    /// from any process but the registered one (`proof`).
+    pub fn check_epoch(&self, owner: u64, epoch: u64, proof: &[u8]) -> Result<()> {
         match self.owners.read().get(&owner) {
-            Some(o) if o.epoch == epoch => Ok(()),
+            Some(o) if o.epoch == epoch => match &o.proof {
+                Some(p) if p.matches(proof) => Ok(()),
+                _ => Err(Error::new(
+                    Code::PermissionDenied,
+                    format!(
+                        "call for owner {owner} does not come from the process that registered it"
+                    ),
+                )),
+            },
             Some(o) => Err(Error::new(
                 Code::PermissionDenied,
                 format!(
@@ -158,7 +179,7 @@ impl OwnerRegistry {
     }
 
     pub fn heartbeat(&self, req: &pb::OwnerHeartbeatRequest) -> Result<()> {
-        self.check_epoch(req.owner_id, req.epoch)?;
+        self.check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         let mut g = self.owners.write();
         if let Some(o) = g.get_mut(&req.owner_id) {
             o.used = req.used_bytes;

@@ -138,7 +138,8 @@ impl Master {
     }
 
     pub async fn report_promotion(&self, req: pb::ReportPromotionRequest) -> Result<()> {
-        self.owners.check_epoch(req.owner_id, req.epoch)?;
+        self.owners
+            .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         for r in req.results {
             let Some(f) = ({
                 let mut p = self.promotions.lock();

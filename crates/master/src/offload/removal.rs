@@ -57,7 +57,8 @@ impl Master {
     /// Forgets every SSD replica in `bucket_ids` of the owner (which deletes
     /// them next). Objects left with no replica at all disappear.
     pub fn evict_buckets(&self, req: &pb::EvictBucketsRequest) -> Result<pb::EvictBucketsResponse> {
-        self.owners.check_epoch(req.owner_id, req.epoch)?;
+        self.owners
+            .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         let doomed: HashSet<u64> = req.bucket_ids.iter().copied().collect();
         let (mut dropped, mut gone) = (0u64, 0i64);
         for shard in self.objects.shards() {

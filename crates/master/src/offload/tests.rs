@@ -19,9 +19,13 @@ async fn with_owner(policy: OffloadPolicy, seg: u64, hw: f64) -> (Arc<Master>, u
     (m, r.owner_id, r.epoch)
 }
 
+/// The instance proof the fake agent of these tests registers with.
+const PROOF: &[u8] = &[7u8; 32];
+
 /// Registers an SSD owner of 1 GiB under `handle`.
 async fn register(m: &Master, handle: &str) -> pb::RegisterOwnerResponse {
     m.register_owner(pb::RegisterOwnerRequest {
+        instance_proof: PROOF.to_vec(),
         handle: handle.into(),
         data_addr: "127.0.0.1:1".into(),
         capacity_bytes: 1 << 30,
@@ -40,6 +44,7 @@ fn queued_keys(m: &Master) -> Vec<String> {
 /// An agent's heartbeat taking up to `max_tasks` tasks.
 fn heartbeat(m: &Master, owner: u64, epoch: u64, max_tasks: u32) -> pb::OwnerHeartbeatResponse {
     m.owner_heartbeat(&pb::OwnerHeartbeatRequest {
+        instance_proof: PROOF.to_vec(),
         owner_id: owner,
         epoch,
         capacity_bytes: 1 << 30,
@@ -65,6 +70,7 @@ async fn persist_all(m: &Master, owner: u64, epoch: u64) -> usize {
         })
         .collect();
     m.report_offload(pb::ReportOffloadRequest {
+        instance_proof: PROOF.to_vec(),
         owner_id: owner,
         epoch,
         results,
@@ -192,6 +198,7 @@ async fn removing_a_key_tells_its_owner_to_drop_the_ssd_copy() {
     m.evict_memory("e").unwrap();
     let r = m
         .evict_buckets(&pb::EvictBucketsRequest {
+            instance_proof: PROOF.to_vec(),
             owner_id: owner,
             epoch,
             bucket_ids: vec![1],
@@ -200,6 +207,7 @@ async fn removing_a_key_tells_its_owner_to_drop_the_ssd_copy() {
     assert_eq!(r.replicas_dropped, 1);
     assert!(!m.exists("e").unwrap(), "no replica left: the key is gone");
     let stale = m.evict_buckets(&pb::EvictBucketsRequest {
+        instance_proof: PROOF.to_vec(),
         owner_id: owner,
         epoch: epoch + 1,
         bucket_ids: vec![1],
@@ -222,6 +230,7 @@ async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
         crc32c: 0,
     };
     let report = |relocation| pb::ReportInventoryRequest {
+        instance_proof: PROOF.to_vec(),
         owner_id: owner,
         epoch,
         objects: vec![moved("live"), moved("gone")],
@@ -278,6 +287,7 @@ async fn a_victim_whose_offload_fails_while_leased_is_decided_again() {
         })
         .collect();
     m.report_offload(pb::ReportOffloadRequest {
+        instance_proof: PROOF.to_vec(),
         owner_id: r.owner_id,
         epoch: r.epoch,
         results,

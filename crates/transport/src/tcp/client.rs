@@ -229,6 +229,7 @@ impl TcpTransport {
                 offset: 0,
                 length: 0,
                 expires_unix_ms: 0,
+                generation: 0,
             },
             mac: [0; strata_common::grant::MAC_LEN],
             offset: 0,

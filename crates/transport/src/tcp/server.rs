@@ -11,14 +11,85 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// A connection idle this long between requests is closed.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// A payload that does not arrive within this time fails the connection.
-const PAYLOAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// A rejected write's payload up to this size is drained so the connection
 /// survives; larger ones close it.
 const MAX_DRAIN: u64 = 64 << 20;
-const MAX_CONNECTIONS: usize = 4096;
+
+/// What one data-plane server tolerates from its peers. A peer that stays
+/// within these limits is served as if they did not exist.
+#[derive(Debug, Clone)]
+pub struct ServerLimits {
+    /// Connections at once, all peers together.
+    pub max_connections: usize,
+    /// Connections at once from one IP address.
+    pub max_per_peer: usize,
+    /// A connection must present a valid grant within this time (pings
+    /// aside); until then it is a stranger.
+    pub first_grant_timeout: Duration,
+    /// A connection that proved a grant may idle this long between requests.
+    pub idle_timeout: Duration,
+    /// Any single payload read or response write that does not complete
+    /// within this time cuts the connection off, releasing its staging and
+    /// reader counts (e.g. a client that never reads its socket).
+    pub io_timeout: Duration,
+    /// Requests refused for their grant before the connection is cut off.
+    pub max_rejections: u32,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            max_connections: 4096,
+            max_per_peer: 256,
+            first_grant_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(120),
+            io_timeout: Duration::from_secs(30),
+            max_rejections: 32,
+        }
+    }
+}
+
+/// Connections per peer address; the guard gives the slot back.
+#[derive(Default)]
+struct PeerSlots(parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+struct PeerSlot(Arc<PeerSlots>, std::net::IpAddr);
+
+impl PeerSlots {
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut g = self.0.lock();
+        let n = g.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot(self.clone(), ip))
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut g = (self.0).0.lock();
+        if let Some(n) = g.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                g.remove(&self.1);
+            }
+        }
+    }
+}
+
+fn timed_out() -> std::io::Error {
+    std::io::Error::from(std::io::ErrorKind::TimedOut)
+}
+
+/// Bounds one I/O step of a connection.
+async fn within<T>(
+    d: Duration,
+    f: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    tokio::time::timeout(d, f).await.map_err(|_| timed_out())?
+}
 
 /// Counters the server bumps; the owning service registers them.
 #[derive(Clone)]
@@ -27,18 +98,35 @@ pub struct ServerMetrics {
     pub read_bytes: IntCounter,
     pub written_bytes: IntCounter,
     pub rejected: IntCounter,
+    /// Connections refused at accept (total or per-peer limit).
+    pub refused_connections: IntCounter,
+    /// Connections cut off: no grant in time, stalled I/O, too many refusals.
+    pub cut_off: IntCounter,
 }
 
-/// Serves the data plane on `listener` until `shutdown`, then waits for
-/// in-flight connections to finish their current request.
+/// Serves the data plane on `listener` with default limits.
 pub async fn serve(
     listener: TcpListener,
     table: Arc<dyn DataRegion>,
     metrics: ServerMetrics,
     shutdown: CancellationToken,
 ) {
+    serve_with(listener, table, metrics, ServerLimits::default(), shutdown).await
+}
+
+/// Serves the data plane on `listener` until `shutdown`, then waits for
+/// in-flight connections to finish their current request.
+pub async fn serve_with(
+    listener: TcpListener,
+    table: Arc<dyn DataRegion>,
+    metrics: ServerMetrics,
+    limits: ServerLimits,
+    shutdown: CancellationToken,
+) {
     let tracker = TaskTracker::new();
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let peers = Arc::new(PeerSlots::default());
+    let limits = Arc::new(limits);
     loop {
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -53,20 +141,81 @@ pub async fn serve(
             }
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
+            metrics.refused_connections.inc();
             tracing::warn!(%peer, "too many data-plane connections; refusing");
             continue;
         };
+        let Some(slot) = peers.take(peer.ip(), limits.max_per_peer) else {
+            metrics.refused_connections.inc();
+            tracing::debug!(%peer, "too many data-plane connections from this peer; refusing");
+            continue;
+        };
         let _ = stream.set_nodelay(true);
-        let (table, metrics, shutdown) = (table.clone(), metrics.clone(), shutdown.clone());
+        let (table, metrics, shutdown, limits) = (
+            table.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+            limits.clone(),
+        );
         tracker.spawn(async move {
-            if let Err(e) = connection(stream, table.as_ref(), &metrics, &shutdown).await {
+            let r = connection(stream, table.as_ref(), &metrics, &limits, &shutdown).await;
+            if let Err(e) = r {
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::PermissionDenied
+                ) {
+                    metrics.cut_off.inc();
+                }
                 tracing::debug!(%peer, error = %e, "data-plane connection closed");
             }
-            drop(permit);
+            drop((permit, slot));
         });
     }
     tracker.close();
     tracker.wait().await;
+}
+
+/// A connection's standing: has it proved a grant, how many refusals.
+struct Peer<'a> {
+    limits: &'a ServerLimits,
+    granted: bool,
+    rejections: u32,
+}
+
+impl Peer<'_> {
+    /// Counts a request refused for its grant; too many cut the peer off.
+    fn refused(&mut self) -> std::io::Result<()> {
+        self.rejections += 1;
+        if self.rejections > self.limits.max_rejections {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "too many refused requests",
+            ));
+        }
+        Ok(())
+    }
+    /// Notes how a read was authorised.
+    fn note(&mut self, p: &Prepared) -> std::io::Result<()> {
+        match p {
+            Prepared::Failed(e)
+                if matches!(e.code, Code::PermissionDenied | Code::InvalidArgument) =>
+            {
+                self.refused()
+            }
+            Prepared::Failed(_) => Ok(()),
+            _ => {
+                self.granted = true;
+                Ok(())
+            }
+        }
+    }
+    fn wait(&self) -> Duration {
+        if self.granted {
+            self.limits.idle_timeout
+        } else {
+            self.limits.first_grant_timeout
+        }
+    }
 }
 
 async fn respond_ok(s: &mut TcpStream, req_id: u64) -> std::io::Result<()> {
@@ -94,16 +243,25 @@ async fn connection(
     mut s: TcpStream,
     table: &dyn DataRegion,
     m: &ServerMetrics,
+    limits: &ServerLimits,
     shutdown: &CancellationToken,
 ) -> std::io::Result<()> {
     let mut hdr = [0u8; REQ_LEN];
+    let io = limits.io_timeout;
+    let mut peer = Peer {
+        limits,
+        granted: false,
+        rejections: 0,
+    };
     loop {
         let read = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            r = tokio::time::timeout(IDLE_TIMEOUT, s.read_exact(&mut hdr)) => r,
+            r = tokio::time::timeout(peer.wait(), s.read_exact(&mut hdr)) => r,
         };
         match read {
-            Err(_) => return Ok(()), // idle
+            // Idle, or a stranger that never presented a grant.
+            Err(_) if peer.granted => return Ok(()),
+            Err(_) => return Err(timed_out()),
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Ok(Err(e)) => return Err(e),
             Ok(Ok(_)) => {}
@@ -114,8 +272,8 @@ async fn connection(
             Err(e) => {
                 // Not our protocol: say why once, then hang up.
                 m.rejected.inc();
-                respond_err(&mut s, 0, &e).await?;
-                s.shutdown().await?;
+                within(io, respond_err(&mut s, 0, &e)).await?;
+                within(io, s.shutdown()).await?;
                 return Ok(());
             }
         };
@@ -128,45 +286,50 @@ async fn connection(
                     length: who.len() as u64,
                 }
                 .encode();
-                write_all_vectored(&mut s, &h, &who).await?;
+                within(io, write_all_vectored(&mut s, &h, &who)).await?;
             }
             Op::Write => {
                 let auth = table.write_target(&req, unix_ms());
                 match auth {
-                    Ok(seg) => {
+                    Ok(target) => {
+                        peer.granted = true;
                         // SAFETY: the grant verified above names exactly this
-                        // range, and the master never grants overlapping writes.
-                        let dst = match unsafe { seg.slice_mut(req.offset, req.length) } {
+                        // range; the master never grants overlapping writes of
+                        // live allocations, and the segment's fences refuse
+                        // grants of freed ones (`fence.rs`) while this write
+                        // holds its lease.
+                        let dst = match unsafe { target.segment.slice_mut(req.offset, req.length) }
+                        {
                             Ok(d) => d,
-                            Err(e) => return respond_err(&mut s, req.req_id, &e).await,
+                            Err(e) => return within(io, respond_err(&mut s, req.req_id, &e)).await,
                         };
-                        tokio::time::timeout(PAYLOAD_TIMEOUT, s.read_exact(dst))
-                            .await
-                            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                        within(io, s.read_exact(dst)).await?;
+                        drop(target);
                         m.written_bytes.inc_by(req.length);
-                        respond_ok(&mut s, req.req_id).await?;
+                        within(io, respond_ok(&mut s, req.req_id)).await?;
                     }
                     Err(e) => {
                         m.rejected.inc();
+                        peer.refused()?;
                         if req.length > MAX_DRAIN {
-                            respond_err(&mut s, req.req_id, &e).await?;
+                            within(io, respond_err(&mut s, req.req_id, &e)).await?;
                             return Ok(());
                         }
                         let mut sink = (&mut s).take(req.length);
-                        let drained = tokio::time::timeout(
-                            PAYLOAD_TIMEOUT,
-                            tokio::io::copy(&mut sink, &mut tokio::io::sink()),
-                        )
-                        .await
-                        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                        let drained =
+                            within(io, tokio::io::copy(&mut sink, &mut tokio::io::sink())).await?;
                         if drained != req.length {
                             return Ok(());
                         }
-                        respond_err(&mut s, req.req_id, &e).await?;
+                        within(io, respond_err(&mut s, req.req_id, &e)).await?;
                     }
                 }
             }
-            Op::Read => serve_read(&mut s, table, &req, m).await?,
+            Op::Read => {
+                let p = prepare(table, &req, m).await;
+                peer.note(&p)?;
+                send(&mut s, &req, m, p, io).await?
+            }
             Op::ReadV => {
                 if req.length > MAX_READV_ITEMS {
                     m.rejected.inc();
@@ -174,14 +337,12 @@ async fn connection(
                         "batch read of {} items exceeds the limit of {MAX_READV_ITEMS}",
                         req.length
                     ));
-                    respond_err(&mut s, req.req_id, &e).await?;
+                    within(io, respond_err(&mut s, req.req_id, &e)).await?;
                     return Ok(());
                 }
                 let mut items = Vec::with_capacity(req.length as usize);
                 for _ in 0..req.length {
-                    tokio::time::timeout(PAYLOAD_TIMEOUT, s.read_exact(&mut hdr))
-                        .await
-                        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+                    within(io, s.read_exact(&mut hdr)).await?;
                     items.push(Request::decode(&hdr));
                 }
                 let h = Response {
@@ -190,7 +351,7 @@ async fn connection(
                     length: req.length,
                 }
                 .encode();
-                s.write_all(&h).await?;
+                within(io, s.write_all(&h)).await?;
                 let prep = |item: &'_ Result<Request, Error>| {
                     let item = item.as_ref().ok().filter(|r| r.op == Op::Read).cloned();
                     async move {
@@ -211,17 +372,21 @@ async fn connection(
                     // holds staged pieces while it waits for more, so readers
                     // sharing the arena cannot deadlock.
                     let overlap = prepared.as_ref().is_some_and(|p| p.complete(item));
+                    match &prepared {
+                        Some(p) => peer.note(p)?,
+                        None => peer.refused()?,
+                    }
                     let reply = async {
                         match (item, prepared) {
-                            (Ok(r), Some(p)) => send(&mut s, r, m, p).await,
+                            (Ok(r), Some(p)) => send(&mut s, r, m, p, io).await,
                             (Ok(r), None) => {
                                 m.rejected.inc();
                                 let e = Error::invalid("a batch read may only hold reads");
-                                respond_err(&mut s, r.req_id, &e).await
+                                within(io, respond_err(&mut s, r.req_id, &e)).await
                             }
                             (Err(e), _) => {
                                 m.rejected.inc();
-                                respond_err(&mut s, 0, e).await
+                                within(io, respond_err(&mut s, 0, e)).await
                             }
                         }
                     };
@@ -279,17 +444,6 @@ async fn prepare(table: &dyn DataRegion, req: &Request, m: &ServerMetrics) -> Pr
     }
 }
 
-/// Answers one read with one complete response.
-async fn serve_read(
-    s: &mut TcpStream,
-    table: &dyn DataRegion,
-    req: &Request,
-    m: &ServerMetrics,
-) -> std::io::Result<()> {
-    let p = prepare(table, req, m).await;
-    send(s, req, m, p).await
-}
-
 /// Sends a prepared read. A failure mid-stream (a later piece could not be
 /// read) closes the connection, so the reader never takes a short or
 /// patched body for the object.
@@ -298,6 +452,7 @@ async fn send(
     req: &Request,
     m: &ServerMetrics,
     p: Prepared,
+    io: Duration,
 ) -> std::io::Result<()> {
     let header = Response {
         status: Code::Ok,
@@ -306,7 +461,7 @@ async fn send(
     }
     .encode();
     let (mut stream, mut next) = match p {
-        Prepared::Failed(e) => return respond_err(s, req.req_id, &e).await,
+        Prepared::Failed(e) => return within(io, respond_err(s, req.req_id, &e)).await,
         Prepared::Ready(src) => {
             let data = match &src {
                 ReadSource::Segment(seg) => seg.slice(req.offset, req.length),
@@ -315,11 +470,11 @@ async fn send(
             };
             return match data {
                 Ok(d) => {
-                    write_all_vectored(s, &header, d).await?;
+                    within(io, write_all_vectored(s, &header, d)).await?;
                     m.read_bytes.inc_by(req.length);
                     Ok(())
                 }
-                Err(e) => respond_err(s, req.req_id, &e).await,
+                Err(e) => within(io, respond_err(s, req.req_id, &e)).await,
             };
         }
         Prepared::Streaming(stream, first) => (stream, first),
@@ -331,11 +486,13 @@ async fn send(
         if sent > req.length {
             return Err(std::io::Error::other("read stream overran its length"));
         }
+        // A reader that stops reading its socket is cut off here, which
+        // drops the stream and with it its staging and bucket reader count.
         if first {
-            write_all_vectored(s, &header, &chunk.data).await?;
+            within(io, write_all_vectored(s, &header, &chunk.data)).await?;
             first = false;
         } else {
-            s.write_all(&chunk.data).await?;
+            within(io, s.write_all(&chunk.data)).await?;
         }
         m.read_bytes.inc_by(chunk.data.len() as u64);
         // The piece's staging is released here, before the next is staged.
@@ -351,7 +508,7 @@ async fn send(
         return Err(std::io::Error::other("read stream ended short"));
     }
     if first {
-        s.write_all(&header).await?;
+        within(io, s.write_all(&header)).await?;
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ use super::report::{Report, Row};
 use super::tiering::{
     offload_outcomes, parse_policies, prefix_lookup, progress, put_blocks, Tally, Tiers,
 };
-use crate::{Client, ClientConfig};
+use crate::Client;
 use anyhow::Context;
 use std::collections::HashSet;
 use std::io::BufRead;
@@ -146,7 +146,7 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let data = vec![0x4bu8; args.block_bytes.0 as usize];
     for p in policies {
         let c = tiers.start(p).await?;
-        let client = Client::connect(ClientConfig::new(c.master_addr())).await?;
+        let client = Client::connect(c.client_config()).await?;
         let pb = progress(&format!("replay {p}"), reqs.len() as u64, args.json);
         let mut t = Tally::default();
         let t0 = Instant::now();

@@ -6,7 +6,7 @@
 
 use super::report::{Report, Row};
 use super::tiering::{parse_policies, progress, put_blocks, BenchPolicy, Tally, Tiers};
-use crate::{Client, ClientConfig, PutOptions, Tier};
+use crate::{Client, PutOptions, Tier};
 use anyhow::Context;
 use std::time::{Duration, Instant};
 use strata_common::units::{format_size, ByteSize};
@@ -81,7 +81,7 @@ async fn drive(
     quiet: bool,
 ) -> anyhow::Result<(Tally, Duration)> {
     let c = tiers.start(policy).await?;
-    let client = Client::connect(ClientConfig::new(c.master_addr())).await?;
+    let client = Client::connect(c.client_config()).await?;
     let data = vec![0x6bu8; tiers.block as usize];
     let pb = progress(name, accesses.len() as u64, quiet);
     let mut t = Tally::default();
@@ -238,7 +238,7 @@ async fn ssd_read_throughput(args: &ScanArgs, report: &mut Report) -> anyhow::Re
     let c = tiers
         .start(BenchPolicy::of(strata_master::config::OffloadPolicy::Eager))
         .await?;
-    let client = Client::connect(ClientConfig::new(c.master_addr())).await?;
+    let client = Client::connect(c.client_config()).await?;
     let keys: Vec<String> = (0..n).map(|i| format!("rd/{i}")).collect();
     let data = vec![0x2du8; size as usize];
     for k in &keys {

@@ -1,0 +1,484 @@
+//! Who may call what. Three roles with different powers:
+//! - *members* (store nodes, SSD agents) register, heartbeat and report;
+//! - *clients* (engines, the CLI) put, get, exist, remove and list;
+//! - *admins* may do what a client may, and also force removes, remove
+//!   everything and evict.
+//!
+//! Each role has one shared secret (a token file on the master). Callers
+//! present theirs as `authorization: Bearer <token>`; the master compares it
+//! in constant time and never logs it. With no token files at all the master
+//! runs in *protected mode*: every caller has every role, and the master only
+//! listens on loopback (see `check_protected_mode`).
+
+use crate::{Code, Error, Result};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A role a call needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Member,
+    Client,
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Member => "member",
+            Role::Client => "client",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// Shortest secret accepted: 128 bits of hex.
+pub const MIN_SECRET_LEN: usize = 32;
+const MAX_SECRET_LEN: usize = 4096;
+
+/// A shared secret. Its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Arc<str>);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl Secret {
+    /// 256 random bits, hex-encoded.
+    pub fn generate() -> Secret {
+        use rand::RngCore;
+        let mut b = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut b);
+        Secret(
+            b.iter()
+                .map(|x| format!("{x:02x}"))
+                .collect::<String>()
+                .into(),
+        )
+    }
+
+    /// Validates a secret: printable ASCII without spaces (it travels in an
+    /// HTTP header), at least [`MIN_SECRET_LEN`] characters.
+    pub fn new(s: &str) -> Result<Secret> {
+        if s.len() < MIN_SECRET_LEN || s.len() > MAX_SECRET_LEN {
+            return Err(Error::invalid(format!(
+                "a token must be {MIN_SECRET_LEN} to {MAX_SECRET_LEN} characters, got {} \
+                 (generate one with `openssl rand -hex 32`)",
+                s.len()
+            )));
+        }
+        if !s.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(Error::invalid(
+                "a token must be printable ASCII without spaces (generate one with `openssl rand -hex 32`)",
+            ));
+        }
+        Ok(Secret(s.into()))
+    }
+
+    /// Reads one secret from `path` (trailing whitespace and newline ignored).
+    /// `flag` names the setting in errors.
+    pub fn from_file(path: &Path, flag: &str) -> Result<Secret> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::invalid(format!("cannot read {flag} {}: {e}", path.display())))?;
+        Secret::new(text.trim())
+            .map_err(|e| Error::invalid(format!("{flag} {}: {}", path.display(), e.message)))
+    }
+
+    /// The secret itself, for writing a token file or a header.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Constant-time comparison (both sides hashed to a fixed length first,
+    /// so not even the length leaks).
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let a = blake3::hash(self.0.as_bytes());
+        let b = blake3::hash(presented);
+        // blake3::Hash's PartialEq is constant time.
+        a == b
+    }
+
+    /// Writes the secret to `path`, readable by its owner only.
+    pub fn write_file(&self, path: &Path) -> Result<()> {
+        use std::io::Write;
+        #[cfg(unix)]
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        o.mode(0o600);
+        let mut f = o
+            .open(path)
+            .map_err(|e| Error::internal(format!("cannot write {}: {e}", path.display())))?;
+        f.write_all(self.0.as_bytes())
+            .and_then(|_| f.write_all(b"\n"))
+            .map_err(|e| Error::internal(format!("cannot write {}: {e}", path.display())))
+    }
+}
+
+/// The roles a caller proved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Roles {
+    pub member: bool,
+    pub client: bool,
+    pub admin: bool,
+}
+
+impl Roles {
+    pub const ALL: Roles = Roles {
+        member: true,
+        client: true,
+        admin: true,
+    };
+    pub fn has(&self, r: Role) -> bool {
+        match r {
+            Role::Member => self.member,
+            Role::Client => self.client,
+            Role::Admin => self.admin,
+        }
+    }
+    fn none(&self) -> bool {
+        !(self.member || self.client || self.admin)
+    }
+}
+
+/// The master's secrets, one per role (each optional).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    pub member: Option<Secret>,
+    pub client: Option<Secret>,
+    pub admin: Option<Secret>,
+}
+
+impl Credentials {
+    /// Fresh secrets for every role (`strata up`, test clusters).
+    pub fn generate() -> Credentials {
+        Credentials {
+            member: Some(Secret::generate()),
+            client: Some(Secret::generate()),
+            admin: Some(Secret::generate()),
+        }
+    }
+
+    /// No secret at all: protected mode.
+    pub fn is_empty(&self) -> bool {
+        self.member.is_none() && self.client.is_none() && self.admin.is_none()
+    }
+
+    fn secret(&self, r: Role) -> Option<&Secret> {
+        match r {
+            Role::Member => self.member.as_ref(),
+            Role::Client => self.client.as_ref(),
+            Role::Admin => self.admin.as_ref(),
+        }
+    }
+
+    /// The roles `presented` (a bearer token, if any) proves. A token that
+    /// matches no secret is refused outright.
+    pub fn roles_of(&self, presented: Option<&[u8]>) -> Result<Roles> {
+        if self.is_empty() {
+            return Ok(Roles::ALL);
+        }
+        let Some(tok) = presented else {
+            return Ok(Roles::default());
+        };
+        let is = |r: Role| self.secret(r).is_some_and(|s| s.matches(tok));
+        let roles = Roles {
+            member: is(Role::Member),
+            // An admin may do what a client may.
+            client: is(Role::Client) || is(Role::Admin),
+            admin: is(Role::Admin),
+        };
+        if roles.none() {
+            return Err(Error::new(
+                Code::Unauthenticated,
+                "the presented token matches none of this master's credentials \
+                 (check --token-file / STRATA_TOKEN_FILE against the master's token files)",
+            ));
+        }
+        Ok(roles)
+    }
+
+    /// Whether `roles` may make a call that needs `need`; the error names
+    /// the missing credential.
+    pub fn check(&self, roles: Roles, need: Role) -> Result<()> {
+        if roles.has(need) {
+            return Ok(());
+        }
+        let n = need.as_str();
+        if self.secret(need).is_none() {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "this call needs the {n} role, and the master has no --{n}-token-file, \
+                     so no caller may make it"
+                ),
+            ));
+        }
+        if roles.none() {
+            return Err(Error::new(
+                Code::Unauthenticated,
+                format!(
+                    "this call needs the {n} token: pass --token-file (env STRATA_TOKEN_FILE) \
+                     holding the master's --{n}-token-file secret"
+                ),
+            ));
+        }
+        let have = [Role::Admin, Role::Client, Role::Member]
+            .into_iter()
+            .find(|r| roles.has(*r))
+            .map_or("no", Role::as_str);
+        Err(Error::new(
+            Code::PermissionDenied,
+            format!("this call needs the {n} role; the presented token is a {have} token"),
+        ))
+    }
+}
+
+/// A member process's proof of identity: random bytes it chooses at start,
+/// sends when it registers and with every later call of that registration.
+/// Public ids (node ids, handles, instance strings) prove nothing.
+pub fn new_instance_proof() -> Vec<u8> {
+    use rand::RngCore;
+    let mut b = vec![0u8; 32];
+    rand::thread_rng().fill_bytes(&mut b);
+    b
+}
+
+/// What the master keeps of an instance proof.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ProofHash(blake3::Hash);
+
+impl std::fmt::Debug for ProofHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProofHash(..)")
+    }
+}
+
+impl ProofHash {
+    pub fn of(proof: &[u8]) -> Result<ProofHash> {
+        if !(16..=64).contains(&proof.len()) {
+            return Err(Error::invalid(format!(
+                "instance_proof must be 16 to 64 bytes, got {} (is the member older than the master?)",
+                proof.len()
+            )));
+        }
+        Ok(ProofHash(blake3::hash(proof)))
+    }
+
+    /// Constant time (blake3::Hash equality is).
+    pub fn matches(&self, proof: &[u8]) -> bool {
+        self.0 == blake3::hash(proof)
+    }
+}
+
+/// The bearer token in an `authorization` header value.
+pub fn bearer(header: Option<&[u8]>) -> Option<&[u8]> {
+    header.and_then(|h| h.strip_prefix(b"Bearer "))
+}
+
+/// How a master guards its calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Protection {
+    /// Token files: every call is authenticated.
+    Credentials,
+    /// No credentials, every listener on loopback.
+    LoopbackOnly,
+    /// No credentials, listening beyond loopback (`--insecure`).
+    Insecure(String),
+}
+
+impl Protection {
+    /// Says what an operator must know at start (a WARNING without
+    /// credentials).
+    pub fn log(&self) {
+        match self {
+            Protection::Credentials => {
+                tracing::info!("every call is authenticated (token files)")
+            }
+            Protection::LoopbackOnly => tracing::warn!(
+                "protected mode: no token files, so every caller may do anything; \
+                 serving on loopback only (set --member-token-file, --client-token-file \
+                 and --admin-token-file to listen elsewhere)"
+            ),
+            Protection::Insecure(l) => tracing::warn!(
+                listeners = l,
+                "--insecure: serving beyond loopback WITHOUT credentials; anyone who \
+                 reaches these ports may read, write and remove everything"
+            ),
+        }
+    }
+}
+
+/// Protected mode: with no credentials, every listener must be on loopback
+/// unless `insecure`. `listeners` are (flag, address) pairs.
+pub fn check_protected_mode(
+    creds: &Credentials,
+    listeners: &[(&str, SocketAddr)],
+    insecure: bool,
+) -> Result<Protection> {
+    if !creds.is_empty() {
+        return Ok(Protection::Credentials);
+    }
+    let exposed: Vec<String> = listeners
+        .iter()
+        .filter(|(_, a)| !a.ip().is_loopback())
+        .map(|(f, a)| format!("{f} {a}"))
+        .collect();
+    if exposed.is_empty() {
+        return Ok(Protection::LoopbackOnly);
+    }
+    if insecure {
+        return Ok(Protection::Insecure(exposed.join(", ")));
+    }
+    Err(Error::invalid(format!(
+        "refusing to listen on {} without credentials: add --member-token-file, \
+         --client-token-file and --admin-token-file (see docs/security.md), listen on \
+         127.0.0.1, or pass --insecure to accept the risk",
+        exposed.join(", ")
+    )))
+}
+
+/// A listen address on all interfaces needs an explicit advertise address:
+/// others cannot dial `0.0.0.0`, and two hosts on defaults would collide.
+pub fn check_advertise(
+    listen_flag: &str,
+    listen: SocketAddr,
+    advertise: Option<&str>,
+) -> Result<()> {
+    if listen.ip().is_unspecified() && advertise.is_none() {
+        return Err(Error::invalid(format!(
+            "{listen_flag} {listen} listens on every interface, so it needs --advertise \
+             HOST:PORT (the address others dial, e.g. the pod IP)"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn creds() -> Credentials {
+        Credentials::generate()
+    }
+
+    #[test]
+    fn secrets_are_validated_and_hidden() {
+        assert!(Secret::new("short").is_err());
+        assert!(Secret::new(&"a".repeat(MIN_SECRET_LEN - 1)).is_err());
+        assert!(Secret::new(&"a".repeat(MIN_SECRET_LEN)).is_ok());
+        assert!(Secret::new(&format!("{} b", "a".repeat(40))).is_err());
+        let s = Secret::generate();
+        assert_eq!(s.expose().len(), 64);
+        assert!(!format!("{s:?}").contains(s.expose()));
+        assert!(s.matches(s.expose().as_bytes()));
+        assert!(!s.matches(&s.expose().as_bytes()[1..]));
+        assert!(!s.matches(b""));
+    }
+
+    #[test]
+    fn secret_files_trim_newlines_and_name_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t");
+        let s = Secret::generate();
+        s.write_file(&p).unwrap();
+        assert_eq!(Secret::from_file(&p, "--token-file").unwrap(), s);
+        std::fs::write(&p, "x\n").unwrap();
+        let e = Secret::from_file(&p, "--token-file").unwrap_err();
+        assert!(e.message.contains("--token-file"), "{e}");
+        let e = Secret::from_file(&dir.path().join("none"), "--admin-token-file").unwrap_err();
+        assert!(e.message.contains("--admin-token-file"), "{e}");
+    }
+
+    #[test]
+    fn roles_by_token() {
+        let c = creds();
+        let tok = |r: Option<&Secret>| r.unwrap().expose().as_bytes().to_vec();
+        let m = c.roles_of(Some(&tok(c.member.as_ref()))).unwrap();
+        assert!(m.member && !m.client && !m.admin);
+        let cl = c.roles_of(Some(&tok(c.client.as_ref()))).unwrap();
+        assert!(cl.client && !cl.member && !cl.admin);
+        let a = c.roles_of(Some(&tok(c.admin.as_ref()))).unwrap();
+        assert!(a.client && a.admin && !a.member);
+        let e = c.roles_of(Some(b"not-a-token")).unwrap_err();
+        assert_eq!(e.code, Code::Unauthenticated);
+        assert_eq!(c.roles_of(None).unwrap(), Roles::default());
+        // Protected mode: everyone may do anything.
+        assert_eq!(Credentials::default().roles_of(None).unwrap(), Roles::ALL);
+    }
+
+    #[test]
+    fn check_names_the_missing_credential() {
+        let c = creds();
+        let e = c.check(Roles::default(), Role::Client).unwrap_err();
+        assert_eq!(e.code, Code::Unauthenticated);
+        assert!(e.message.contains("client token"), "{e}");
+        let member = Roles {
+            member: true,
+            ..Default::default()
+        };
+        let e = c.check(member, Role::Client).unwrap_err();
+        assert_eq!(e.code, Code::PermissionDenied);
+        assert!(e.message.contains("member token"), "{e}");
+        let client = Roles {
+            client: true,
+            ..Default::default()
+        };
+        assert!(c.check(client, Role::Client).is_ok());
+        let e = c.check(client, Role::Admin).unwrap_err();
+        assert_eq!(e.code, Code::PermissionDenied);
+        assert!(e.message.contains("admin role"), "{e}");
+        assert!(c.check(client, Role::Member).is_err());
+        let no_admin = Credentials {
+            admin: None,
+            ..creds()
+        };
+        let e = no_admin.check(client, Role::Admin).unwrap_err();
+        assert!(e.message.contains("no --admin-token-file"), "{e}");
+    }
+
+    #[test]
+    fn instance_proofs() {
+        let p = new_instance_proof();
+        let h = ProofHash::of(&p).unwrap();
+        assert!(h.matches(&p));
+        assert!(!h.matches(&new_instance_proof()));
+        assert!(!h.matches(b""));
+        assert!(ProofHash::of(&[0; 15]).is_err());
+        assert!(ProofHash::of(&[0; 16]).is_ok());
+        assert!(ProofHash::of(&[0; 64]).is_ok());
+        assert!(ProofHash::of(&[0; 65]).is_err());
+    }
+
+    #[test]
+    fn protected_mode_and_advertise() {
+        let lo: SocketAddr = "127.0.0.1:7400".parse().unwrap();
+        let any: SocketAddr = "0.0.0.0:7400".parse().unwrap();
+        let none = Credentials::default();
+        assert_eq!(
+            check_protected_mode(&none, &[("--listen", lo)], false).unwrap(),
+            Protection::LoopbackOnly
+        );
+        let e = check_protected_mode(&none, &[("--listen", lo), ("--admin-addr", any)], false)
+            .unwrap_err();
+        assert!(e.message.contains("--admin-addr 0.0.0.0:7400"), "{e}");
+        assert!(e.message.contains("--insecure"), "{e}");
+        assert!(matches!(
+            check_protected_mode(&none, &[("--listen", any)], true).unwrap(),
+            Protection::Insecure(_)
+        ));
+        assert_eq!(
+            check_protected_mode(&creds(), &[("--listen", any)], false).unwrap(),
+            Protection::Credentials
+        );
+        let e = check_advertise("--listen", any, None).unwrap_err();
+        assert!(e.message.contains("--advertise"), "{e}");
+        assert!(check_advertise("--listen", any, Some("10.0.0.1:7400")).is_ok());
+        assert!(check_advertise("--listen", lo, None).is_ok());
+    }
+}

@@ -1,0 +1,405 @@
+//! Trust boundaries against the real binaries and in-process clusters: calls
+//! need the credential of their role, protected mode keeps a credential-less
+//! master on loopback, and members cannot take over each other's identity.
+
+use std::time::Duration;
+use strata_client::{Client, ClientConfig, Code, PutOptions};
+use strata_common::auth::Secret;
+use strata_proto as pb;
+use strata_proto::master_client::MasterClient;
+use strata_tests::procs::{
+    free_port, spawn, start_agent, start_master, start_node_with, token_files,
+};
+use strata_tests::{bin, eager, http_get, payload, ClusterBuilder};
+
+type Mc = MasterClient<strata_common::grpc::MasterChannel>;
+
+fn master_client(addr: &str, token: Option<&Secret>) -> Mc {
+    MasterClient::new(strata_common::grpc::master_channel(addr, token).unwrap())
+}
+
+fn secret(p: &std::path::Path) -> Secret {
+    Secret::from_file(p, "test").unwrap()
+}
+
+fn register_req(node_id: &str, data_addr: &str) -> pb::RegisterNodeRequest {
+    pb::RegisterNodeRequest {
+        node_id: node_id.into(),
+        data_addr: data_addr.into(),
+        segments: vec![pb::SegmentSpec {
+            local_id: 0,
+            size: 1 << 20,
+        }],
+        instance: "intruder".into(),
+        instance_proof: strata_common::auth::new_instance_proof(),
+    }
+}
+
+async fn json(admin: std::net::SocketAddr, path: &str) -> serde_json::Value {
+    let (_, body) = http_get(admin, path).await;
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Runs the `strata` CLI; returns (exit code, stderr).
+fn cli(args: &[&str], token: Option<&std::path::Path>) -> (i32, String) {
+    let mut c = std::process::Command::new(bin("strata"));
+    c.args(args)
+        .env_remove("STRATA_TOKEN_FILE")
+        // No `strata up` token file is found by default.
+        .env("HOME", "/nonexistent")
+        .env_remove("XDG_CONFIG_HOME");
+    if let Some(t) = token {
+        c.arg("--token-file").arg(t);
+    }
+    let out = c.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_needs_the_credential_of_its_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = token_files(dir.path());
+    let args = t.master_args();
+    let m = start_master(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let (member, client, admin) = (t.member, t.client, t.admin);
+    let (_node, node_addr) =
+        start_node_with(&m.addr, "n1", &["--token-file", member.to_str().unwrap()]).await;
+    // The node registered with its member token.
+    for _ in 0..250 {
+        if json(m.admin, "/api/v1/nodes")
+            .await
+            .to_string()
+            .contains("n1")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // No token: UNAUTHENTICATED naming the credential.
+    let anon = Client::connect(ClientConfig::new(&m.addr)).await.unwrap();
+    let e = anon
+        .put("k", b"v", &PutOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::Unauthenticated, "{e}");
+    assert!(e.message.contains("client token"), "{e}");
+    // A token that matches nothing.
+    let bogus = Secret::generate();
+    let e = master_client(&m.addr, Some(&bogus))
+        .exists(pb::ExistsRequest { key: "k".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+    // A member token cannot make client calls, and a client token cannot
+    // make member calls.
+    let e = master_client(&m.addr, Some(&secret(&member)))
+        .exists(pb::ExistsRequest { key: "k".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    assert!(e.message().contains("member token"), "{e}");
+    let e = master_client(&m.addr, Some(&secret(&client)))
+        .register_node(register_req("evil", "127.0.0.1:1"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    assert!(e.message().contains("member role"), "{e}");
+    let e = master_client(&m.addr, None)
+        .register_node(register_req("evil", "127.0.0.1:1"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+
+    // The client token puts and gets, but may not force or remove everything.
+    let cl = Client::connect(ClientConfig::new(&m.addr).with_token(Some(secret(&client))))
+        .await
+        .unwrap();
+    cl.put("k", &payload(1, 5000), &PutOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(cl.get("k").await.unwrap(), payload(1, 5000));
+    let e = cl.remove("k", true).await.unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    assert!(e.message.contains("admin role"), "{e}");
+    let e = cl
+        .master_client()
+        .remove_all(pb::RemoveAllRequest { force: false })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    let e = cl
+        .master_client()
+        .evict_memory(pb::EvictMemoryRequest {
+            keys: vec!["k".into()],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    assert_eq!(cl.get("k").await.unwrap(), payload(1, 5000), "still there");
+
+    // The CLI: exit 1 with the message; with the token it works.
+    let (code, err) = cli(&["--master", &m.addr, "get", "k", "-"], None);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("client token"), "{err}");
+    let (code, err) = cli(&["--master", &m.addr, "rm", "--force", "k"], Some(&client));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("admin role"), "{err}");
+    let (code, err) = cli(&["--master", &m.addr, "rm", "--force", "k"], Some(&admin));
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = cli(&["--master", &m.addr, "rm", "--all"], Some(&admin));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(cl.get("k").await.unwrap_err().code, Code::NotFound);
+    // Admin reads stay open; the node still serves its data plane.
+    assert_eq!(http_get(m.admin, "/api/v1/segments").await.0, 200);
+    assert!(!node_addr.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protected_mode_keeps_a_master_without_credentials_on_loopback() {
+    let p = free_port();
+    let run = |args: &[String]| {
+        let mut proc = spawn("strata-master", args);
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Some(st) = proc.0.try_wait().unwrap() {
+                return Some(st.code().unwrap_or(-1));
+            }
+            if t0.elapsed() > Duration::from_secs(3) {
+                return None; // still running: it started
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let admin = format!("127.0.0.1:{}", free_port());
+    // All interfaces without credentials: refused (exit 2).
+    let wild = format!("0.0.0.0:{p}");
+    let adv = format!("127.0.0.1:{p}");
+    let refused = s(&[
+        "--listen",
+        &wild,
+        "--advertise",
+        &adv,
+        "--admin-addr",
+        &admin,
+    ]);
+    assert_eq!(run(&refused), Some(2));
+    // All interfaces without --advertise: refused too.
+    let dir = tempfile::tempdir().unwrap();
+    let mut no_adv = s(&["--listen", &wild, "--admin-addr", &admin]);
+    no_adv.extend(token_files(dir.path()).master_args());
+    assert_eq!(run(&no_adv), Some(2));
+    // --insecure accepts the risk; loopback needs nothing.
+    let mut insecure = refused.clone();
+    insecure.push("--insecure".into());
+    assert_eq!(run(&insecure), None);
+    assert_eq!(run(&s(&["--listen", &adv, "--admin-addr", &admin])), None);
+    // The message names the flags to add.
+    let out = std::process::Command::new(bin("strata-master"))
+        .args(&refused)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--member-token-file") && err.contains("--insecure"),
+        "{err}"
+    );
+    // A store node on all interfaces needs --advertise.
+    let out = std::process::Command::new(bin("strata-store-node"))
+        .args(["--listen", &format!("0.0.0.0:{}", free_port())])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--advertise"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_node_id_cannot_be_taken_over() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let member = c.credentials().member.clone();
+    let mut m = master_client(&c.master_addr(), member.as_ref());
+    let (id, addr) = (c.nodes[0].node_id.clone(), c.nodes[0].data_addr);
+    // Same node_id from another process: refused while the node lives.
+    let e = m
+        .register_node(register_req(&id, &addr.to_string()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e}");
+    assert!(e.message().contains("live process"), "{e}");
+    // A heartbeat for it from another process: refused, log untouched.
+    let e = m
+        .heartbeat(pb::HeartbeatRequest {
+            node_id: id.clone(),
+            incarnation: 1,
+            applied_seq: u64::MAX,
+            instance_proof: strata_common::auth::new_instance_proof(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    // The node keeps serving and its records still follow.
+    let cl = c.client().await.unwrap();
+    cl.put("mine", &payload(2, 4096), &PutOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(cl.get("mine").await.unwrap(), payload(2, 4096));
+    let recs = c.nodes[0].records.clone();
+    let t0 = std::time::Instant::now();
+    while !recs.snapshot().iter().any(|r| r.key == "mine") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "node records the commit"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_cannot_be_taken_over_with_its_published_instance() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .ssd_agents(1)
+        .build()
+        .await
+        .unwrap();
+    let v = json(c.master_admin, "/api/v1/owners").await;
+    let o = &v["owners"][0];
+    let req = pb::RegisterOwnerRequest {
+        handle: o["handle"].as_str().unwrap().into(),
+        data_addr: o["data_addr"].as_str().unwrap().into(),
+        capacity_bytes: 1 << 30,
+        instance: o["instance"].as_str().unwrap().into(),
+        instance_proof: strata_common::auth::new_instance_proof(),
+    };
+    let epoch = o["epoch"].as_u64().unwrap();
+    let member = c.credentials().member.clone();
+    let e = master_client(&c.master_addr(), member.as_ref())
+        .register_owner(req)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e}");
+    // Heartbeats in its name are refused too.
+    let e = master_client(&c.master_addr(), member.as_ref())
+        .owner_heartbeat(pb::OwnerHeartbeatRequest {
+            owner_id: o["owner_id"].as_u64().unwrap(),
+            epoch,
+            max_tasks: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    let v = json(c.master_admin, "/api/v1/owners").await;
+    assert_eq!(v["owners"][0]["epoch"].as_u64(), Some(epoch), "not fenced");
+    c.shutdown().await;
+}
+
+/// The grant key lives in `--state-dir`: after a master restart an agent
+/// that re-registers still serves what it holds (before, every SSD read then
+/// failed its signature check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ssd_reads_survive_a_master_restart() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = tempfile::tempdir().unwrap();
+    let t = token_files(tokens.path());
+    let (member, admin) = (t.member.clone(), t.admin.clone());
+    let (p, a) = (free_port(), free_port());
+    let mut master_args: Vec<String> = [
+        "--listen",
+        &format!("127.0.0.1:{p}"),
+        "--admin-addr",
+        &format!("127.0.0.1:{a}"),
+        "--state-dir",
+        state.path().to_str().unwrap(),
+        "--offload-policy",
+        "eager",
+        "--node-ttl",
+        "2s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    master_args.extend(t.master_args());
+    let addr = format!("127.0.0.1:{p}");
+    let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{a}").parse().unwrap();
+    let master = spawn("strata-master", &master_args);
+    strata_tests::procs::wait_ready(admin_addr).await;
+    let (_node, _) =
+        start_node_with(&addr, "n1", &["--token-file", member.to_str().unwrap()]).await;
+    let (_agent, _) = start_agent(
+        &addr,
+        "h/0",
+        dir.path(),
+        &[("STRATA_TOKEN_FILE", member.to_str().unwrap())],
+        true,
+    )
+    .await;
+    let cl = Client::connect(ClientConfig::new(&addr).with_token(Some(secret(&admin))))
+        .await
+        .unwrap();
+    cl.put("ssd-only", &payload(4, 100_000), &PutOptions::default())
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        let v = json(admin_addr, "/api/v1/keys/ssd-only").await;
+        if v.to_string().contains("\"ssd\"") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "offloaded: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(master); // SIGKILL
+    let _master = spawn("strata-master", &master_args);
+    strata_tests::procs::wait_ready(admin_addr).await;
+    // The agent re-registers and re-reports; then the object is SSD-only.
+    let t0 = std::time::Instant::now();
+    let got = loop {
+        match cl.get("ssd-only").await {
+            Ok(v) => break v,
+            Err(e) => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(30),
+                    "served after the restart: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(got, payload(4, 100_000));
+    let v = json(admin_addr, "/api/v1/keys/ssd-only").await;
+    assert!(!v.to_string().contains("\"memory\""), "SSD-only: {v}");
+}
+
+/// The in-process harness runs with generated credentials; protected mode
+/// (none) works too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_clusters_run_with_and_without_credentials() {
+    for on in [true, false] {
+        let c = ClusterBuilder::new()
+            .store_nodes(1)
+            .ssd_agents(1)
+            .credentials(on)
+            .master(eager)
+            .build()
+            .await
+            .unwrap();
+        assert_eq!(c.credentials().is_empty(), !on);
+        let cl = c.client().await.unwrap();
+        cl.put("x", &payload(5, 3000), &PutOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(cl.get("x").await.unwrap(), payload(5, 3000));
+        let anon = Client::connect(ClientConfig::new(c.master_addr()))
+            .await
+            .unwrap();
+        assert_eq!(anon.get("x").await.is_ok(), !on);
+        c.shutdown().await;
+    }
+}
