@@ -245,6 +245,30 @@ async fn garbage_grpc_requests_are_rejected_without_crashing() {
     }
     // Semantically invalid requests get InvalidArgument, not a crash.
     let mut m = cl.master_client();
+    // Millions of empty keys: refused by count while streaming in, before
+    // they are decoded; both sides of the limit.
+    let t0 = std::time::Instant::now();
+    let flood = pb::BatchGetReplicasRequest {
+        keys: vec![String::new(); 2_000_000],
+    };
+    let e = m.batch_get_replicas(flood).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("more than 4096 items"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    let at_limit = pb::BatchGetReplicasRequest {
+        keys: vec!["nope".into(); 4096],
+    };
+    let r = m.batch_get_replicas(at_limit).await.unwrap().into_inner();
+    assert_eq!(r.results.len(), 4096);
+    // A single-key call far larger than any key: refused by size.
+    let e = m
+        .exists(pb::ExistsRequest {
+            key: "k".repeat(1 << 20),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("limit"), "{e}");
     let huge = pb::BatchGetReplicasRequest {
         keys: vec!["k".into(); 5000],
     };
@@ -349,5 +373,142 @@ async fn batch_reads_check_every_item_and_refuse_oversized_batches() {
     assert_eq!(n, 0, "the node hung up");
     // The node still serves.
     assert_eq!(cl.get("a").await.unwrap(), payload(3, 4096));
+    c.shutdown().await;
+}
+
+/// A range freed for any reason (a revoked put, a forced remove) is reused by
+/// the next allocation; grants issued before can neither write nor read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_die_with_their_range() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    let mut m = cl.master_client();
+    let t = cl.transport();
+    // A slow writer holds the grant of a put that is then revoked.
+    let start = |key: &str| pb::PutStartRequest {
+        key: key.into(),
+        size: 4096,
+        replica_num: 1,
+        ..Default::default()
+    };
+    let old = m
+        .put_start(start("old"))
+        .await
+        .unwrap()
+        .into_inner()
+        .replicas;
+    let old = strata_client::remote_range(&old[0]).unwrap();
+    m.put_revoke(pb::PutRevokeRequest { key: "old".into() })
+        .await
+        .unwrap();
+    cl.put("new", &payload(7, 4096), &PutOptions::default())
+        .await
+        .unwrap();
+    let new = granted(&cl, "new").await;
+    assert_eq!(
+        (new.scope.segment_id, new.scope.offset),
+        (old.scope.segment_id, old.scope.offset),
+        "the freed range was reused"
+    );
+    assert!(new.scope.generation > old.scope.generation);
+    let e = t.write(&old, 0, &[0xEE; 4096]).await.unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    assert!(e.message.contains("revoked"), "{e}");
+    assert_eq!(cl.get("new").await.unwrap(), payload(7, 4096));
+
+    // A reader's lease outlives a forced remove; its grant does not outlive
+    // the next object in the range.
+    cl.remove("new", true).await.unwrap();
+    cl.put("newer", &payload(8, 4096), &PutOptions::default())
+        .await
+        .unwrap();
+    let newer = granted(&cl, "newer").await;
+    assert_eq!(newer.scope.offset, new.scope.offset, "reused again");
+    let mut buf = vec![0u8; 4096];
+    let e = t.read(&new, 0, &mut buf).await.unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    // The current holder is served, both sides of the check.
+    t.read(&newer, 0, &mut buf).await.unwrap();
+    assert_eq!(buf, payload(8, 4096));
+    c.shutdown().await;
+}
+
+/// Connections that never present a grant are cut off, and one peer cannot
+/// take more than its share of connection slots: a flood of idle sockets
+/// from one address does not lock out a client on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_flood_does_not_lock_out_clients() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("k", &payload(1, 10_000), &PutOptions::default())
+        .await
+        .unwrap();
+    let addr = c.nodes[0].data_addr;
+    let limit = strata_transport::tcp::ServerLimits::default().max_per_peer;
+    let mut idle = Vec::new();
+    for _ in 0..limit + 40 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        idle.push(sock.connect(addr).await.unwrap());
+    }
+    // A client on another address is served at once.
+    assert_eq!(cl.get("k").await.unwrap(), payload(1, 10_000));
+    // Every idle socket is closed: the extra ones at once, the rest when
+    // the first-grant timeout (5 s) runs out.
+    for s in &mut idle {
+        let mut b = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut b))
+            .await
+            .expect("the node closes an idle connection")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
+    let (_, body) = strata_tests::http_get(c.nodes[0].admin_addr, "/metrics").await;
+    let refused = strata_tests::metric(&body, "strata_store_node_refused_connections_total");
+    let cut = strata_tests::metric(&body, "strata_store_node_cut_off_connections_total");
+    assert_eq!(refused, 40.0, "{body}");
+    assert_eq!(cut, limit as f64, "{body}");
+    // Still serving.
+    assert_eq!(cl.get("k").await.unwrap(), payload(1, 10_000));
+    c.shutdown().await;
+}
+
+/// A peer that keeps presenting bad grants is cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_presenting_bad_grants_is_cut_off() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("a", &payload(2, 100), &PutOptions::default())
+        .await
+        .unwrap();
+    let good = granted(&cl, "a").await;
+    let mut s = TcpStream::connect(&good.addr).await.unwrap();
+    let max = strata_transport::tcp::ServerLimits::default().max_rejections;
+    let forged = Request {
+        op: Op::Read,
+        req_id: 1,
+        grant: GrantScope {
+            length: 1 << 20,
+            ..good.scope
+        },
+        mac: good.mac,
+        offset: good.scope.offset,
+        length: 100,
+    };
+    // Up to the limit each refusal is answered...
+    for _ in 0..max {
+        s.write_all(&forged.encode()).await.unwrap();
+        let (r, _) = read_response(&mut s).await;
+        assert_eq!(r.status, Code::PermissionDenied);
+    }
+    // ...one more and the connection is gone.
+    s.write_all(&forged.encode()).await.unwrap();
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0, "cut off without an answer");
+    assert_eq!(cl.get("a").await.unwrap(), payload(2, 100));
     c.shutdown().await;
 }

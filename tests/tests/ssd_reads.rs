@@ -361,3 +361,60 @@ async fn eviction_keeps_recently_read_objects_and_drops_the_rest() {
     }
     c.shutdown().await;
 }
+
+/// A reader that never reads its socket is cut off after `--io-timeout`: its
+/// staging is released and its bucket's reader count drops, so eviction can
+/// delete the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_never_reads_is_cut_off_and_releases_its_bucket() {
+    use tokio::io::AsyncWriteExt;
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .node_capacity(256 << 20)
+        .ssd_agents(1)
+        .master(eager)
+        .ssd(|a| {
+            a.io_timeout = Duration::from_secs(1);
+            a.staging_bytes = 4 << 20;
+        })
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let size = 64 << 20;
+    put_on_ssd_only(&c, &cl, &["big".to_string()], size, 3).await;
+    let g = cl
+        .master_client()
+        .get_replicas(pb::GetReplicasRequest { key: "big".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let r = strata_client::remote_range(&g.replicas[0]).unwrap();
+    let (_, bucket) = strata_common::grant::split_ssd_segment_id(r.scope.segment_id);
+    let req = strata_transport::frame::Request {
+        op: strata_transport::frame::Op::Read,
+        req_id: 1,
+        grant: r.scope,
+        mac: r.mac,
+        offset: r.scope.offset,
+        length: r.scope.length,
+    };
+    let mut s = tokio::net::TcpStream::connect(&r.addr).await.unwrap();
+    s.write_all(&req.encode()).await.unwrap();
+    // The read starts (a reader on the bucket, staging in use)...
+    let a = &c.agents[0];
+    assert!(wait_until(Duration::from_secs(10), || a.store.readers(bucket) == 1).await);
+    // ...and, never read, is cut off: all released.
+    assert!(
+        wait_until(Duration::from_secs(20), || a.store.readers(bucket) == 0
+            && a.staging.in_use() == 0)
+        .await,
+        "readers {} staging {}",
+        a.store.readers(bucket),
+        a.staging.in_use()
+    );
+    drop(s);
+    // A well-behaved reader still gets the object.
+    assert_eq!(cl.get("big").await.unwrap(), payload(3, size));
+    c.shutdown().await;
+}

@@ -1,6 +1,7 @@
 //! gRPC plumbing shared by every service and client.
 
 use crate::auth::{bearer, Credentials, Role, Secret};
+use crate::limits::{BodyLimit, LimitedBody};
 use crate::{Error, Result};
 use futures::future::BoxFuture;
 use std::convert::Infallible;
@@ -69,15 +70,22 @@ pub fn master_channel(addr: &str, token: Option<&Secret>) -> Result<MasterChanne
 pub struct Authenticated<S> {
     inner: S,
     creds: Arc<Credentials>,
-    role_of: fn(&str) -> Role,
+    policy: fn(&str) -> MethodPolicy,
+}
+
+/// What one method needs (a role) and may send (a body limit).
+#[derive(Debug, Clone, Copy)]
+pub struct MethodPolicy {
+    pub role: Role,
+    pub limit: BodyLimit,
 }
 
 impl<S> Authenticated<S> {
-    pub fn new(inner: S, creds: Arc<Credentials>, role_of: fn(&str) -> Role) -> Self {
+    pub fn new(inner: S, creds: Arc<Credentials>, policy: fn(&str) -> MethodPolicy) -> Self {
         Authenticated {
             inner,
             creds,
-            role_of,
+            policy,
         }
     }
 }
@@ -89,7 +97,7 @@ impl<S: tonic::server::NamedService> tonic::server::NamedService for Authenticat
 impl<S, B> tower_service::Service<http::Request<B>> for Authenticated<S>
 where
     S: tower_service::Service<
-            http::Request<B>,
+            http::Request<LimitedBody<B>>,
             Response = http::Response<tonic::body::Body>,
             Error = Infallible,
         > + Clone
@@ -107,8 +115,15 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        let method = req.uri().path().rsplit('/').next().unwrap_or_default();
-        let need = (self.role_of)(method);
+        let method = req
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let policy = (self.policy)(&method);
+        let need = policy.role;
         let header = req
             .headers()
             .get(http::header::AUTHORIZATION)
@@ -120,6 +135,7 @@ where
         match checked {
             Ok(roles) => {
                 req.extensions_mut().insert(roles);
+                let req = req.map(|b| LimitedBody::new(b, policy.limit, &method));
                 // The clone is ready only if polled; swap so the ready one serves.
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);

@@ -7,6 +7,7 @@ pub mod config;
 pub mod error;
 pub mod grant;
 pub mod grpc;
+pub mod limits;
 pub mod metrics;
 pub mod service;
 pub mod shutdown;

@@ -78,7 +78,7 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
         .max_decoding_message_size(service::MAX_REQUEST)
         .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE),
         Arc::new(cfg.credentials.clone()),
-        service::role_of,
+        service::policy_of,
     );
     let sd = shutdown.clone();
     tasks.spawn(async move {

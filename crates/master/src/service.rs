@@ -5,6 +5,8 @@ use crate::master::{Master, PutSpec};
 use std::sync::Arc;
 use std::time::Instant;
 use strata_common::auth::{Role, Roles};
+use strata_common::grpc::MethodPolicy;
+use strata_common::limits::BodyLimit;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 use strata_proto::master_server::Master as MasterRpc;
@@ -12,17 +14,38 @@ use tonic::{Request, Response, Status};
 
 /// Largest batch accepted by the Batch* calls.
 pub const MAX_BATCH: usize = 4096;
-/// Largest request message the master decodes.
+/// Largest request message the master decodes (member reports of a whole
+/// SSD inventory); every method has its own, smaller limit (`policy_of`).
 pub const MAX_REQUEST: usize = strata_common::grpc::MAX_MESSAGE;
+/// Single-key calls and small member calls.
+const SMALL_REQUEST: usize = 64 << 10;
+/// A batch of MAX_BATCH keys of MAX_KEY_LEN bytes, with framing.
+const BATCH_REQUEST: usize = MAX_BATCH * (crate::master::MAX_KEY_LEN + 64);
 
-/// The role each method needs (the rest are client calls). A forced remove
-/// additionally needs the admin role, checked once its message is decoded.
-pub fn role_of(method: &str) -> Role {
-    match method {
-        "RegisterNode" | "Heartbeat" | "RegisterOwner" | "OwnerHeartbeat" | "ReportOffload"
-        | "ReportInventory" | "EvictBuckets" | "ReportPromotion" => Role::Member,
-        "RemoveAll" | "EvictMemory" => Role::Admin,
-        _ => Role::Client,
+/// What each method needs and may send. Client calls are the default. A
+/// forced remove additionally needs the admin role, checked once its message
+/// is decoded. Batches are refused by item count while they stream in, before
+/// any is decoded.
+pub fn policy_of(method: &str) -> MethodPolicy {
+    let (role, max_bytes, max_items) = match method {
+        "ReportInventory" | "ReportOffload" | "ReportPromotion" | "EvictBuckets" => {
+            (Role::Member, MAX_REQUEST, None)
+        }
+        "RegisterNode" => (Role::Member, 1 << 20, None),
+        "Heartbeat" | "RegisterOwner" | "OwnerHeartbeat" => (Role::Member, SMALL_REQUEST, None),
+        "EvictMemory" => (Role::Admin, BATCH_REQUEST, Some(MAX_BATCH)),
+        "RemoveAll" => (Role::Admin, SMALL_REQUEST, None),
+        "BatchPutStart" | "BatchPutEnd" | "BatchPutRevoke" | "BatchGetReplicas" => {
+            (Role::Client, BATCH_REQUEST, Some(MAX_BATCH))
+        }
+        _ => (Role::Client, SMALL_REQUEST, None),
+    };
+    MethodPolicy {
+        role,
+        limit: BodyLimit {
+            max_bytes,
+            max_items,
+        },
     }
 }
 /// Default and maximum page of `List`.

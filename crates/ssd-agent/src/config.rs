@@ -42,6 +42,9 @@ pub struct SsdAgentConfig {
     pub sparse_below: f64,
     /// The member token presented to the master.
     pub token: Option<Secret>,
+    /// A data-plane reader that takes no bytes for this long is cut off,
+    /// releasing its staging and its bucket's reader count.
+    pub io_timeout: Duration,
 }
 
 impl Default for SsdAgentConfig {
@@ -64,6 +67,7 @@ impl Default for SsdAgentConfig {
             low_watermark: 0.85,
             sparse_below: 0.25,
             token: None,
+            io_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -126,6 +130,9 @@ impl SsdAgentConfig {
         }
         if self.staging_bytes < 4096 {
             return Err(Error::invalid("--staging-bytes must be at least 4KiB"));
+        }
+        if self.io_timeout < Duration::from_millis(10) {
+            return Err(Error::invalid("--io-timeout must be at least 10ms"));
         }
         Ok(())
     }
@@ -191,6 +198,9 @@ pub struct SsdAgentArgs {
     /// File holding the member token (the master's --member-token-file secret)
     #[arg(long, env = "STRATA_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// Cut off a data-plane reader that takes no bytes for this long [default: 30s]
+    #[arg(long, env = "STRATA_IO_TIMEOUT")]
+    pub io_timeout: Option<HumanDuration>,
     /// text | json [default: text]
     #[arg(long, env = "STRATA_LOG_FORMAT")]
     #[serde(skip)]
@@ -220,7 +230,8 @@ impl SsdAgentArgs {
                     high_watermark,
                     low_watermark,
                     sparse_below,
-                    token_file
+                    token_file,
+                    io_timeout
                 ]
             );
         }
@@ -247,6 +258,7 @@ impl SsdAgentArgs {
                 .as_deref()
                 .map(|p| Secret::from_file(p, "--token-file"))
                 .transpose()?,
+            io_timeout: self.io_timeout.map_or(d.io_timeout, |v| v.0),
         };
         cfg.validate()?;
         Ok(cfg)

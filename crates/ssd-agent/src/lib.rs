@@ -320,10 +320,14 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
             }
         });
     }
-    tasks.spawn(strata_transport::tcp::serve(
+    tasks.spawn(strata_transport::tcp::serve_with(
         listener,
         region.clone() as Arc<dyn strata_transport::region::DataRegion>,
         metrics.server.clone(),
+        strata_transport::tcp::ServerLimits {
+            io_timeout: cfg.io_timeout,
+            ..Default::default()
+        },
         shutdown.clone(),
     ));
 

@@ -42,6 +42,9 @@ pub struct StoreNodeConfig {
     pub prefault: bool,
     /// The member token presented to the master.
     pub token: Option<Secret>,
+    /// A data-plane peer whose payload or response does not move within
+    /// this time is cut off.
+    pub io_timeout: std::time::Duration,
 }
 
 impl Default for StoreNodeConfig {
@@ -57,6 +60,7 @@ impl Default for StoreNodeConfig {
             transport: TransportKind::Tcp,
             prefault: true,
             token: None,
+            io_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -75,6 +79,9 @@ impl StoreNodeConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
+        if self.io_timeout < std::time::Duration::from_millis(10) {
+            return Err(Error::invalid("--io-timeout must be at least 10ms"));
+        }
         if self.capacity < 4096 {
             return Err(Error::invalid(format!(
                 "--capacity must be at least 4KiB, got {} bytes",
@@ -158,6 +165,9 @@ pub struct StoreNodeArgs {
     /// File holding the member token (the master's --member-token-file secret)
     #[arg(long, env = "STRATA_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// Cut off a data-plane peer whose payload or response does not move for this long [default: 30s]
+    #[arg(long, env = "STRATA_IO_TIMEOUT")]
+    pub io_timeout: Option<strata_common::units::HumanDuration>,
     /// text | json [default: text]
     #[arg(long, env = "STRATA_LOG_FORMAT")]
     #[serde(skip)]
@@ -181,7 +191,8 @@ impl StoreNodeArgs {
                     node_id,
                     transport,
                     prefault,
-                    token_file
+                    token_file,
+                    io_timeout
                 ]
             );
         }
@@ -204,6 +215,7 @@ impl StoreNodeArgs {
                 .as_deref()
                 .map(|p| Secret::from_file(p, "--token-file"))
                 .transpose()?,
+            io_timeout: self.io_timeout.map_or(d.io_timeout, |v| v.0),
         };
         cfg.validate()?;
         Ok(cfg)

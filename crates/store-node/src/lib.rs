@@ -140,10 +140,14 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
     metrics.capacity.set(cfg.capacity as i64);
 
     let mut tasks = JoinSet::new();
-    tasks.spawn(strata_transport::tcp::serve(
+    tasks.spawn(strata_transport::tcp::serve_with(
         listener,
         table.clone() as Arc<dyn strata_transport::region::DataRegion>,
         metrics.server.clone(),
+        strata_transport::tcp::ServerLimits {
+            io_timeout: cfg.io_timeout,
+            ..Default::default()
+        },
         shutdown.clone(),
     ));
 

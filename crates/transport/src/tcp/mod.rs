@@ -5,7 +5,7 @@ mod client;
 mod server;
 
 pub use client::{TcpTransport, TcpTransportConfig};
-pub use server::{serve, ServerMetrics};
+pub use server::{serve, serve_with, ServerLimits, ServerMetrics};
 
 use std::io::{self, IoSlice};
 use tokio::io::AsyncWriteExt;

@@ -1,0 +1,308 @@
+//! Per-call request limits enforced while the request body streams in, so a
+//! hostile caller cannot make a service buffer or decode more than the call
+//! needs: a byte limit per method, and for batch calls a limit on the number
+//! of items, counted on the raw protobuf bytes before anything is decoded.
+
+use bytes::{Buf, Bytes};
+use http_body::{Body, Frame, SizeHint};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Counts the top-level fields of the protobuf messages in a gRPC stream
+/// (5-byte prefix, then the message). A batch request has exactly one
+/// repeated field, so its field count is its item count.
+#[derive(Debug, Clone)]
+pub struct FieldCounter {
+    state: State,
+    /// Bytes of the current message not consumed yet.
+    msg_left: u64,
+    pub fields: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum State {
+    /// Reading the 5-byte gRPC prefix: bytes seen, length so far.
+    Prefix(u8, u64),
+    /// A field key varint: value, shift.
+    Key(u64, u32),
+    /// A varint field value.
+    Varint,
+    /// A length prefix: value, shift.
+    Len(u64, u32),
+    /// Bytes to skip (a field's payload).
+    Skip(u64),
+    /// A compressed message: not counted.
+    Opaque,
+}
+
+impl Default for FieldCounter {
+    fn default() -> Self {
+        FieldCounter {
+            state: State::Prefix(0, 0),
+            msg_left: 0,
+            fields: 0,
+        }
+    }
+}
+
+impl FieldCounter {
+    fn next_field(&self) -> State {
+        if self.msg_left == 0 {
+            State::Prefix(0, 0)
+        } else {
+            State::Key(0, 0)
+        }
+    }
+
+    /// Feeds the next bytes of the stream. Errors on bytes that are not a
+    /// protobuf message (the decoder would refuse them anyway).
+    pub fn feed(&mut self, mut data: &[u8]) -> Result<(), &'static str> {
+        while !data.is_empty() {
+            match self.state {
+                State::Opaque => return Ok(()),
+                State::Prefix(n, len) => {
+                    let b = data[0];
+                    data = &data[1..];
+                    if n == 0 {
+                        if b != 0 {
+                            self.state = State::Opaque;
+                            return Ok(());
+                        }
+                        self.state = State::Prefix(1, 0);
+                    } else {
+                        let len = (len << 8) | b as u64;
+                        if n == 4 {
+                            self.msg_left = len;
+                            self.state = self.next_field();
+                        } else {
+                            self.state = State::Prefix(n + 1, len);
+                        }
+                    }
+                }
+                State::Key(..) | State::Varint | State::Len(..) => {
+                    let b = data[0];
+                    data = &data[1..];
+                    self.msg_left = self
+                        .msg_left
+                        .checked_sub(1)
+                        .ok_or("a field runs past its message")?;
+                    self.state = match self.state {
+                        State::Key(v, shift) => {
+                            let v = v | ((b & 0x7f) as u64) << shift;
+                            if b & 0x80 != 0 {
+                                if shift >= 63 {
+                                    return Err("field key varint too long");
+                                }
+                                State::Key(v, shift + 7)
+                            } else {
+                                self.fields += 1;
+                                match v & 7 {
+                                    0 => State::Varint,
+                                    1 => State::Skip(8),
+                                    2 => State::Len(0, 0),
+                                    5 => State::Skip(4),
+                                    _ => return Err("unsupported protobuf wire type"),
+                                }
+                            }
+                        }
+                        State::Varint if b & 0x80 != 0 => State::Varint,
+                        State::Varint => self.next_field(),
+                        State::Len(v, shift) => {
+                            let v = v | ((b & 0x7f) as u64) << shift;
+                            if b & 0x80 != 0 {
+                                if shift >= 63 {
+                                    return Err("length varint too long");
+                                }
+                                State::Len(v, shift + 7)
+                            } else if v == 0 {
+                                self.next_field()
+                            } else {
+                                State::Skip(v)
+                            }
+                        }
+                        _ => unreachable!("matched above"),
+                    };
+                }
+                State::Skip(n) => {
+                    if n > self.msg_left {
+                        return Err("a field runs past its message");
+                    }
+                    let k = n.min(data.len() as u64);
+                    data = &data[k as usize..];
+                    self.msg_left -= k;
+                    self.state = if n == k {
+                        self.next_field()
+                    } else {
+                        State::Skip(n - k)
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one call may send.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit {
+    pub max_bytes: usize,
+    /// Top-level fields (batch items) at most, when counted.
+    pub max_items: Option<usize>,
+}
+
+/// A request body that fails as soon as it exceeds its limit; the failure is
+/// a `tonic::Status`, which the server returns to the caller as is.
+pub struct LimitedBody<B> {
+    inner: B,
+    limit: BodyLimit,
+    seen: usize,
+    counter: Option<FieldCounter>,
+    method: String,
+}
+
+impl<B> LimitedBody<B> {
+    pub fn new(inner: B, limit: BodyLimit, method: &str) -> Self {
+        LimitedBody {
+            inner,
+            limit,
+            seen: 0,
+            counter: limit.max_items.map(|_| FieldCounter::default()),
+            method: method.to_string(),
+        }
+    }
+
+    fn check(&mut self, data: &Bytes) -> Result<(), tonic::Status> {
+        self.seen += data.remaining();
+        if self.seen > self.limit.max_bytes {
+            return Err(tonic::Status::resource_exhausted(format!(
+                "{} request is larger than its limit of {} bytes",
+                self.method, self.limit.max_bytes
+            )));
+        }
+        if let (Some(c), Some(max)) = (&mut self.counter, self.limit.max_items) {
+            c.feed(data).map_err(|why| {
+                tonic::Status::invalid_argument(format!("malformed {} request: {why}", self.method))
+            })?;
+            if c.fields > max {
+                return Err(tonic::Status::invalid_argument(format!(
+                    "{} batch has more than {max} items; split it",
+                    self.method
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<B> Body for LimitedBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    if let Err(st) = this.check(d) {
+                        return Poll::Ready(Some(Err(Box::new(st))));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A gRPC-framed message with `n` repeated string fields (field 1).
+    fn framed(keys: &[&[u8]]) -> Vec<u8> {
+        let mut m = Vec::new();
+        for k in keys {
+            m.push(0x0a); // field 1, wire type 2
+            let mut len = k.len() as u64;
+            loop {
+                let b = (len & 0x7f) as u8;
+                len >>= 7;
+                if len == 0 {
+                    m.push(b);
+                    break;
+                }
+                m.push(b | 0x80);
+            }
+            m.extend_from_slice(k);
+        }
+        let mut f = vec![0u8];
+        f.extend_from_slice(&(m.len() as u32).to_be_bytes());
+        f.extend_from_slice(&m);
+        f
+    }
+
+    #[test]
+    fn counts_items_across_any_split() {
+        let long = vec![b'x'; 300];
+        let keys: Vec<&[u8]> = vec![b"", b"a", &long, b"", b"bc"];
+        let f = framed(&keys);
+        for split in 0..f.len() {
+            let mut c = FieldCounter::default();
+            c.feed(&f[..split]).unwrap();
+            c.feed(&f[split..]).unwrap();
+            assert_eq!(c.fields, 5, "split at {split}");
+        }
+        // Varint, fixed64 and fixed32 fields count too.
+        let mut c = FieldCounter::default();
+        let m = [
+            0x08, 0x96, 0x01, 0x11, 1, 2, 3, 4, 5, 6, 7, 8, 0x1d, 1, 2, 3, 4,
+        ];
+        let mut f = vec![0, 0, 0, 0, m.len() as u8];
+        f.extend_from_slice(&m);
+        c.feed(&f).unwrap();
+        assert_eq!(c.fields, 3);
+    }
+
+    #[test]
+    fn malformed_messages_are_refused() {
+        let mut c = FieldCounter::default();
+        // A field claiming more bytes than its message has.
+        assert!(c.feed(&[0, 0, 0, 0, 3, 0x0a, 0x7f, 0]).is_err());
+        let mut c = FieldCounter::default();
+        assert!(c.feed(&[0, 0, 0, 0, 1, 0x0f]).is_err(), "wire type 7");
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_and_counts_real_messages(
+            keys in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..60),
+            junk in proptest::collection::vec(any::<u8>(), 0..200),
+        ) {
+            let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+            let mut c = FieldCounter::default();
+            c.feed(&framed(&refs)).unwrap();
+            prop_assert_eq!(c.fields, keys.len());
+            let _ = FieldCounter::default().feed(&junk);
+        }
+    }
+}
