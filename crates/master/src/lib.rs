@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod objects;
 pub mod offload;
 pub mod service;
+pub mod tombstones;
 
 pub use config::{MasterArgs, MasterConfig};
 pub use master::Master;

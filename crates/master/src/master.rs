@@ -29,6 +29,8 @@ use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
 
 pub const MAX_KEY_LEN: usize = 4096;
 pub const MAX_REPLICAS: u32 = 16;
+/// Removal tombstones kept at most (the oldest are forgotten beyond it).
+const MAX_TOMBSTONES: usize = 4 << 20;
 /// Rounds of "evict, then try again" a PutStart makes before giving up.
 const EVICT_ROUNDS: usize = 4;
 
@@ -62,6 +64,8 @@ pub struct Master {
     pub(crate) ssd_drops: Mutex<HashMap<u64, Vec<pb::SsdObject>>>,
     /// SSD hits waiting to be copied back into DRAM (`--promote-on-hit`).
     pub(crate) promotions: Mutex<crate::offload::promotion::Promotions>,
+    /// Removed objects whose SSD copies must never be adopted again.
+    pub(crate) tombstones: crate::tombstones::Tombstones,
 }
 
 /// What PutStart/PutEnd callers ask for.
@@ -126,6 +130,10 @@ impl Master {
             metrics.admission.clone(),
         );
         let grant_key = futures::executor::block_on(load_grant_key(kv.as_ref()))?;
+        let tombstones = match &cfg.state_dir {
+            Some(dir) => crate::tombstones::Tombstones::open(dir, MAX_TOMBSTONES)?,
+            None => crate::tombstones::Tombstones::memory(MAX_TOMBSTONES),
+        };
         let owners = OwnerRegistry::new(kv, cfg.node_ttl.as_millis() as u64);
         let pinger = TcpTransport::new(TcpTransportConfig {
             connect_timeout: std::time::Duration::from_secs(1),
@@ -153,6 +161,7 @@ impl Master {
             pinger,
             ssd_drops: Mutex::new(HashMap::new()),
             promotions: Mutex::new(Default::default()),
+            tombstones,
         }))
     }
 
@@ -290,6 +299,7 @@ impl Master {
                     hard_pin: spec.hard_pin,
                     reads: 0,
                     offload_then_free: false,
+                    offloaded: false,
                 },
             );
         }
@@ -601,10 +611,27 @@ impl Master {
         };
         if let Some(o) = obj {
             self.metrics.keys.dec();
+            self.tombstone(&[(key, &o)]);
             self.forget_ssd(key, &o.ssd);
             o.release();
         }
         Ok(())
+    }
+
+    /// Records durable tombstones for removed objects that may have SSD
+    /// copies somewhere (`tombstones.rs`).
+    fn tombstone(&self, removed: &[(&str, &Object)]) {
+        let t: Vec<(String, u64, u32)> = removed
+            .iter()
+            .filter(|(_, o)| o.is_complete() && o.offloaded)
+            .map(|(k, o)| (k.to_string(), o.size, o.crc32c))
+            .collect();
+        if let Err(e) = self.tombstones.record(&t) {
+            // The removal stands; a copy on an unreachable owner may come
+            // back at a restart. Loud, because it needs the disk fixed.
+            tracing::error!(error = %e, keys = t.len(), "cannot persist removal tombstones");
+            self.metrics.tombstone_failures.inc();
+        }
     }
 
     /// Removes every committed object; leased ones are skipped unless `force`.
@@ -632,6 +659,8 @@ impl Master {
             };
             removed += victims.len() as u64;
             self.metrics.keys.sub(victims.len() as i64);
+            let refs: Vec<(&str, &Object)> = victims.iter().map(|(k, o)| (k.as_str(), o)).collect();
+            self.tombstone(&refs);
             for (k, o) in victims {
                 self.forget_ssd(&k, &o.ssd);
                 o.release();
@@ -774,6 +803,7 @@ impl Master {
         m.nodes.set(self.nodes.read().len() as i64);
         m.segments.set(self.segments.read().len() as i64);
         m.keys.set(self.objects.len() as i64);
+        m.tombstones.set(self.tombstones.len() as i64);
     }
 
     // ---------------- nodes ----------------

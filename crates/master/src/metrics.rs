@@ -23,6 +23,9 @@ pub struct MasterMetrics {
     pub segments: IntGauge,
     pub reclaimed_puts: IntCounter,
     pub lost_replicas: IntCounter,
+    pub tombstones: IntGauge,
+    pub tombstoned_copies: IntCounter,
+    pub tombstone_failures: IntCounter,
 }
 
 use strata_common::metrics::register as reg;
@@ -141,6 +144,18 @@ impl MasterMetrics {
             lost_replicas: c(
                 "strata_master_lost_replicas_total",
                 "Replicas dropped because their node missed --node-ttl",
+            ),
+            tombstones: g(
+                "strata_master_tombstones",
+                "Removal tombstones kept (removed objects whose SSD copies are never adopted again)",
+            ),
+            tombstoned_copies: c(
+                "strata_master_tombstoned_copies_total",
+                "SSD copies of removed objects reported by owners and dropped instead of adopted",
+            ),
+            tombstone_failures: c(
+                "strata_master_tombstone_write_failures_total",
+                "Removals whose tombstone could not be written to --state-dir",
             ),
             registry: r,
         }

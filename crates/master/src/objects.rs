@@ -56,6 +56,9 @@ pub struct Object {
     /// Eviction queued it for offload (`on-evict`): its DRAM is freed once
     /// the SSD copy exists, or the object is dropped if the copy fails.
     pub offload_then_free: bool,
+    /// An offload task was handed out for it (or it came from an SSD
+    /// inventory): an SSD copy may exist, so its removal is tombstoned.
+    pub offloaded: bool,
 }
 
 impl Object {
@@ -78,6 +81,7 @@ impl Object {
             hard_pin: false,
             reads: 0,
             offload_then_free: false,
+            offloaded: true,
         }
     }
 
@@ -97,6 +101,7 @@ impl Object {
             hard_pin: false,
             reads: 0,
             offload_then_free: false,
+            offloaded: false,
         }
     }
     pub fn leased(&self, now_ms: u64) -> bool {

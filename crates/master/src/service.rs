@@ -262,12 +262,16 @@ impl MasterRpc for MasterService {
             true => self.require(&req, Role::Admin),
             false => Ok(()),
         };
-        let r = r.and_then(|_| {
-            let r = req.get_ref();
-            self.master
-                .remove(&r.key, r.force)
-                .map(|_| pb::RemoveResponse {})
-        });
+        let r = match r {
+            // Off the async workers: a removal may fsync its tombstone.
+            Ok(()) => {
+                let r = req.into_inner();
+                self.blocking(move |m| m.remove(&r.key, r.force))
+                    .await
+                    .map(|_| pb::RemoveResponse {})
+            }
+            Err(e) => Err(e),
+        };
         self.done("remove", t0, r)
     }
 

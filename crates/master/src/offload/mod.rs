@@ -72,6 +72,9 @@ impl Master {
                 match shard.get_mut(&t.key) {
                     Some(o) if o.is_complete() && !o.replicas.is_empty() => {
                         o.pins += 1;
+                        // From now on an SSD copy may exist somewhere: its
+                        // removal leaves a tombstone.
+                        o.offloaded = true;
                         Some((o.replicas[0].clone(), o.size, o.crc32c))
                     }
                     _ => None,
@@ -263,7 +266,12 @@ impl Master {
             // A relocation (compaction moved the object) never brings back
             // a key removed meanwhile; a restart's inventory may create it.
             let create = !req.relocation;
-            if self.add_ssd_replica(&o.key, r, Some((o.length, o.crc32c)), create) {
+            if self.tombstones.is_removed(&o.key, o.length, o.crc32c) {
+                // A copy of a removed object (its drop notice was lost, or
+                // its offload report never arrived): never adopted.
+                self.metrics.tombstoned_copies.inc();
+                self.forget_ssd(&o.key, &[r]);
+            } else if self.add_ssd_replica(&o.key, r, Some((o.length, o.crc32c)), create) {
                 adopted += 1;
             } else {
                 // A stale copy of an older object under the same key.

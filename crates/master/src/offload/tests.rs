@@ -253,9 +253,16 @@ async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
         drops.iter().any(|d| d.key == "gone" && d.bucket_id == 7),
         "the owner is told to drop the moved copy: {drops:?}"
     );
-    // A restart's inventory, unlike a relocation, may create SSD-only keys.
+    // A restart's inventory, unlike a relocation, may create SSD-only keys,
+    // but never one that was removed (its tombstone), whatever restarts.
     m.report_inventory(report(false)).await.unwrap();
-    assert!(m.exists("gone").unwrap());
+    assert!(!m.exists("gone").unwrap(), "tombstoned");
+    let fresh = pb::ReportInventoryRequest {
+        objects: vec![moved("fresh")],
+        ..report(false)
+    };
+    m.report_inventory(fresh).await.unwrap();
+    assert!(m.exists("fresh").unwrap());
 }
 
 /// A victim whose offload is given up (no room, or refused) while a reader

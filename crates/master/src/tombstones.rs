@@ -1,0 +1,336 @@
+//! Removals stay removed. When an object is removed, a copy of it may still
+//! sit in an SSD owner's bucket that the master cannot reach right now (the
+//! agent is down, its drop notice was lost with a master restart, or its
+//! offload report never arrived). The master keeps a durable tombstone of
+//! (key, length, crc32c) for every removed object and checks inventories
+//! against it: a reported copy matching a tombstone is dropped, never
+//! adopted. A later put of the same key with other bytes is not affected (its
+//! copies have another checksum); one with the very same bytes may lose its
+//! SSD copy at a restart — a cache miss, never wrong bytes.
+//!
+//! On disk: `tombstones.log` under `--state-dir`, an append-only log of
+//! records `key_len u16 | key | length u64 | crc32c u32 | record crc32c u32`
+//! (little endian), written and fsynced before a remove returns. It is
+//! rewritten (temp file, fsync, rename) when dead records dominate, and
+//! bounded: beyond `max` tombstones the oldest are forgotten (counted).
+
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use strata_common::{Error, Result};
+
+const FILE: &str = "tombstones.log";
+const MAX_KEY: usize = u16::MAX as usize;
+
+#[derive(Default)]
+struct Inner {
+    /// key → (length, crc32c, sequence of its latest tombstone).
+    map: HashMap<String, (u64, u32, u64)>,
+    /// (key, sequence) in the order they were tombstoned, oldest first; an
+    /// entry whose sequence is not the key's latest is dead.
+    order: VecDeque<(String, u64)>,
+    next_seq: u64,
+    file: Option<File>,
+    file_bytes: u64,
+}
+
+impl Inner {
+    fn insert(&mut self, key: &str, len: u64, crc: u32) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.map.insert(key.to_string(), (len, crc, seq));
+        self.order.push_back((key.to_string(), seq));
+    }
+}
+
+pub struct Tombstones {
+    inner: Mutex<Inner>,
+    path: Option<PathBuf>,
+    max: usize,
+    forgotten: std::sync::atomic::AtomicU64,
+}
+
+fn encode(out: &mut Vec<u8>, key: &str, len: u64, crc: u32) {
+    let start = out.len();
+    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&crc.to_le_bytes());
+    let c = crc32c::crc32c(&out[start..]);
+    out.extend_from_slice(&c.to_le_bytes());
+}
+
+/// Parses records until the bytes end or one is damaged (a torn last write):
+/// returns them and how many bytes were good.
+fn decode(mut b: &[u8]) -> (Vec<(String, u64, u32)>, usize) {
+    let total = b.len();
+    let mut out = Vec::new();
+    loop {
+        if b.len() < 2 {
+            break;
+        }
+        let klen = u16::from_le_bytes([b[0], b[1]]) as usize;
+        let need = 2 + klen + 8 + 4 + 4;
+        if b.len() < need {
+            break;
+        }
+        let (rec, rest) = b.split_at(need);
+        let body = &rec[..need - 4];
+        let want = u32::from_le_bytes(rec[need - 4..].try_into().expect("4 bytes"));
+        if crc32c::crc32c(body) != want {
+            break;
+        }
+        let Ok(key) = std::str::from_utf8(&rec[2..2 + klen]) else {
+            break;
+        };
+        let len = u64::from_le_bytes(rec[2 + klen..10 + klen].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(rec[10 + klen..14 + klen].try_into().expect("4 bytes"));
+        out.push((key.to_string(), len, crc));
+        b = rest;
+    }
+    let good = total - b.len();
+    (out, good)
+}
+
+impl Tombstones {
+    /// In memory only (no `--state-dir`).
+    pub fn memory(max: usize) -> Self {
+        Tombstones {
+            inner: Mutex::new(Inner::default()),
+            path: None,
+            max,
+            forgotten: Default::default(),
+        }
+    }
+
+    /// Opens (or creates) the log in `dir`. A damaged tail (a torn write) is
+    /// cut off with a WARNING; what precedes it is kept.
+    pub fn open(dir: &Path, max: usize) -> Result<Self> {
+        let path = dir.join(FILE);
+        let mut bytes = Vec::new();
+        match File::open(&path) {
+            Ok(mut f) => {
+                f.read_to_end(&mut bytes)
+                    .map_err(|e| Error::internal(format!("cannot read {}: {e}", path.display())))?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Error::internal(format!(
+                    "cannot open {}: {e}",
+                    path.display()
+                )))
+            }
+        }
+        let (records, good) = decode(&bytes);
+        if good < bytes.len() {
+            tracing::warn!(
+                file = %path.display(),
+                kept = records.len(),
+                dropped_bytes = bytes.len() - good,
+                "damaged tail in the tombstone log; cutting it off"
+            );
+        }
+        let t = Tombstones {
+            inner: Mutex::new(Inner::default()),
+            path: Some(path),
+            max,
+            forgotten: Default::default(),
+        };
+        {
+            let mut g = t.inner.lock();
+            for (k, len, crc) in records {
+                g.insert(&k, len, crc);
+            }
+            t.trim(&mut g);
+            // Start from a clean file holding exactly what is live.
+            t.rewrite(&mut g)?;
+        }
+        Ok(t)
+    }
+
+    /// Whether a copy of `key` with this length and checksum is of a removed
+    /// object.
+    pub fn is_removed(&self, key: &str, len: u64, crc: u32) -> bool {
+        self.inner
+            .lock()
+            .map
+            .get(key)
+            .is_some_and(|&(l, c, _)| (l, c) == (len, crc))
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Tombstones forgotten to keep within the bound.
+    pub fn forgotten(&self) -> u64 {
+        self.forgotten.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records removals durably (written and fsynced before it returns).
+    pub fn record(&self, removed: &[(String, u64, u32)]) -> Result<()> {
+        let removed: Vec<&(String, u64, u32)> = removed
+            .iter()
+            .filter(|(k, _, _)| k.len() <= MAX_KEY)
+            .collect();
+        if removed.is_empty() {
+            return Ok(());
+        }
+        let mut g = self.inner.lock();
+        let mut buf = Vec::new();
+        for (k, len, crc) in &removed {
+            encode(&mut buf, k, *len, *crc);
+            g.insert(k, *len, *crc);
+        }
+        if let Some(f) = g.file.as_mut() {
+            let path = self.path.as_ref().expect("a file has a path");
+            f.write_all(&buf)
+                .and_then(|_| f.sync_data())
+                .map_err(|e| Error::internal(format!("cannot write {}: {e}", path.display())))?;
+            g.file_bytes += buf.len() as u64;
+        }
+        self.trim(&mut g);
+        // Dead records (re-tombstoned or forgotten keys) dominate: compact.
+        let live = g.map.len() as u64 * 64;
+        if g.file.is_some() && g.file_bytes > 2 * live + (64 << 10) {
+            self.rewrite(&mut g)?;
+        }
+        Ok(())
+    }
+
+    fn live(g: &Inner, k: &str, seq: u64) -> bool {
+        g.map.get(k).is_some_and(|e| e.2 == seq)
+    }
+
+    fn trim(&self, g: &mut Inner) {
+        while g.map.len() > self.max {
+            let Some((k, seq)) = g.order.pop_front() else {
+                break;
+            };
+            if Self::live(g, &k, seq) {
+                g.map.remove(&k);
+                self.forgotten
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        if g.order.len() > 2 * g.map.len() + 1024 {
+            let order = std::mem::take(&mut g.order);
+            g.order = order
+                .into_iter()
+                .filter(|(k, s)| Self::live(g, k, *s))
+                .collect();
+        }
+    }
+
+    /// Writes exactly the live tombstones to a new file and swaps it in.
+    fn rewrite(&self, g: &mut Inner) -> Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let mut buf = Vec::new();
+        for (k, seq) in &g.order {
+            if let Some(&(len, crc, s)) = g.map.get(k) {
+                if s == *seq {
+                    encode(&mut buf, k, len, crc);
+                }
+            }
+        }
+        let tmp = path.with_extension("tmp");
+        let e = |e: std::io::Error| Error::internal(format!("cannot write {}: {e}", tmp.display()));
+        {
+            let mut f = File::create(&tmp).map_err(e)?;
+            f.write_all(&buf).map_err(e)?;
+            f.sync_all().map_err(e)?;
+        }
+        std::fs::rename(&tmp, path).map_err(e)?;
+        if let Some(dir) = path.parent() {
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        g.file = Some(
+            OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map_err(|e| Error::internal(format!("cannot open {}: {e}", path.display())))?,
+        );
+        g.file_bytes = buf.len() as u64;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(k: &str, crc: u32) -> (String, u64, u32) {
+        (k.to_string(), 100, crc)
+    }
+
+    #[test]
+    fn tombstones_survive_a_reopen_and_match_exactly() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let ts = Tombstones::open(d.path(), 100).unwrap();
+            ts.record(&[t("a", 1), t("b", 2)]).unwrap();
+            ts.record(&[t("a", 3)]).unwrap();
+        }
+        let ts = Tombstones::open(d.path(), 100).unwrap();
+        assert_eq!(ts.len(), 2);
+        // The newest tombstone of a key wins; other bytes are not removed.
+        assert!(ts.is_removed("a", 100, 3));
+        assert!(!ts.is_removed("a", 100, 1));
+        assert!(ts.is_removed("b", 100, 2));
+        assert!(!ts.is_removed("b", 101, 2));
+        assert!(!ts.is_removed("c", 100, 2));
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_off_and_the_rest_kept() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let ts = Tombstones::open(d.path(), 100).unwrap();
+            ts.record(&[t("a", 1), t("b", 2)]).unwrap();
+        }
+        let p = d.path().join(FILE);
+        let mut bytes = std::fs::read(&p).unwrap();
+        bytes.truncate(bytes.len() - 3);
+        bytes.extend_from_slice(&[0xff; 40]);
+        std::fs::write(&p, &bytes).unwrap();
+        let ts = Tombstones::open(d.path(), 100).unwrap();
+        assert!(ts.is_removed("a", 100, 1));
+        assert!(!ts.is_removed("b", 100, 2), "torn record dropped");
+        ts.record(&[t("c", 3)]).unwrap();
+        drop(ts);
+        let ts = Tombstones::open(d.path(), 100).unwrap();
+        assert!(ts.is_removed("a", 100, 1) && ts.is_removed("c", 100, 3));
+    }
+
+    #[test]
+    fn bounded_oldest_first_and_compacted() {
+        let d = tempfile::tempdir().unwrap();
+        let ts = Tombstones::open(d.path(), 3).unwrap();
+        for (i, k) in ["a", "b", "c", "d"].iter().enumerate() {
+            ts.record(&[t(k, i as u32)]).unwrap();
+        }
+        assert_eq!(ts.len(), 3);
+        assert_eq!(ts.forgotten(), 1);
+        assert!(!ts.is_removed("a", 100, 0));
+        assert!(ts.is_removed("d", 100, 3));
+        // Re-tombstoning one key many times does not grow the file forever.
+        let many: Vec<_> = (0..5000u32).map(|i| t("d", i)).collect();
+        ts.record(&many).unwrap();
+        let size = std::fs::metadata(d.path().join(FILE)).unwrap().len();
+        assert!(size < 1000, "compacted: {size}");
+        drop(ts);
+        let ts = Tombstones::open(d.path(), 3).unwrap();
+        assert!(ts.is_removed("d", 100, 4999));
+        assert!(ts.is_removed("b", 100, 1));
+    }
+}
