@@ -115,7 +115,7 @@ async fn an_orphan_copy_from_a_dropped_report_does_not_revive_a_removed_key() {
         &m.addr,
         "h/0",
         dir.path(),
-        &[("STRATA_TEST_FAULTS", "drop_reports=1")],
+        &[("FAILPOINTS", "ssd-agent::drop-offload-report=1*return")],
         true,
     )
     .await;

@@ -149,14 +149,8 @@ async fn failed_writes_and_lost_reports_are_retried_until_persisted() {
         .await
         .unwrap();
     let cl = c.client().await.unwrap();
-    c.agents[0]
-        .faults
-        .fail_writes
-        .store(2, std::sync::atomic::Ordering::Relaxed);
-    c.agents[0]
-        .faults
-        .drop_reports
-        .store(1, std::sync::atomic::Ordering::Relaxed);
+    fail::cfg("ssd-agent::bucket-write", "2*return").unwrap();
+    fail::cfg("ssd-agent::drop-offload-report", "1*return").unwrap();
     let keys: Vec<String> = (0..10).map(|i| format!("fault-{i}")).collect();
     for (i, k) in keys.iter().enumerate() {
         cl.put(k, &payload(i as u64, 20_000), &PutOptions::default())

@@ -74,7 +74,7 @@ async fn sigkill_mid_bucket_loses_nothing_and_serves_nothing_half_written() {
         &m.addr,
         "h/0",
         dir.path(),
-        &[("STRATA_TEST_FAULTS", "write_delay_ms=60000")],
+        &[("FAILPOINTS", "ssd-agent::bucket-mid-write=sleep(60000)")],
         true,
     )
     .await;

@@ -37,9 +37,10 @@ impl Role {
 pub const MIN_SECRET_LEN: usize = 32;
 const MAX_SECRET_LEN: usize = 4096;
 
-/// A shared secret. Its `Debug` never shows it.
+/// A shared secret (and its hash, for constant-time comparison). Its
+/// `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret(Arc<str>);
+pub struct Secret(Arc<str>, blake3::Hash);
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,12 +54,12 @@ impl Secret {
         use rand::RngCore;
         let mut b = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut b);
-        Secret(
-            b.iter()
-                .map(|x| format!("{x:02x}"))
-                .collect::<String>()
-                .into(),
-        )
+        let s: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        Secret::make(&s)
+    }
+
+    fn make(s: &str) -> Secret {
+        Secret(s.into(), blake3::hash(s.as_bytes()))
     }
 
     /// Validates a secret: printable ASCII without spaces (it travels in an
@@ -76,7 +77,7 @@ impl Secret {
                 "a token must be printable ASCII without spaces (generate one with `openssl rand -hex 32`)",
             ));
         }
-        Ok(Secret(s.into()))
+        Ok(Secret::make(s))
     }
 
     /// Reads one secret from `path` (trailing whitespace and newline ignored).
@@ -96,10 +97,13 @@ impl Secret {
     /// Constant-time comparison (both sides hashed to a fixed length first,
     /// so not even the length leaks).
     pub fn matches(&self, presented: &[u8]) -> bool {
-        let a = blake3::hash(self.0.as_bytes());
-        let b = blake3::hash(presented);
-        // blake3::Hash's PartialEq is constant time.
-        a == b
+        self.matches_hash(&blake3::hash(presented))
+    }
+
+    /// [`Secret::matches`] for a token hashed once for several secrets.
+    /// blake3::Hash's PartialEq is constant time.
+    pub fn matches_hash(&self, presented: &blake3::Hash) -> bool {
+        self.1 == *presented
     }
 
     /// Writes the secret to `path`, readable by its owner only.
@@ -186,7 +190,8 @@ impl Credentials {
         let Some(tok) = presented else {
             return Ok(Roles::default());
         };
-        let is = |r: Role| self.secret(r).is_some_and(|s| s.matches(tok));
+        let h = blake3::hash(tok);
+        let is = |r: Role| self.secret(r).is_some_and(|s| s.matches_hash(&h));
         let roles = Roles {
             member: is(Role::Member),
             // An admin may do what a client may.

@@ -128,7 +128,6 @@ pub fn write(
     owner_id: u64,
     bucket_id: u64,
     objects: &[(&str, &[u8], u32)],
-    pause_mid_write: Option<std::time::Duration>,
 ) -> Result<(Vec<Entry>, u64)> {
     let path = dir.join(file_name(owner_id, bucket_id));
     let f = OpenOptions::new()
@@ -136,7 +135,7 @@ pub fn write(
         .create_new(true)
         .open(&path)
         .map_err(|e| io_err(&path, e))?;
-    let res = write_inner(f, &path, owner_id, bucket_id, objects, pause_mid_write);
+    let res = write_inner(f, &path, owner_id, bucket_id, objects);
     if res.is_err() {
         // Only ever a file this call created (O_EXCL above).
         let _ = std::fs::remove_file(&path);
@@ -163,7 +162,6 @@ fn write_inner(
     owner_id: u64,
     bucket_id: u64,
     objects: &[(&str, &[u8], u32)],
-    pause_mid_write: Option<std::time::Duration>,
 ) -> Result<(Vec<Entry>, u64)> {
     let mut entries = Vec::with_capacity(objects.len());
     let mut table = Vec::new();
@@ -198,11 +196,13 @@ fn write_inner(
     for (_, data, _) in objects {
         w.write_all(data).map_err(e)?;
     }
-    if let Some(p) = pause_mid_write {
-        // Test hook: leave a half-written file on disk for a while (a crash
-        // here must never be served or adopted).
+    // Failpoint (compiled in with the `failpoints` feature only): e.g.
+    // `sleep(60000)` leaves a half-written file on disk for a while (a crash
+    // here must never be served or adopted).
+    #[cfg(feature = "failpoints")]
+    {
         w.flush().map_err(e)?;
-        std::thread::sleep(p);
+        fail::fail_point!("ssd-agent::bucket-mid-write");
     }
     w.write_all(&table).map_err(e)?;
     w.write_all(&crc32c::crc32c(&table).to_le_bytes())
@@ -349,7 +349,7 @@ mod tests {
     fn sample(dir: &Path) -> (PathBuf, Vec<u8>) {
         let a = vec![7u8; 300];
         let objs = [("k1", a.as_slice(), crc32c::crc32c(&a)), ("k2", &a[..5], 0)];
-        write(dir, 1, 2, &objs, None).unwrap();
+        write(dir, 1, 2, &objs).unwrap();
         let p = dir.join(file_name(1, 2));
         let bytes = std::fs::read(&p).unwrap();
         (p, bytes)
@@ -429,7 +429,7 @@ mod tests {
             ("a", a.as_slice(), crc32c::crc32c(&a)),
             ("b", b.as_slice(), crc32c::crc32c(&b)),
         ];
-        let (entries, len) = write(d.path(), 3, 9, &objs, None).unwrap();
+        let (entries, len) = write(d.path(), 3, 9, &objs).unwrap();
         assert_eq!(len, file_len_for(&objs));
         assert_eq!(entries[1].offset, HEADER_LEN + 1000);
         let p = d.path().join(file_name(3, 9));
@@ -438,7 +438,7 @@ mod tests {
         assert_eq!((h.object_count, e2), (2, entries.clone()));
         assert_eq!(read_range(&p, entries[1].offset, 10).unwrap(), b);
         // O_EXCL: the same bucket id is never written twice.
-        assert!(write(d.path(), 3, 9, &objs, None).is_err());
+        assert!(write(d.path(), 3, 9, &objs).is_err());
         assert!(
             p.exists(),
             "a refused write must not remove the existing file"

@@ -352,7 +352,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
     let reg = session.register_retrying(&shutdown).await?;
     let key = GrantKey::from_bytes(&reg.grant_key)
         .ok_or_else(|| Error::internal("master sent a malformed grant key"))?;
-    let faults = Arc::new(Faults::from_env());
+    let faults = Arc::new(Faults::default());
     let store = {
         let (dir, handle, cap, f) = (
             cfg.data_dir.clone(),

@@ -7,8 +7,6 @@ use crate::index::{BucketRecord, Index};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 
@@ -27,46 +25,17 @@ pub struct KeptObject {
     pub credit: u8,
 }
 
-/// Test hooks: make the next writes fail or stall, or drop reports. Set in
-/// process by tests, or through `STRATA_TEST_FAULTS` (e.g.
-/// `fail_writes=1,write_delay_ms=3000,drop_reports=1`) for real processes.
+/// Controls the benchmark uses (not faults: release builds have them).
+/// Injected faults are failpoints (the `fail` crate), compiled in only with
+/// the `failpoints` feature that the tests enable: `ssd-agent::bucket-write`
+/// (fails the next bucket writes, e.g. `2*return`),
+/// `ssd-agent::bucket-mid-write` (e.g. `sleep(60000)`),
+/// `ssd-agent::drop-offload-report` (e.g. `1*return`); real processes read
+/// them from the `FAILPOINTS` environment variable.
 #[derive(Debug, Default)]
 pub struct Faults {
-    pub fail_writes: AtomicU32,
-    pub write_delay_ms: AtomicU64,
-    pub drop_reports: AtomicU32,
     /// Take no offload tasks while set (benchmarks queue work first).
     pub pause_offload: std::sync::atomic::AtomicBool,
-}
-
-impl Faults {
-    pub fn from_env() -> Faults {
-        let f = Faults::default();
-        if let Ok(spec) = std::env::var("STRATA_TEST_FAULTS") {
-            for kv in spec.split(',') {
-                match kv
-                    .split_once('=')
-                    .map(|(k, v)| (k.trim(), v.trim().parse::<u64>()))
-                {
-                    Some(("fail_writes", Ok(n))) => {
-                        f.fail_writes.store(n as u32, Ordering::Relaxed)
-                    }
-                    Some(("write_delay_ms", Ok(n))) => f.write_delay_ms.store(n, Ordering::Relaxed),
-                    Some(("drop_reports", Ok(n))) => {
-                        f.drop_reports.store(n as u32, Ordering::Relaxed)
-                    }
-                    _ => tracing::warn!(entry = kv, "ignoring unknown STRATA_TEST_FAULTS entry"),
-                }
-            }
-        }
-        f
-    }
-
-    /// Consumes one unit of a countdown fault; true when it fires.
-    pub fn take(c: &AtomicU32) -> bool {
-        c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
-    }
 }
 
 /// What recovery found.
@@ -325,11 +294,9 @@ impl OwnerStore {
         objects: &[(&str, &[u8], u32)],
         slack: u64,
     ) -> Result<BucketRecord> {
-        let delay = self.faults.write_delay_ms.load(Ordering::Relaxed);
-        let pause = (delay > 0).then(|| Duration::from_millis(delay));
-        if Faults::take(&self.faults.fail_writes) {
-            return Err(Error::internal("injected bucket write failure"));
-        }
+        fail::fail_point!("ssd-agent::bucket-write", |_| Err(Error::internal(
+            "injected bucket write failure"
+        )));
         let bytes = bucket::file_len_for(objects);
         let used = self.state.lock().used;
         if used + bytes > self.capacity + slack {
@@ -342,8 +309,7 @@ impl OwnerStore {
             ));
         }
         let id = self.index.reserve_bucket_id()?;
-        let (objects_out, file_len) =
-            bucket::write(&self.buckets_dir, self.owner_id, id, objects, pause)?;
+        let (objects_out, file_len) = bucket::write(&self.buckets_dir, self.owner_id, id, objects)?;
         let rec = BucketRecord {
             bucket_id: id,
             file_len,

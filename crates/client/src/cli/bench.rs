@@ -83,6 +83,10 @@ pub struct BenchArgs {
     /// Print the results as JSON instead of a table
     #[arg(long)]
     pub json: bool,
+    /// --local: also run every data-path phase on a second local cluster
+    /// without credentials (protected mode) and compare, size by size
+    #[arg(long)]
+    pub compare_credentials: bool,
 }
 
 /// Shared op counter and latency log of one phase.
@@ -241,6 +245,28 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         .await
         .with_context(|| format!("cannot reach the master at {addr}"))?;
     let quiet = args.json;
+    anyhow::ensure!(
+        !args.compare_credentials || args.local,
+        "--compare-credentials needs --local"
+    );
+    // The same cluster once more, in protected mode (no credentials).
+    let plain = match &local {
+        Some(_) if args.compare_credentials => Some(
+            ClusterBuilder::new()
+                .credentials(false)
+                .store_nodes(args.store_nodes)
+                .node_capacity(args.node_capacity.0)
+                .prefault(true)
+                .build()
+                .await
+                .context("cannot start the local cluster without credentials")?,
+        ),
+        _ => None,
+    };
+    let plain_client = match &plain {
+        Some(c) => Some(c.client().await?),
+        None => None,
+    };
     let mut report = Report::default();
     let run_id = format!("{:x}", rand::random::<u32>());
 
@@ -284,12 +310,22 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
             batch: args.batch,
             quiet,
         };
-        report.rows.push(w.put().await?);
-        report.rows.push(w.get(ops).await?);
-        report.rows.push(w.batch(true, w.keys).await?);
-        report.rows.push(w.batch(false, ops).await?);
+        report.rows.extend(w.phases(ops).await?);
         client.remove_all(true).await?;
+        if let Some(pc) = &plain_client {
+            // Interleaved size by size, so drift hits both alike.
+            let w = Workload {
+                client: pc.clone(),
+                ..w
+            };
+            for mut r in w.phases(ops).await? {
+                r.scenario.push_str(report::NO_CREDENTIALS);
+                report.rows.push(r);
+            }
+            pc.remove_all(true).await?;
+        }
     }
+
     if let Some(c) = local.as_mut() {
         if !args.offload_sizes.is_empty() {
             offload::run(c, &client, &args, &run_id, &mut report).await?;
@@ -308,6 +344,23 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
             .await?,
         );
         client.remove_all(true).await?;
+        if let Some(pc) = &plain_client {
+            let mut r = meta_path(
+                pc,
+                &run_id,
+                args.meta_keys,
+                args.meta_batch,
+                args.clients,
+                quiet,
+            )
+            .await?;
+            r.scenario.push_str(report::NO_CREDENTIALS);
+            report.rows.push(r);
+            pc.remove_all(true).await?;
+        }
+    }
+    if let Some(c) = plain {
+        c.shutdown().await;
     }
     drop(redis);
     if let Some(c) = local {
@@ -338,6 +391,16 @@ impl Workload {
     /// A buffer whose pages are already resident, as an engine's would be.
     fn buffer(&self) -> Vec<u8> {
         vec![0x5a; self.size as usize]
+    }
+
+    /// Put, get, batch put and batch get, in that order.
+    async fn phases(&self, ops: u64) -> anyhow::Result<Vec<Row>> {
+        Ok(vec![
+            self.put().await?,
+            self.get(ops).await?,
+            self.batch(true, self.keys).await?,
+            self.batch(false, ops).await?,
+        ])
     }
 
     async fn put(&self) -> anyhow::Result<Row> {

@@ -16,6 +16,9 @@ pub struct Row {
     pub note: String,
 }
 
+/// Suffix of the rows measured on the cluster without credentials.
+pub const NO_CREDENTIALS: &str = " (no creds)";
+
 #[derive(Debug, Default)]
 pub struct Report {
     pub rows: Vec<Row>,
@@ -38,6 +41,14 @@ impl Report {
                 _ => &[],
             };
             let mut parts = Vec::new();
+            if r.scenario.starts_with("strata ") && !r.scenario.ends_with(NO_CREDENTIALS) {
+                let plain = format!("{}{NO_CREDENTIALS}", r.scenario);
+                if let Some(&base) = idx.get(&(plain, r.size)) {
+                    if base > 0.0 {
+                        parts.push(format!("{:.3}x without credentials", r.gb_per_sec / base));
+                    }
+                }
+            }
             for b in against {
                 if let Some(&base) = idx.get(&(b.to_string(), r.size)) {
                     if base > 0.0 {
