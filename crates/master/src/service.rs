@@ -160,21 +160,30 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::BatchPutStartResponse>, Status> {
         let t0 = Instant::now();
         let items = req.into_inner().items;
-        let r = check_batch(items.len()).map(|_| pb::BatchPutStartResponse {
-            results: items
-                .into_iter()
-                .map(|it| match self.master.put_start(PutSpec::from(it)) {
-                    Ok(replicas) => pb::PutStartResult {
-                        status: Some(pb::Status::default()),
-                        replicas,
-                    },
-                    Err(e) => pb::PutStartResult {
-                        status: Some(status_of(Err(e))),
-                        replicas: vec![],
-                    },
+        let r = match check_batch(items.len()) {
+            // Off the async workers: up to MAX_BATCH items of work.
+            Ok(()) => {
+                self.blocking(move |m| {
+                    Ok(pb::BatchPutStartResponse {
+                        results: items
+                            .into_iter()
+                            .map(|it| match m.put_start(PutSpec::from(it)) {
+                                Ok(replicas) => pb::PutStartResult {
+                                    status: Some(pb::Status::default()),
+                                    replicas,
+                                },
+                                Err(e) => pb::PutStartResult {
+                                    status: Some(status_of(Err(e))),
+                                    replicas: vec![],
+                                },
+                            })
+                            .collect(),
+                    })
                 })
-                .collect(),
-        });
+                .await
+            }
+            Err(e) => Err(e),
+        };
         self.done("batch_put_start", t0, r)
     }
 
@@ -184,12 +193,21 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::BatchStatusResponse>, Status> {
         let t0 = Instant::now();
         let items = req.into_inner().items;
-        let r = check_batch(items.len()).map(|_| pb::BatchStatusResponse {
-            results: items
-                .iter()
-                .map(|it| status_of(self.master.put_end(&it.key, it.crc32c)))
-                .collect(),
-        });
+        let r = match check_batch(items.len()) {
+            // Off the async workers: up to MAX_BATCH items of work.
+            Ok(()) => {
+                self.blocking(move |m| {
+                    Ok(pb::BatchStatusResponse {
+                        results: items
+                            .iter()
+                            .map(|it| status_of(m.put_end(&it.key, it.crc32c)))
+                            .collect(),
+                    })
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
         self.done("batch_put_end", t0, r)
     }
 
@@ -199,12 +217,18 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::BatchStatusResponse>, Status> {
         let t0 = Instant::now();
         let keys = req.into_inner().keys;
-        let r = check_batch(keys.len()).map(|_| pb::BatchStatusResponse {
-            results: keys
-                .iter()
-                .map(|k| status_of(self.master.put_revoke(k)))
-                .collect(),
-        });
+        let r = match check_batch(keys.len()) {
+            // Off the async workers: up to MAX_BATCH items of work.
+            Ok(()) => {
+                self.blocking(move |m| {
+                    Ok(pb::BatchStatusResponse {
+                        results: keys.iter().map(|k| status_of(m.put_revoke(k))).collect(),
+                    })
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
         self.done("batch_put_revoke", t0, r)
     }
 
@@ -223,21 +247,30 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::BatchGetReplicasResponse>, Status> {
         let t0 = Instant::now();
         let keys = req.into_inner().keys;
-        let r = check_batch(keys.len()).map(|_| pb::BatchGetReplicasResponse {
-            results: keys
-                .iter()
-                .map(|k| match self.master.get_replicas(k) {
-                    Ok(v) => pb::GetReplicasResult {
-                        status: Some(pb::Status::default()),
-                        replicas: Some(v),
-                    },
-                    Err(e) => pb::GetReplicasResult {
-                        status: Some(status_of(Err(e))),
-                        replicas: None,
-                    },
+        let r = match check_batch(keys.len()) {
+            // Off the async workers: up to MAX_BATCH items of work.
+            Ok(()) => {
+                self.blocking(move |m| {
+                    Ok(pb::BatchGetReplicasResponse {
+                        results: keys
+                            .iter()
+                            .map(|k| match m.get_replicas(k) {
+                                Ok(v) => pb::GetReplicasResult {
+                                    status: Some(pb::Status::default()),
+                                    replicas: Some(v),
+                                },
+                                Err(e) => pb::GetReplicasResult {
+                                    status: Some(status_of(Err(e))),
+                                    replicas: None,
+                                },
+                            })
+                            .collect(),
+                    })
                 })
-                .collect(),
-        });
+                .await
+            }
+            Err(e) => Err(e),
+        };
         self.done("batch_get_replicas", t0, r)
     }
 
@@ -399,12 +432,18 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::EvictMemoryResponse>, Status> {
         let t0 = Instant::now();
         let keys = req.into_inner().keys;
-        let r = check_batch(keys.len()).map(|_| pb::EvictMemoryResponse {
-            results: keys
-                .iter()
-                .map(|k| status_of(self.master.evict_memory(k)))
-                .collect(),
-        });
+        let r = match check_batch(keys.len()) {
+            // Off the async workers: up to MAX_BATCH items of work.
+            Ok(()) => {
+                self.blocking(move |m| {
+                    Ok(pb::EvictMemoryResponse {
+                        results: keys.iter().map(|k| status_of(m.evict_memory(k))).collect(),
+                    })
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
         self.done("evict_memory", t0, r)
     }
 

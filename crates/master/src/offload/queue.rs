@@ -332,7 +332,11 @@ mod tests {
         assert_eq!(q.counts(), (0, 1));
         assert!(
             q.report(1, 2, a, true, 0).is_err(),
-            "wrong epoch is refused"
+            "a newer epoch is refused"
+        );
+        assert!(
+            q.report(1, 0, a, true, 0).is_err(),
+            "an older (fenced) epoch is refused"
         );
         assert!(
             q.report(2, 1, a, true, 0).is_err(),

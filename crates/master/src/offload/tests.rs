@@ -212,7 +212,19 @@ async fn removing_a_key_tells_its_owner_to_drop_the_ssd_copy() {
         epoch: epoch + 1,
         bucket_ids: vec![1],
     });
-    assert!(stale.is_err(), "a fenced epoch cannot evict");
+    assert!(stale.is_err(), "a newer, unknown epoch cannot evict");
+    // The owner registers again: its previous epoch is now fenced.
+    let again = register(&m, "h/nvme0").await;
+    assert_eq!(again.epoch, epoch + 1);
+    let older = m.evict_buckets(&pb::EvictBucketsRequest {
+        instance_proof: PROOF.to_vec(),
+        owner_id: owner,
+        epoch,
+        bucket_ids: vec![1],
+    });
+    let e = older.unwrap_err();
+    assert_eq!(e.code, strata_common::Code::PermissionDenied, "{e}");
+    assert!(e.message.contains("fenced"), "{e}");
 }
 
 #[tokio::test]
