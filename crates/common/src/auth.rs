@@ -448,6 +448,34 @@ mod tests {
     }
 
     #[test]
+    fn bearer_tokens_and_partial_credentials() {
+        assert_eq!(bearer(Some(b"Bearer abc")), Some(&b"abc"[..]));
+        assert_eq!(bearer(Some(b"Basic abc")), None);
+        assert_eq!(bearer(None), None);
+        for c in [
+            Credentials {
+                member: Some(Secret::generate()),
+                ..Default::default()
+            },
+            Credentials {
+                client: Some(Secret::generate()),
+                ..Default::default()
+            },
+            Credentials {
+                admin: Some(Secret::generate()),
+                ..Default::default()
+            },
+        ] {
+            assert!(!c.is_empty());
+            assert_eq!(c.roles_of(None).unwrap(), Roles::default());
+        }
+        assert!(Credentials::default().is_empty());
+        assert_eq!(format!("{:?}", Secret::generate()), "Secret(..)");
+        let p = ProofHash::of(&new_instance_proof()).unwrap();
+        assert_eq!(format!("{p:?}"), "ProofHash(..)");
+    }
+
+    #[test]
     fn instance_proofs() {
         let p = new_instance_proof();
         let h = ProofHash::of(&p).unwrap();

@@ -152,6 +152,35 @@ mod tests {
     }
 
     #[test]
+    fn ssd_segment_ids_keep_owners_apart() {
+        let id = ssd_segment_id(7, 42);
+        assert_eq!(split_ssd_segment_id(id), (7, 42));
+        assert_ne!(ssd_segment_id(8, 42), id);
+        assert_ne!(ssd_segment_id(7, 43), id);
+        // A bucket id beyond 40 bits never spills into the owner.
+        let big = ssd_segment_id(1, (1 << 40) + 5);
+        assert_eq!(split_ssd_segment_id(big), (1, 5));
+        assert_eq!(node_member("a"), "node/a");
+        assert_eq!(owner_member(3), "owner/3");
+    }
+
+    #[test]
+    fn keys_parse_only_from_exact_input_and_stay_hidden() {
+        assert!(GrantKey::from_bytes(&[1; 32]).is_some());
+        assert!(GrantKey::from_bytes(&[1; 31]).is_none());
+        assert!(GrantKey::from_hex(&"a".repeat(62)).is_none());
+        assert!(GrantKey::from_hex(&"é".repeat(32)).is_none());
+        let k = GrantKey::random();
+        assert_eq!(format!("{k:?}"), "GrantKey(..)");
+        // Two flipped bits in two bytes do not cancel out.
+        let s = GrantScope::default();
+        let mut mac = k.sign(&s);
+        mac[0] ^= 1;
+        mac[1] ^= 1;
+        assert!(!k.verify(&s, &mac));
+    }
+
+    #[test]
     fn derived_keys_are_per_member_and_stable() {
         let k = GrantKey::random();
         let a = k.derive(&node_member("a"));

@@ -284,6 +284,84 @@ mod tests {
     }
 
     #[test]
+    fn consecutive_messages_are_counted_from_their_own_prefix() {
+        let mut f = framed(&[b"a", b"bb"]);
+        f.extend_from_slice(&framed(&[b"", b"c", b"dd"]));
+        let mut c = FieldCounter::default();
+        c.feed(&f).unwrap();
+        assert_eq!(c.fields, 5);
+    }
+
+    #[test]
+    fn multi_byte_keys_and_varint_values_are_one_field_each() {
+        // Field 16 (a two-byte key), then a varint of three bytes, then a
+        // one-byte string: three fields.
+        let m = [
+            0x82, 0x01, 0x01, b'a', 0x08, 0xff, 0xff, 0x03, 0x12, 0x01, b'x',
+        ];
+        let mut f = vec![0, 0, 0, 0, m.len() as u8];
+        f.extend_from_slice(&m);
+        let mut c = FieldCounter::default();
+        c.feed(&f).unwrap();
+        assert_eq!(c.fields, 3);
+    }
+
+    #[test]
+    fn overlong_varints_are_refused() {
+        // A key and a length of eleven continuation bytes.
+        let mut key = vec![0, 0, 0, 0, 12];
+        key.extend_from_slice(&[0x80; 11]);
+        key.push(0);
+        assert!(FieldCounter::default().feed(&key).is_err());
+        let mut len = vec![0, 0, 0, 0, 13, 0x0a];
+        len.extend_from_slice(&[0x80; 11]);
+        len.push(0);
+        assert!(FieldCounter::default().feed(&len).is_err());
+    }
+
+    fn poll(b: &mut LimitedBody<String>) -> Option<Result<Frame<Bytes>, BoxError>> {
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        match Pin::new(b).poll_frame(&mut cx) {
+            Poll::Ready(v) => v,
+            Poll::Pending => panic!("a String body is always ready"),
+        }
+    }
+
+    #[test]
+    fn bodies_within_their_limits_pass_and_one_byte_or_item_more_fails() {
+        let four = String::from_utf8(framed(&[b"a", b"b", b"c", b"d"])).unwrap();
+        let n = four.len();
+        let limit = |max_bytes, max_items| BodyLimit {
+            max_bytes,
+            max_items,
+        };
+        // Exactly at both limits: the bytes come through unchanged.
+        let mut b = LimitedBody::new(four.clone(), limit(n, Some(4)), "M");
+        assert!(!b.is_end_stream());
+        assert_eq!(b.size_hint().exact(), Some(n as u64));
+        let f = poll(&mut b).unwrap().unwrap();
+        assert_eq!(f.into_data().unwrap(), four.as_bytes());
+        assert!(poll(&mut b).is_none());
+        assert!(b.is_end_stream());
+        // One byte over.
+        let mut b = LimitedBody::new(four.clone(), limit(n - 1, None), "M");
+        let e = poll(&mut b).unwrap().unwrap_err();
+        let st = e.downcast::<tonic::Status>().unwrap();
+        assert_eq!(st.code(), tonic::Code::ResourceExhausted);
+        assert!(st.message().contains("M request"), "{st}");
+        // One item over.
+        let mut b = LimitedBody::new(four, limit(n, Some(3)), "M");
+        let st = poll(&mut b)
+            .unwrap()
+            .unwrap_err()
+            .downcast::<tonic::Status>()
+            .unwrap();
+        assert_eq!(st.code(), tonic::Code::InvalidArgument);
+        assert!(st.message().contains("more than 3 items"), "{st}");
+    }
+
+    #[test]
     fn malformed_messages_are_refused() {
         let mut c = FieldCounter::default();
         // A field claiming more bytes than its message has.

@@ -168,7 +168,9 @@ mod tests {
     #[test]
     fn older_generations_die_when_a_newer_one_touches_the_range() {
         let f = SegmentFences::new();
+        assert!(f.is_empty());
         assert!(f.admit(0, 100, 5, false).unwrap().is_none());
+        assert!(!f.is_empty());
         // Same generation, same range: fine, as often as wanted.
         f.admit(0, 100, 5, false).unwrap();
         drop(f.admit(0, 100, 5, true).unwrap());

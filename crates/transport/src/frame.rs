@@ -164,6 +164,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn response_round_trip_and_bad_frames() {
+        let r = Response {
+            status: Code::PermissionDenied,
+            req_id: 77,
+            length: 1 << 33,
+        };
+        let b = r.encode();
+        assert_eq!(&b[0..4], b"STRR");
+        let back = Response::decode(&b).unwrap();
+        assert_eq!(
+            (back.status, back.req_id, back.length),
+            (r.status, r.req_id, r.length)
+        );
+        // A wrong magic or a wrong version is refused, each on its own.
+        let mut bad = b;
+        bad[0] ^= 1;
+        assert!(Response::decode(&bad).is_err());
+        let mut bad = b;
+        bad[4] = VERSION + 1;
+        assert!(Response::decode(&bad).is_err());
+    }
+
+    #[test]
     fn request_round_trip() {
         let r = Request {
             op: Op::Read,
