@@ -142,3 +142,26 @@ async fn sigkill_mid_bucket_loses_nothing_and_serves_nothing_half_written() {
         1
     );
 }
+
+/// `STRATA_STAGING_BYTES` sizes the arena of the agent process that reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_staging_arena_is_sized_by_strata_staging_bytes() {
+    let m = start_master(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    for (value, want) in [("3MiB", 3u64 << 20), ("64KiB", 64 << 10)] {
+        let (_agent, admin) = start_agent(
+            &m.addr,
+            &format!("env/{want}"),
+            dir.path(),
+            &[("STRATA_STAGING_BYTES", value)],
+            true,
+        )
+        .await;
+        let (_, body) = http_get(admin, "/metrics").await;
+        assert_eq!(
+            strata_tests::metric(&body, "strata_ssd_agent_staging_capacity_bytes"),
+            want as f64,
+            "{value}"
+        );
+    }
+}

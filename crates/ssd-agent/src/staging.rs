@@ -124,7 +124,16 @@ impl Staging {
     /// `--staging-wait`; `requested` is the whole read, for the error.
     pub async fn acquire(&self, bytes: u64, requested: u64) -> Result<StagingGuard> {
         let i = &self.inner;
-        let units = bytes.div_ceil(UNIT).clamp(1, i.capacity / UNIT);
+        // Never clamped: a reader larger than the arena must stage in
+        // pieces, and one that does not is a bug to surface, not hide.
+        if bytes > i.capacity {
+            return Err(Error::internal(format!(
+                "staging {bytes} bytes at once exceeds the arena of {} bytes; reads stage in pieces of {}",
+                i.capacity,
+                self.piece_bytes()
+            )));
+        }
+        let units = bytes.div_ceil(UNIT).max(1);
         let t0 = Instant::now();
         i.m.waiters.inc();
         // Decrement on every path, including this future being dropped
@@ -296,6 +305,61 @@ mod tests {
             "woken at once, not at the deadline"
         );
         assert_eq!(m.in_use.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn more_than_the_arena_at_once_is_refused_the_arena_itself_is_not() {
+        let s = Staging::new(64 << 10, Duration::from_millis(50), metrics());
+        assert!(s.acquire((64 << 10) + 1, 1 << 20).await.is_err());
+        let g = s.acquire(64 << 10, 1 << 20).await.expect("the whole arena");
+        assert_eq!(g.bytes(), 64 << 10);
+    }
+
+    /// Waiters are served first come, first served: a small read that would
+    /// fit in the space freed does not overtake a larger one queued before.
+    #[tokio::test]
+    async fn waiters_are_served_in_arrival_order() {
+        let m = metrics();
+        let s = Staging::new(16 << 10, Duration::from_secs(10), m.clone());
+        let a_half = s.acquire(8 << 10, 8 << 10).await.expect("fits");
+        let b_half = s.acquire(8 << 10, 8 << 10).await.expect("fits");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let spawn = |name: &'static str, bytes: u64| {
+            let (s, order) = (s.clone(), order.clone());
+            tokio::spawn(async move {
+                let g = s.acquire(bytes, bytes).await.expect("served");
+                order.lock().push(name);
+                g
+            })
+        };
+        let waiters = |n| {
+            let m = m.clone();
+            async move {
+                for _ in 0..500 {
+                    if m.waiters.get() == n {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                panic!("waiters never reached {n}");
+            }
+        };
+        let big = spawn("big", 16 << 10);
+        waiters(1).await;
+        let small = spawn("small", 4 << 10);
+        waiters(2).await;
+        // 8 KiB free: enough for the small read, not the big one; the small
+        // one still waits its turn.
+        drop(a_half);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(order.lock().is_empty(), "nobody overtook the big read");
+        drop(b_half);
+        let g = big.await.expect("join");
+        assert_eq!(*order.lock(), ["big"]);
+        drop(g);
+        drop(small.await.expect("join"));
+        assert_eq!(*order.lock(), ["big", "small"]);
+        assert_eq!((m.waiters.get(), m.in_use.get()), (0, 0));
     }
 
     #[tokio::test]
