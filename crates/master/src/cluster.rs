@@ -84,11 +84,12 @@ impl NodeEntry {
         }));
     }
 
-    pub fn log_free(&self, segment_id: u64, offset: u64, length: u64) {
+    pub fn log_free(&self, segment_id: u64, offset: u64, length: u64, generation: u64) {
         self.push(object_log_entry::Op::Free(FreedRange {
             segment_id,
             offset,
             length,
+            generation,
         }));
     }
 

@@ -623,7 +623,7 @@ impl Master {
     fn tombstone(&self, removed: &[(&str, &Object)]) {
         let t: Vec<(String, u64, u32)> = removed
             .iter()
-            .filter(|(_, o)| o.is_complete() && o.offloaded)
+            .filter(|(_, o)| o.is_complete() && (o.offloaded || !o.ssd.is_empty()))
             .map(|(k, o)| (k.to_string(), o.size, o.crc32c))
             .collect();
         if let Err(e) = self.tombstones.record(&t) {
@@ -903,6 +903,9 @@ impl Master {
                     req.node_id, h.instance, h.data_addr
                 ),
             )),
+            // Another process answers at that address (the holder
+            // restarted), or none does (it died). Known limit: a holder whose
+            // port cannot be reached is taken to be gone (docs/security.md).
             _ => Ok(()),
         }
     }

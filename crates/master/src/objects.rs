@@ -124,7 +124,9 @@ impl Object {
         for r in self.replicas {
             r.seg.free(r.offset, r.alloc_len);
             if committed {
-                r.seg.node.log_free(r.seg.id, r.offset, r.alloc_len);
+                r.seg
+                    .node
+                    .log_free(r.seg.id, r.offset, r.alloc_len, r.generation);
             }
             freed += r.alloc_len;
         }

@@ -34,13 +34,22 @@ struct Inner {
     next_seq: u64,
     file: Option<File>,
     file_bytes: u64,
+    /// Bytes the live tombstones take on disk (what a rewrite would write).
+    live_bytes: u64,
+}
+
+/// On-disk size of one record.
+fn record_len(key: &str) -> u64 {
+    key.len() as u64 + 18
 }
 
 impl Inner {
     fn insert(&mut self, key: &str, len: u64, crc: u32) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.map.insert(key.to_string(), (len, crc, seq));
+        if self.map.insert(key.to_string(), (len, crc, seq)).is_none() {
+            self.live_bytes += record_len(key);
+        }
         self.order.push_back((key.to_string(), seq));
     }
 }
@@ -188,17 +197,23 @@ impl Tombstones {
             encode(&mut buf, k, *len, *crc);
             g.insert(k, *len, *crc);
         }
+        let good = g.file_bytes;
         if let Some(f) = g.file.as_mut() {
             let path = self.path.as_ref().expect("a file has a path");
-            f.write_all(&buf)
-                .and_then(|_| f.sync_data())
-                .map_err(|e| Error::internal(format!("cannot write {}: {e}", path.display())))?;
+            if let Err(e) = f.write_all(&buf).and_then(|_| f.sync_data()) {
+                // Never leave a torn record for later records to follow
+                // (the log is read up to its first damage): cut it off.
+                let _ = f.set_len(good);
+                return Err(Error::internal(format!(
+                    "cannot write {}: {e}",
+                    path.display()
+                )));
+            }
             g.file_bytes += buf.len() as u64;
         }
         self.trim(&mut g);
         // Dead records (re-tombstoned or forgotten keys) dominate: compact.
-        let live = g.map.len() as u64 * 64;
-        if g.file.is_some() && g.file_bytes > 2 * live + (64 << 10) {
+        if g.file.is_some() && g.file_bytes > 2 * g.live_bytes + (64 << 10) {
             self.rewrite(&mut g)?;
         }
         Ok(())
@@ -215,6 +230,7 @@ impl Tombstones {
             };
             if Self::live(g, &k, seq) {
                 g.map.remove(&k);
+                g.live_bytes -= record_len(&k);
                 self.forgotten
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }

@@ -322,7 +322,8 @@ impl Agent {
                         self.records.apply(&r.log);
                         for e in &r.log {
                             if let Some(pb::object_log_entry::Op::Free(f)) = &e.op {
-                                self.table.freed(f.segment_id, f.offset, f.length);
+                                self.table
+                                    .freed(f.segment_id, f.offset, f.length, f.generation);
                             }
                         }
                         self.metrics.objects.set(self.records.len() as i64);

@@ -139,13 +139,15 @@ impl SegmentFences {
         }))
     }
 
-    /// The master freed `[start, start+len)`: grants of the generations seen
-    /// inside it die now, even before the range is reused.
-    pub fn freed(&self, start: u64, len: u64) {
+    /// The master freed the allocation `generation` at `[start, start+len)`:
+    /// its grants (and any older ones seen inside the range) die now, even
+    /// before the range is reused. A newer allocation already placed there
+    /// (the notice can arrive late) is untouched.
+    pub fn freed(&self, start: u64, len: u64, generation: u64) {
         let end = start.saturating_add(len);
         let mut g = self.ranges.lock();
         for (_, f) in g.range_mut(start..end) {
-            if f.end <= end {
+            if f.end <= end && f.generation <= generation {
                 f.freed = true;
             }
         }
@@ -212,13 +214,28 @@ mod tests {
         let f = SegmentFences::new();
         f.admit(64, 128, 3, false).unwrap();
         f.admit(256, 512, 4, false).unwrap();
-        f.freed(0, 200);
+        f.freed(0, 200, 3);
         let e = f.admit(64, 128, 3, true).err().unwrap();
         assert_eq!(e.code, Code::PermissionDenied, "{e}");
         // Outside the freed range: untouched.
         f.admit(256, 512, 4, true).unwrap();
         // The range is reused by a newer generation.
         f.admit(0, 200, 9, true).unwrap();
+    }
+
+    /// A free notice arriving after the range was already reused (the
+    /// next put evicted its way in) must not kill the new object.
+    #[test]
+    fn a_late_free_notice_spares_a_newer_allocation() {
+        let f = SegmentFences::new();
+        f.admit(0, 128, 5, false).unwrap();
+        drop(f.admit(0, 128, 6, true).unwrap());
+        f.freed(0, 128, 5);
+        f.admit(0, 128, 6, false).expect("generation 6 still lives");
+        assert!(f.admit(0, 128, 5, false).is_err());
+        // Its own free notice does kill it.
+        f.freed(0, 128, 6);
+        assert!(f.admit(0, 128, 6, false).is_err());
     }
 
     #[test]

@@ -239,9 +239,9 @@ impl SegmentTable {
 
     /// The master freed a range (object log): grants of the allocations in
     /// it die now.
-    pub fn freed(&self, segment_id: u64, offset: u64, length: u64) {
+    pub fn freed(&self, segment_id: u64, offset: u64, length: u64, generation: u64) {
         if let Some(f) = self.inner.read().fences.get(&segment_id) {
-            f.freed(offset, length);
+            f.freed(offset, length, generation);
         }
     }
 

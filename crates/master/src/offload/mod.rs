@@ -232,10 +232,20 @@ impl Master {
                     Some(s) => *s = r,
                     None => o.ssd.push(r),
                 }
+                // Its removal must leave a tombstone from now on.
+                o.offloaded = true;
                 true
             }
             Some(_) => false,
             None => match expect.filter(|_| create) {
+                // A copy of a removed object (its drop notice was lost, or
+                // its offload report never arrived): never adopted. Checked
+                // only when creating, so a live object with the same bytes
+                // keeps its copies.
+                Some((size, crc)) if self.tombstones.is_removed(key, size, crc) => {
+                    self.metrics.tombstoned_copies.inc();
+                    false
+                }
                 Some((size, crc)) => {
                     shard.insert(
                         key.to_string(),
@@ -266,12 +276,7 @@ impl Master {
             // A relocation (compaction moved the object) never brings back
             // a key removed meanwhile; a restart's inventory may create it.
             let create = !req.relocation;
-            if self.tombstones.is_removed(&o.key, o.length, o.crc32c) {
-                // A copy of a removed object (its drop notice was lost, or
-                // its offload report never arrived): never adopted.
-                self.metrics.tombstoned_copies.inc();
-                self.forget_ssd(&o.key, &[r]);
-            } else if self.add_ssd_replica(&o.key, r, Some((o.length, o.crc32c)), create) {
+            if self.add_ssd_replica(&o.key, r, Some((o.length, o.crc32c)), create) {
                 adopted += 1;
             } else {
                 // A stale copy of an older object under the same key.

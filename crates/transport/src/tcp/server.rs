@@ -180,6 +180,8 @@ struct Peer<'a> {
     limits: &'a ServerLimits,
     granted: bool,
     rejections: u32,
+    /// A stranger must prove a grant by then (pings do not extend it).
+    first_grant_by: tokio::time::Instant,
 }
 
 impl Peer<'_> {
@@ -209,11 +211,11 @@ impl Peer<'_> {
             }
         }
     }
-    fn wait(&self) -> Duration {
+    fn deadline(&self) -> tokio::time::Instant {
         if self.granted {
-            self.limits.idle_timeout
+            tokio::time::Instant::now() + self.limits.idle_timeout
         } else {
-            self.limits.first_grant_timeout
+            self.first_grant_by
         }
     }
 }
@@ -252,11 +254,12 @@ async fn connection(
         limits,
         granted: false,
         rejections: 0,
+        first_grant_by: tokio::time::Instant::now() + limits.first_grant_timeout,
     };
     loop {
         let read = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            r = tokio::time::timeout(peer.wait(), s.read_exact(&mut hdr)) => r,
+            r = tokio::time::timeout_at(peer.deadline(), s.read_exact(&mut hdr)) => r,
         };
         match read {
             // Idle, or a stranger that never presented a grant.
@@ -310,7 +313,11 @@ async fn connection(
                     }
                     Err(e) => {
                         m.rejected.inc();
-                        peer.refused()?;
+                        // Only bad grants count against the peer: a fence's
+                        // "retry shortly" or a just-evicted range does not.
+                        if matches!(e.code, Code::PermissionDenied | Code::InvalidArgument) {
+                            peer.refused()?;
+                        }
                         if req.length > MAX_DRAIN {
                             within(io, respond_err(&mut s, req.req_id, &e)).await?;
                             return Ok(());
