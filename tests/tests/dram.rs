@@ -141,8 +141,17 @@ async fn lease_blocks_remove_until_it_ends_and_force_works() {
         (1, 2),
         "leased a and c are skipped"
     );
-    tokio::time::sleep(Duration::from_millis(450)).await;
-    cl.remove("a", false).await.unwrap();
+    // Refused while the lease lasts, allowed once it ends (a bounded wait
+    // on the condition, not a fixed sleep).
+    let t0 = std::time::Instant::now();
+    loop {
+        match cl.remove("a", false).await {
+            Ok(()) => break,
+            Err(e) => assert_eq!(e.code, Code::Leased, "{e}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "the lease ends");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(cl.remove_all(false).await.unwrap(), (1, 0));
     assert_eq!(cl.stat().await.unwrap().allocated_bytes, 0);
     c.shutdown().await;
