@@ -279,6 +279,13 @@ impl ProofHash {
     pub fn matches(&self, proof: &[u8]) -> bool {
         self.0 == blake3::hash(proof)
     }
+
+    /// Names one registering process among members of the same id: grant
+    /// keys are derived for (id, process), so another process that registers
+    /// the same id never receives the key the first one verifies with.
+    pub fn member_name(&self, id: &str) -> String {
+        format!("{id}#{}", self.0.to_hex())
+    }
 }
 
 /// The bearer token in an `authorization` header value.

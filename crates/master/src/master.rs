@@ -165,13 +165,15 @@ impl Master {
         }))
     }
 
-    /// The key owner `owner_id` verifies its grants with.
-    pub(crate) fn owner_key(&self, owner_id: u64) -> GrantKey {
-        self.grant_key.derive(&owner_member(owner_id))
+    /// The key the process registered as owner `owner_id` verifies its
+    /// grants with (derived for that owner and that process alone).
+    pub(crate) fn owner_key(&self, owner_id: u64, proof: &ProofHash) -> GrantKey {
+        self.grant_key
+            .derive(&proof.member_name(&owner_member(owner_id)))
     }
 
     fn ssd_view(&self, r: &SsdReplica, expires: u64, now: u64) -> Option<pb::Replica> {
-        let (addr, handle) = self.owners.endpoint(r.owner_id, now)?;
+        let (addr, handle, key) = self.owners.endpoint(r.owner_id, now)?;
         let scope = GrantScope {
             perm: PERM_SSD_READ,
             segment_id: ssd_segment_id(r.owner_id, r.bucket_id),
@@ -191,7 +193,7 @@ impl Master {
                 perm: PERM_SSD_READ,
                 expires_unix_ms: expires,
                 generation: 0,
-                mac: self.owner_key(r.owner_id).sign(&scope).to_vec(),
+                mac: key.sign(&scope).to_vec(),
             }),
             state: pb::ReplicaState::Complete as i32,
             owner_id: r.owner_id,
@@ -842,7 +844,9 @@ impl Master {
             .iter()
             .map(|_| self.next_segment_id.fetch_add(1, Ordering::Relaxed))
             .collect();
-        let grant_key = self.grant_key.derive(&node_member(&req.node_id));
+        let grant_key = self
+            .grant_key
+            .derive(&proof.member_name(&node_member(&req.node_id)));
         let node = Arc::new(NodeEntry::new(
             crate::cluster::NodeIdentity {
                 node_id: req.node_id.clone(),
@@ -940,6 +944,8 @@ impl Master {
             .owners
             .register(&req, |addr| async move { self.pinger.ping(&addr).await })
             .await?;
+        let key = self.owner_key(owner_id, &ProofHash::of(&req.instance_proof)?);
+        self.owners.set_key(owner_id, epoch, key.clone());
         // Whatever the previous incarnation held goes back to the queue, and
         // its SSD replicas wait for the new incarnation's verified inventory.
         let released = self.queue.lock().release_owner(owner_id, unix_ms());
@@ -950,7 +956,7 @@ impl Master {
         Ok(pb::RegisterOwnerResponse {
             owner_id,
             epoch,
-            grant_key: self.owner_key(owner_id).as_bytes().to_vec(),
+            grant_key: key.as_bytes().to_vec(),
             heartbeat_interval_ms: (self.cfg.node_ttl.as_millis() as u64 / 4).clamp(20, 2000),
         })
     }

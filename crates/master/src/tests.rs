@@ -370,3 +370,28 @@ fn eviction_scans_past_its_batch_and_goes_oldest_first() {
     assert_eq!(m.evict(u64::MAX), 100 * 64);
     assert_eq!(m.metrics.evictions.get(), 10_000);
 }
+
+/// A member's grant key is derived for its id *and* the registering process:
+/// the same process registering again keeps its key; another process that
+/// registers the same id never receives it.
+#[test]
+fn member_keys_are_per_process() {
+    let m = master_with(0, 1 << 20, |_| {});
+    let reg = |proof: &[u8]| {
+        m.register_node(pb::RegisterNodeRequest {
+            node_id: "x".into(),
+            data_addr: "127.0.0.1:9999".into(),
+            segments: vec![pb::SegmentSpec {
+                local_id: 0,
+                size: 1 << 20,
+            }],
+            instance: "i".into(),
+            instance_proof: proof.to_vec(),
+        })
+        .unwrap()
+        .grant_key
+    };
+    let a = reg(&[1; 32]);
+    assert_eq!(a, reg(&[1; 32]));
+    assert_ne!(a, reg(&[2; 32]));
+}

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use strata_common::auth::ProofHash;
+use strata_common::grant::GrantKey;
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
@@ -28,6 +29,9 @@ pub struct OwnerEntry {
     /// The secret the registered process proves itself with (not published).
     #[serde(skip)]
     pub proof: Option<ProofHash>,
+    /// The key this registration verifies grants with (never published).
+    #[serde(skip)]
+    pub grant_key: Option<GrantKey>,
 }
 
 pub struct OwnerRegistry {
@@ -139,6 +143,7 @@ impl OwnerRegistry {
                 quarantined_files: 0,
                 last_heartbeat_ms: unix_ms(),
                 proof: Some(proof),
+                grant_key: None,
             },
         );
         tracing::info!(
@@ -221,13 +226,25 @@ impl OwnerRegistry {
             .collect()
     }
 
-    /// Data address and handle of a live owner.
-    pub fn endpoint(&self, owner: u64, now: u64) -> Option<(String, String)> {
+    /// Sets the grant key of registration `epoch` of `owner`.
+    pub fn set_key(&self, owner: u64, epoch: u64, key: GrantKey) {
+        if let Some(o) = self.owners.write().get_mut(&owner) {
+            if o.epoch == epoch {
+                o.grant_key = Some(key);
+            }
+        }
+    }
+
+    /// Data address, handle and grant key of a live owner.
+    pub fn endpoint(&self, owner: u64, now: u64) -> Option<(String, String, GrantKey)> {
         self.owners
             .read()
             .get(&owner)
             .filter(|o| self.live(o, now))
-            .map(|o| (o.data_addr.clone(), o.handle.clone()))
+            .and_then(|o| {
+                let k = o.grant_key.clone()?;
+                Some((o.data_addr.clone(), o.handle.clone(), k))
+            })
     }
 
     pub fn snapshot(&self) -> Vec<(OwnerEntry, bool)> {
