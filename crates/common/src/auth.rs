@@ -89,6 +89,11 @@ impl Secret {
             .map_err(|e| Error::invalid(format!("{flag} {}: {}", path.display(), e.message)))
     }
 
+    /// [`Secret::from_file`] for an optional setting.
+    pub fn from_optional_file(path: Option<&Path>, flag: &str) -> Result<Option<Secret>> {
+        path.map(|p| Secret::from_file(p, flag)).transpose()
+    }
+
     /// The secret itself, for writing a token file or a header.
     pub fn expose(&self) -> &str {
         &self.0

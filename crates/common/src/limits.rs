@@ -37,6 +37,27 @@ enum State {
     Opaque,
 }
 
+/// One byte of a varint read so far.
+enum Varint {
+    /// More bytes follow: the value so far and the next shift.
+    More(u64, u32),
+    /// The varint ended with this byte.
+    Done(u64),
+}
+
+/// Reads one more byte `b` of a varint; `too_long` is the error for one of
+/// more than ten bytes.
+fn varint(v: u64, shift: u32, b: u8, too_long: &'static str) -> Result<Varint, &'static str> {
+    let v = v | ((b & 0x7f) as u64) << shift;
+    if b & 0x80 == 0 {
+        return Ok(Varint::Done(v));
+    }
+    if shift >= 63 {
+        return Err(too_long);
+    }
+    Ok(Varint::More(v, shift + 7))
+}
+
 impl Default for FieldCounter {
     fn default() -> Self {
         FieldCounter {
@@ -90,36 +111,27 @@ impl FieldCounter {
                         .ok_or("a field runs past its message")?;
                     self.state = match self.state {
                         State::Key(v, shift) => {
-                            let v = v | ((b & 0x7f) as u64) << shift;
-                            if b & 0x80 != 0 {
-                                if shift >= 63 {
-                                    return Err("field key varint too long");
-                                }
-                                State::Key(v, shift + 7)
-                            } else {
-                                self.fields += 1;
-                                match v & 7 {
-                                    0 => State::Varint,
-                                    1 => State::Skip(8),
-                                    2 => State::Len(0, 0),
-                                    5 => State::Skip(4),
-                                    _ => return Err("unsupported protobuf wire type"),
+                            match varint(v, shift, b, "field key varint too long")? {
+                                Varint::More(v, shift) => State::Key(v, shift),
+                                Varint::Done(v) => {
+                                    self.fields += 1;
+                                    match v & 7 {
+                                        0 => State::Varint,
+                                        1 => State::Skip(8),
+                                        2 => State::Len(0, 0),
+                                        5 => State::Skip(4),
+                                        _ => return Err("unsupported protobuf wire type"),
+                                    }
                                 }
                             }
                         }
                         State::Varint if b & 0x80 != 0 => State::Varint,
                         State::Varint => self.next_field(),
                         State::Len(v, shift) => {
-                            let v = v | ((b & 0x7f) as u64) << shift;
-                            if b & 0x80 != 0 {
-                                if shift >= 63 {
-                                    return Err("length varint too long");
-                                }
-                                State::Len(v, shift + 7)
-                            } else if v == 0 {
-                                self.next_field()
-                            } else {
-                                State::Skip(v)
+                            match varint(v, shift, b, "length varint too long")? {
+                                Varint::More(v, shift) => State::Len(v, shift),
+                                Varint::Done(0) => self.next_field(),
+                                Varint::Done(v) => State::Skip(v),
                             }
                         }
                         _ => unreachable!("matched above"),

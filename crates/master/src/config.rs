@@ -329,21 +329,24 @@ impl MasterArgs {
             promote_on_hit: self.promote_on_hit.unwrap_or(d.promote_on_hit),
             promote_queue: self.promote_queue.unwrap_or(d.promote_queue),
             credentials: Credentials {
-                member: secret(&self.member_token_file, "--member-token-file")?,
-                client: secret(&self.client_token_file, "--client-token-file")?,
-                admin: secret(&self.admin_token_file, "--admin-token-file")?,
+                member: Secret::from_optional_file(
+                    self.member_token_file.as_deref(),
+                    "--member-token-file",
+                )?,
+                client: Secret::from_optional_file(
+                    self.client_token_file.as_deref(),
+                    "--client-token-file",
+                )?,
+                admin: Secret::from_optional_file(
+                    self.admin_token_file.as_deref(),
+                    "--admin-token-file",
+                )?,
             },
             insecure: self.insecure.unwrap_or(false),
         };
         cfg.validate()?;
         Ok(cfg)
     }
-}
-
-fn secret(path: &Option<PathBuf>, flag: &str) -> Result<Option<Secret>> {
-    path.as_deref()
-        .map(|p| Secret::from_file(p, flag))
-        .transpose()
 }
 
 #[cfg(test)]

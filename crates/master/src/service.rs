@@ -83,6 +83,17 @@ impl MasterService {
         creds.check(roles, need)
     }
 
+    /// Runs a batch call of `n` items (refused beyond MAX_BATCH) off the
+    /// async workers: up to MAX_BATCH items of metadata work.
+    async fn batch<T: Send + 'static>(
+        &self,
+        n: usize,
+        f: impl FnOnce(&Master) -> T + Send + 'static,
+    ) -> Result<T> {
+        check_batch(n)?;
+        self.blocking(move |m| Ok(f(m))).await
+    }
+
     /// Runs a call that scans all metadata off the async workers.
     async fn blocking<T: Send + 'static>(
         &self,
@@ -160,30 +171,23 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::BatchPutStartResponse>, Status> {
         let t0 = Instant::now();
         let items = req.into_inner().items;
-        let r = match check_batch(items.len()) {
-            // Off the async workers: up to MAX_BATCH items of work.
-            Ok(()) => {
-                self.blocking(move |m| {
-                    Ok(pb::BatchPutStartResponse {
-                        results: items
-                            .into_iter()
-                            .map(|it| match m.put_start(PutSpec::from(it)) {
-                                Ok(replicas) => pb::PutStartResult {
-                                    status: Some(pb::Status::default()),
-                                    replicas,
-                                },
-                                Err(e) => pb::PutStartResult {
-                                    status: Some(status_of(Err(e))),
-                                    replicas: vec![],
-                                },
-                            })
-                            .collect(),
+        let r = self
+            .batch(items.len(), move |m| pb::BatchPutStartResponse {
+                results: items
+                    .into_iter()
+                    .map(|it| match m.put_start(PutSpec::from(it)) {
+                        Ok(replicas) => pb::PutStartResult {
+                            status: Some(pb::Status::default()),
+                            replicas,
+                        },
+                        Err(e) => pb::PutStartResult {
+                            status: Some(status_of(Err(e))),
+                            replicas: vec![],
+                        },
                     })
-                })
-                .await
-            }
-            Err(e) => Err(e),
-        };
+                    .collect(),
+            })
+            .await;
         self.done("batch_put_start", t0, r)
     }
 
@@ -193,21 +197,14 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::BatchStatusResponse>, Status> {
         let t0 = Instant::now();
         let items = req.into_inner().items;
-        let r = match check_batch(items.len()) {
-            // Off the async workers: up to MAX_BATCH items of work.
-            Ok(()) => {
-                self.blocking(move |m| {
-                    Ok(pb::BatchStatusResponse {
-                        results: items
-                            .iter()
-                            .map(|it| status_of(m.put_end(&it.key, it.crc32c)))
-                            .collect(),
-                    })
-                })
-                .await
-            }
-            Err(e) => Err(e),
-        };
+        let r = self
+            .batch(items.len(), move |m| pb::BatchStatusResponse {
+                results: items
+                    .iter()
+                    .map(|it| status_of(m.put_end(&it.key, it.crc32c)))
+                    .collect(),
+            })
+            .await;
         self.done("batch_put_end", t0, r)
     }
 
@@ -217,18 +214,11 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::BatchStatusResponse>, Status> {
         let t0 = Instant::now();
         let keys = req.into_inner().keys;
-        let r = match check_batch(keys.len()) {
-            // Off the async workers: up to MAX_BATCH items of work.
-            Ok(()) => {
-                self.blocking(move |m| {
-                    Ok(pb::BatchStatusResponse {
-                        results: keys.iter().map(|k| status_of(m.put_revoke(k))).collect(),
-                    })
-                })
-                .await
-            }
-            Err(e) => Err(e),
-        };
+        let r = self
+            .batch(keys.len(), move |m| pb::BatchStatusResponse {
+                results: keys.iter().map(|k| status_of(m.put_revoke(k))).collect(),
+            })
+            .await;
         self.done("batch_put_revoke", t0, r)
     }
 
@@ -247,30 +237,23 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::BatchGetReplicasResponse>, Status> {
         let t0 = Instant::now();
         let keys = req.into_inner().keys;
-        let r = match check_batch(keys.len()) {
-            // Off the async workers: up to MAX_BATCH items of work.
-            Ok(()) => {
-                self.blocking(move |m| {
-                    Ok(pb::BatchGetReplicasResponse {
-                        results: keys
-                            .iter()
-                            .map(|k| match m.get_replicas(k) {
-                                Ok(v) => pb::GetReplicasResult {
-                                    status: Some(pb::Status::default()),
-                                    replicas: Some(v),
-                                },
-                                Err(e) => pb::GetReplicasResult {
-                                    status: Some(status_of(Err(e))),
-                                    replicas: None,
-                                },
-                            })
-                            .collect(),
+        let r = self
+            .batch(keys.len(), move |m| pb::BatchGetReplicasResponse {
+                results: keys
+                    .iter()
+                    .map(|k| match m.get_replicas(k) {
+                        Ok(v) => pb::GetReplicasResult {
+                            status: Some(pb::Status::default()),
+                            replicas: Some(v),
+                        },
+                        Err(e) => pb::GetReplicasResult {
+                            status: Some(status_of(Err(e))),
+                            replicas: None,
+                        },
                     })
-                })
-                .await
-            }
-            Err(e) => Err(e),
-        };
+                    .collect(),
+            })
+            .await;
         self.done("batch_get_replicas", t0, r)
     }
 
@@ -432,18 +415,11 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::EvictMemoryResponse>, Status> {
         let t0 = Instant::now();
         let keys = req.into_inner().keys;
-        let r = match check_batch(keys.len()) {
-            // Off the async workers: up to MAX_BATCH items of work.
-            Ok(()) => {
-                self.blocking(move |m| {
-                    Ok(pb::EvictMemoryResponse {
-                        results: keys.iter().map(|k| status_of(m.evict_memory(k))).collect(),
-                    })
-                })
-                .await
-            }
-            Err(e) => Err(e),
-        };
+        let r = self
+            .batch(keys.len(), move |m| pb::EvictMemoryResponse {
+                results: keys.iter().map(|k| status_of(m.evict_memory(k))).collect(),
+            })
+            .await;
         self.done("evict_memory", t0, r)
     }
 

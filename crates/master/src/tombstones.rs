@@ -32,10 +32,17 @@ struct Inner {
     /// entry whose sequence is not the key's latest is dead.
     order: VecDeque<(String, u64)>,
     next_seq: u64,
-    file: Option<File>,
-    file_bytes: u64,
     /// Bytes the live tombstones take on disk (what a rewrite would write).
     live_bytes: u64,
+}
+
+/// The log file, locked apart from the map so a lookup (made under an
+/// object-table shard lock) never waits for an fsync. Lock order: file, then
+/// map.
+#[derive(Default)]
+struct LogFile {
+    file: Option<File>,
+    bytes: u64,
 }
 
 /// On-disk size of one record.
@@ -56,6 +63,7 @@ impl Inner {
 
 pub struct Tombstones {
     inner: Mutex<Inner>,
+    log: Mutex<LogFile>,
     path: Option<PathBuf>,
     max: usize,
     forgotten: std::sync::atomic::AtomicU64,
@@ -108,6 +116,7 @@ impl Tombstones {
     pub fn memory(max: usize) -> Self {
         Tombstones {
             inner: Mutex::new(Inner::default()),
+            log: Mutex::new(LogFile::default()),
             path: None,
             max,
             forgotten: Default::default(),
@@ -143,19 +152,29 @@ impl Tombstones {
         }
         let t = Tombstones {
             inner: Mutex::new(Inner::default()),
-            path: Some(path),
+            log: Mutex::new(LogFile::default()),
+            path: Some(path.clone()),
             max,
             forgotten: Default::default(),
         };
-        {
+        let clean = {
             let mut g = t.inner.lock();
             for (k, len, crc) in records {
                 g.insert(&k, len, crc);
             }
             t.trim(&mut g);
-            // Start from a clean file holding exactly what is live.
-            t.rewrite(&mut g)?;
+            good == bytes.len() && g.live_bytes == good as u64
+        };
+        let mut log = t.log.lock();
+        if clean {
+            // Exactly the live tombstones already: append to it as it is.
+            log.file = Some(open_append(&path)?);
+            log.bytes = good as u64;
+        } else {
+            // A damaged tail or dead records: start from a clean file.
+            t.rewrite(&mut log)?;
         }
+        drop(log);
         Ok(t)
     }
 
@@ -191,14 +210,21 @@ impl Tombstones {
         if removed.is_empty() {
             return Ok(());
         }
-        let mut g = self.inner.lock();
+        // Writers take the file first; lookups only ever need the map,
+        // updated (in memory, at once) before the fsync.
+        let mut log = self.log.lock();
         let mut buf = Vec::new();
-        for (k, len, crc) in &removed {
-            encode(&mut buf, k, *len, *crc);
-            g.insert(k, *len, *crc);
-        }
-        let good = g.file_bytes;
-        if let Some(f) = g.file.as_mut() {
+        let live_bytes = {
+            let mut g = self.inner.lock();
+            for (k, len, crc) in &removed {
+                encode(&mut buf, k, *len, *crc);
+                g.insert(k, *len, *crc);
+            }
+            self.trim(&mut g);
+            g.live_bytes
+        };
+        let good = log.bytes;
+        if let Some(f) = log.file.as_mut() {
             let path = self.path.as_ref().expect("a file has a path");
             if let Err(e) = f.write_all(&buf).and_then(|_| f.sync_data()) {
                 // Never leave a torn record for later records to follow
@@ -209,12 +235,11 @@ impl Tombstones {
                     path.display()
                 )));
             }
-            g.file_bytes += buf.len() as u64;
+            log.bytes += buf.len() as u64;
         }
-        self.trim(&mut g);
         // Dead records (re-tombstoned or forgotten keys) dominate: compact.
-        if g.file.is_some() && g.file_bytes > 2 * g.live_bytes + (64 << 10) {
-            self.rewrite(&mut g)?;
+        if log.file.is_some() && log.bytes > 2 * live_bytes + (64 << 10) {
+            self.rewrite(&mut log)?;
         }
         Ok(())
     }
@@ -245,15 +270,18 @@ impl Tombstones {
     }
 
     /// Writes exactly the live tombstones to a new file and swaps it in.
-    fn rewrite(&self, g: &mut Inner) -> Result<()> {
+    fn rewrite(&self, log: &mut LogFile) -> Result<()> {
         let Some(path) = &self.path else {
             return Ok(());
         };
         let mut buf = Vec::new();
-        for (k, seq) in &g.order {
-            if let Some(&(len, crc, s)) = g.map.get(k) {
-                if s == *seq {
-                    encode(&mut buf, k, len, crc);
+        {
+            let g = self.inner.lock();
+            for (k, seq) in &g.order {
+                if let Some(&(len, crc, s)) = g.map.get(k) {
+                    if s == *seq {
+                        encode(&mut buf, k, len, crc);
+                    }
                 }
             }
         }
@@ -270,15 +298,18 @@ impl Tombstones {
                 let _ = d.sync_all();
             }
         }
-        g.file = Some(
-            OpenOptions::new()
-                .append(true)
-                .open(path)
-                .map_err(|e| Error::internal(format!("cannot open {}: {e}", path.display())))?,
-        );
-        g.file_bytes = buf.len() as u64;
+        log.file = Some(open_append(path)?);
+        log.bytes = buf.len() as u64;
         Ok(())
     }
+}
+
+fn open_append(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::internal(format!("cannot open {}: {e}", path.display())))
 }
 
 #[cfg(test)]

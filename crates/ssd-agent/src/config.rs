@@ -253,11 +253,7 @@ impl SsdAgentArgs {
             high_watermark: self.high_watermark.unwrap_or(d.high_watermark),
             low_watermark: self.low_watermark.unwrap_or(d.low_watermark),
             sparse_below: self.sparse_below.unwrap_or(d.sparse_below),
-            token: self
-                .token_file
-                .as_deref()
-                .map(|p| Secret::from_file(p, "--token-file"))
-                .transpose()?,
+            token: Secret::from_optional_file(self.token_file.as_deref(), "--token-file")?,
             io_timeout: self.io_timeout.map_or(d.io_timeout, |v| v.0),
         };
         cfg.validate()?;

@@ -210,11 +210,7 @@ impl StoreNodeArgs {
                 None => d.transport,
             },
             prefault: self.prefault.unwrap_or(d.prefault),
-            token: self
-                .token_file
-                .as_deref()
-                .map(|p| Secret::from_file(p, "--token-file"))
-                .transpose()?,
+            token: Secret::from_optional_file(self.token_file.as_deref(), "--token-file")?,
             io_timeout: self.io_timeout.map_or(d.io_timeout, |v| v.0),
         };
         cfg.validate()?;

@@ -62,15 +62,12 @@ impl Conn {
     /// The client configuration: `--token-file` if given, else the token
     /// file a running `strata up` wrote, else none (protected mode).
     pub fn config(&self) -> anyhow::Result<crate::ClientConfig> {
-        let token = match &self.token_file {
-            Some(p) => Some(strata_common::auth::Secret::from_file(p, "--token-file")?),
-            None => match up::default_token_file() {
-                Some(p) if p.exists() => {
-                    Some(strata_common::auth::Secret::from_file(&p, "--token-file")?)
-                }
-                _ => None,
-            },
-        };
+        let path = self
+            .token_file
+            .clone()
+            .or_else(|| up::default_token_file().filter(|p| p.exists()));
+        let token =
+            strata_common::auth::Secret::from_optional_file(path.as_deref(), "--token-file")?;
         Ok(crate::ClientConfig::new(self.master.clone()).with_token(token))
     }
 }
