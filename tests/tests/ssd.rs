@@ -94,7 +94,11 @@ async fn the_tail_of_a_batch_is_written_in_the_same_cycle() {
         m.contains("strata_ssd_agent_offload_tasks_total{outcome=\"persisted\"} 11"),
         "{m}"
     );
-    assert!(m.contains("strata_ssd_agent_buckets"));
+    // The gauges say what the store holds (refreshed on scrape).
+    let st = c.agents[0].store.stats();
+    assert!(st.buckets >= 1);
+    assert_eq!(metric(&m, "strata_ssd_agent_buckets"), st.buckets as f64);
+    assert_eq!(metric(&m, "strata_ssd_agent_objects"), 11.0);
     c.shutdown().await;
 }
 

@@ -234,7 +234,24 @@ async fn an_ssd_hit_is_promoted_back_to_dram_without_waiting_for_it() {
         let i: u64 = k.trim_start_matches("p-").parse().unwrap();
         assert_eq!(cl.get(k).await.unwrap(), payload(i, 64 << 10));
     }
-    // Promoted ranges are real DRAM replicas the store node knows about.
+    // Promoted ranges are real DRAM replicas the store node knows about
+    // (its records come with the object log on its next heartbeat), and no
+    // promotion left a pin behind.
+    let mut want = promoted.clone();
+    want.sort();
+    let node = c.nodes[0].records.clone();
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            node.snapshot()
+                .iter()
+                .map(|o| o.key.clone())
+                .collect::<Vec<_>>()
+                == want
+        })
+        .await,
+        "node records {:?}, promoted {want:?}",
+        node.snapshot().iter().map(|o| &o.key).collect::<Vec<_>>()
+    );
     assert_eq!(c.master.total_pins(), 0);
     c.shutdown().await;
 }
