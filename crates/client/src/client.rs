@@ -74,7 +74,7 @@ pub use strata_transport::remote_range;
 
 fn from_status(s: Option<pb::Status>) -> Result<()> {
     match s {
-        Some(s) if s.code != 0 => Err(Error::new(Code::from_u32(s.code), s.message)),
+        Some(s) if s.code != 0 => Err(Error::from_parts(s.code, s.message, s.retryable)),
         _ => Ok(()),
     }
 }

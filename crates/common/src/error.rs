@@ -129,17 +129,35 @@ impl fmt::Display for Code {
 pub struct Error {
     pub code: Code,
     pub message: String,
+    /// Retrying may succeed though the code alone does not say so (e.g. a
+    /// put that ran out of `--put-wait` while copies to SSD were landing).
+    pub retry_later: bool,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 const CODE_HEADER: &str = "x-strata-code";
+const RETRY_HEADER: &str = "x-strata-retryable";
 
 impl Error {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
         Error {
             code,
             message: message.into(),
+            retry_later: false,
+        }
+    }
+    /// Marks the error retryable whatever its code.
+    pub fn retry_later(mut self) -> Self {
+        self.retry_later = true;
+        self
+    }
+    /// An error from a batch item's status (its `retryable` flag kept).
+    pub fn from_parts(code: u32, message: String, retryable: bool) -> Self {
+        let e = Error::new(Code::from_u32(code), message);
+        Error {
+            retry_later: retryable && !e.code.retryable(),
+            ..e
         }
     }
     pub fn invalid(m: impl Into<String>) -> Self {
@@ -155,7 +173,7 @@ impl Error {
         Self::new(Code::Internal, m)
     }
     pub fn retryable(&self) -> bool {
-        self.code.retryable()
+        self.code.retryable() || self.retry_later
     }
 }
 
@@ -164,6 +182,12 @@ impl From<Error> for tonic::Status {
         let mut st = tonic::Status::new(e.code.grpc(), e.message);
         if let Ok(v) = (e.code as u32).to_string().parse() {
             st.metadata_mut().insert(CODE_HEADER, v);
+        }
+        if e.retry_later {
+            st.metadata_mut().insert(
+                RETRY_HEADER,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
         }
         st
     }
@@ -191,7 +215,11 @@ impl From<tonic::Status> for Error {
                 tonic::Code::DataLoss => Code::Corrupted,
                 _ => Code::Internal,
             });
-        Error::new(code, st.message().to_string())
+        let retry_later = st.metadata().get(RETRY_HEADER).is_some();
+        Error {
+            retry_later,
+            ..Error::new(code, st.message().to_string())
+        }
     }
 }
 
@@ -212,6 +240,19 @@ impl From<std::io::Error> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_later_survives_a_status_and_a_batch_item() {
+        let e = Error::new(Code::NoSpace, "full");
+        assert!(!e.retryable());
+        let back: Error = tonic::Status::from(e.clone()).into();
+        assert!(!back.retryable(), "not retryable unless marked");
+        let back: Error = tonic::Status::from(e.retry_later()).into();
+        assert!(back.retryable() && back.code == Code::NoSpace);
+        assert!(Error::from_parts(5, "x".into(), true).retryable());
+        assert!(!Error::from_parts(5, "x".into(), false).retryable());
+        assert!(Error::from_parts(7, "x".into(), false).retryable());
+    }
 
     #[test]
     fn status_round_trip_keeps_code() {

@@ -100,6 +100,9 @@ impl std::fmt::Display for SsdAdmission {
     }
 }
 
+/// Longest `--put-wait`: well inside the clients' 30 s call timeout.
+pub const MAX_PUT_WAIT: Duration = Duration::from_secs(20);
+
 #[derive(Debug, Clone)]
 pub struct MasterConfig {
     pub listen: SocketAddr,
@@ -113,6 +116,9 @@ pub struct MasterConfig {
     pub node_ttl: Duration,
     /// A PutStart not ended within this time is reclaimed.
     pub put_timeout: Duration,
+    /// A put that needs DRAM held by objects still being copied to SSD waits
+    /// this long for the copies (then fails with a retryable no_space).
+    pub put_wait: Duration,
     pub high_watermark: f64,
     pub eviction_ratio: f64,
     pub alloc_strategy: AllocStrategy,
@@ -141,6 +147,7 @@ impl Default for MasterConfig {
             lease_ttl: Duration::from_secs(5),
             node_ttl: Duration::from_secs(10),
             put_timeout: Duration::from_secs(30),
+            put_wait: Duration::from_secs(5),
             high_watermark: 0.9,
             eviction_ratio: 0.05,
             alloc_strategy: AllocStrategy::Random,
@@ -190,6 +197,13 @@ impl MasterConfig {
                 return Err(Error::invalid(format!("{name} must be at least 10ms")));
             }
         }
+        if self.put_wait > MAX_PUT_WAIT {
+            return Err(Error::invalid(format!(
+                "--put-wait must be at most {}s (clients give up on a call after 30s), got {:?}",
+                MAX_PUT_WAIT.as_secs(),
+                self.put_wait
+            )));
+        }
         strata_common::auth::check_protected_mode(
             &self.credentials,
             &[("--listen", self.listen), ("--admin-addr", self.admin_addr)],
@@ -229,6 +243,10 @@ pub struct MasterArgs {
     /// A PutStart not ended within this time is reclaimed [default: 30s]
     #[arg(long, env = "STRATA_PUT_TIMEOUT")]
     pub put_timeout: Option<HumanDuration>,
+    /// How long a put waits for DRAM while victims are copied to SSD
+    /// before failing with a retryable no_space; 0 = never wait [default: 5s]
+    #[arg(long, env = "STRATA_PUT_WAIT")]
+    pub put_wait: Option<HumanDuration>,
     /// Fill ratio that triggers eviction [default: 0.9]
     #[arg(long, env = "STRATA_HIGH_WATERMARK")]
     pub high_watermark: Option<f64>,
@@ -287,6 +305,7 @@ impl MasterArgs {
                     lease_ttl,
                     node_ttl,
                     put_timeout,
+                    put_wait,
                     high_watermark,
                     eviction_ratio,
                     alloc_strategy,
@@ -311,6 +330,7 @@ impl MasterArgs {
             lease_ttl: self.lease_ttl.map_or(d.lease_ttl, |v| v.0),
             node_ttl: self.node_ttl.map_or(d.node_ttl, |v| v.0),
             put_timeout: self.put_timeout.map_or(d.put_timeout, |v| v.0),
+            put_wait: self.put_wait.map_or(d.put_wait, |v| v.0),
             high_watermark: self.high_watermark.unwrap_or(d.high_watermark),
             eviction_ratio: self.eviction_ratio.unwrap_or(d.eviction_ratio),
             alloc_strategy: match self.alloc_strategy {
@@ -378,6 +398,13 @@ mod tests {
             .resolve()
             .unwrap_err();
         assert!(e.message.contains("--high-watermark"), "{e}");
+        // Both sides of the --put-wait bound.
+        let ok = MasterArgs::parse_from(["m", "--put-wait", "20s"]).resolve();
+        assert_eq!(ok.unwrap().put_wait, Duration::from_secs(20));
+        let e = MasterArgs::parse_from(["m", "--put-wait", "21s"])
+            .resolve()
+            .unwrap_err();
+        assert!(e.message.contains("--put-wait"), "{e}");
         let e = MasterArgs::parse_from(["m", "--offload-policy", "reads:0"])
             .resolve()
             .unwrap_err();

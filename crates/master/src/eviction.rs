@@ -14,30 +14,64 @@ const MAX_SCANS: usize = 64;
 
 /// What eviction does with one victim.
 enum Fate {
-    /// Free its DRAM now (it lives on in SSD, or is dropped).
-    Free(Object, bool),
-    /// `on-evict`: copy it to SSD first; DRAM is freed once persisted.
+    /// Free its DRAM now: it lives on in SSD (`false`), or it is dropped
+    /// for the reason given.
+    Free(Object, Option<DropReason>),
+    /// Copy it to SSD first; its DRAM is freed once persisted.
     Offload(u64),
-    /// Already waiting for its SSD copy.
+    /// Already waiting for its SSD copy (bytes it will free).
     Pending(u64),
     Skip,
 }
 
+/// Why an object left the cache with no copy anywhere (metric label of
+/// `strata_master_dropped_objects_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// The offload policy keeps it out of the SSD tier (`none`, `reads:N`
+    /// not reached yet).
+    Policy,
+    /// `--ssd-admission auto` kept it out (a loop larger than the tiers).
+    Admission,
+    /// No live SSD owner has room for it.
+    NoOwner,
+    /// Its copy failed for good (retries used up, or the owner was full).
+    OffloadFailed,
+}
+
+impl DropReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            DropReason::Policy => "policy",
+            DropReason::Admission => "admission",
+            DropReason::NoOwner => "no_owner",
+            DropReason::OffloadFailed => "offload_failed",
+        }
+    }
+}
+
+/// What one eviction call did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Evicted {
+    /// DRAM bytes freed now.
+    pub freed: u64,
+    /// DRAM bytes that free once copies to SSD land.
+    pub pending: u64,
+}
+
 impl Master {
-    /// Evicts until at least `want` bytes are freed or nothing evictable is
-    /// left, freeing at once (the path a put waiting for space takes: it
-    /// never stalls on the SSD tier). Returns the bytes freed.
+    /// Evicts until at least `want` bytes are freed or on their way, or
+    /// nothing evictable is left. Objects the SSD tier can take are never
+    /// dropped: they wait for their copy, and with `urgent` (a writer waits
+    /// for the space) their copies go first. Returns the bytes freed.
     pub fn evict(&self, want: u64) -> u64 {
-        self.evict_with(want, false)
+        self.evict_with(want, false).freed
     }
 
-    /// With `offload` (background eviction under `on-evict`), victims with
-    /// no SSD copy are queued for offload and freed once persisted; their
-    /// bytes count toward `want`. A victim no owner can take is dropped.
-    fn evict_with(&self, want: u64, offload: bool) -> u64 {
-        let mut freed = 0;
-        let mut pending = 0;
+    pub(crate) fn evict_with(&self, want: u64, urgent: bool) -> Evicted {
+        let mut out = Evicted::default();
         let mut evicted = 0u64;
+        let wants_ssd = self.policy.on_evict() || self.policy.on_put_end();
         for _ in 0..MAX_SCANS {
             let now = unix_ms();
             let victims = self.oldest_evictable(SCAN_BATCH, now);
@@ -46,70 +80,112 @@ impl Master {
             }
             let mut progressed = false;
             for key in victims {
-                if freed + pending >= want {
+                if out.freed + out.pending >= want {
                     break;
                 }
+                // Queued for its copy (eager, reads:N, or an earlier pass)?
+                // Checked before the shard lock (never held with the queue's).
+                let queued = self.queue.lock().make_urgent_if(&key, urgent);
+                if queued == Some(true) {
+                    self.metrics.urgent_offloads.inc();
+                    self.owner_work.notify_waiters();
+                }
                 // Re-check under the lock: a reader may have leased it meanwhile.
-                // An object with an SSD copy keeps living there.
                 let fate = {
                     let mut s = self.objects.shard(&key);
                     match s.get_mut(&key) {
-                        Some(o) if o.evictable(now) && !o.ssd.is_empty() => {
-                            Fate::Free(o.take_memory(), false)
-                        }
-                        Some(o) if o.evictable(now) && offload && o.offload_then_free => {
+                        Some(o) if !o.evictable(now) => Fate::Skip,
+                        // An object with an SSD copy keeps living there.
+                        Some(o) if !o.ssd.is_empty() => Fate::Free(o.take_memory(), None),
+                        Some(o) if queued.is_some() || o.offload_then_free => {
                             Fate::Pending(alloc_bytes(o))
                         }
-                        Some(o) if o.evictable(now) && offload => {
+                        Some(o) if wants_ssd && !o.offload_failed => {
                             o.offload_then_free = true;
                             Fate::Offload(o.size)
                         }
-                        Some(o) if o.evictable(now) => match s.remove(&key) {
-                            Some(o) => Fate::Free(o, true),
-                            None => Fate::Skip,
-                        },
-                        _ => Fate::Skip,
+                        Some(o) => {
+                            let why = if o.offload_failed {
+                                DropReason::OffloadFailed
+                            } else {
+                                DropReason::Policy
+                            };
+                            match s.remove(&key) {
+                                Some(o) => Fate::Free(o, Some(why)),
+                                None => Fate::Skip,
+                            }
+                        }
+                        None => Fate::Skip,
                     }
                 };
                 match fate {
-                    Fate::Free(o, gone) => {
+                    Fate::Free(o, why) => {
                         self.admission.victim_undecided(&key, o.size);
-                        freed += o.release();
+                        out.freed += o.release();
                         evicted += 1;
                         progressed = true;
-                        if gone {
+                        if let Some(why) = why {
                             self.metrics.keys.dec();
+                            self.count_drop(why);
                         }
                     }
                     Fate::Offload(size) => {
-                        // Kept out of the SSD (a loop larger than the tiers),
-                        // or the SSD tier cannot take it: simply dropped.
-                        if self.admission.admit(&key, size) && self.enqueue_offload(&key, size) {
-                            pending += self.objects.shard(&key).get(&key).map_or(0, alloc_bytes);
+                        let why = if !self.admission.admit(&key, size) {
+                            Some(DropReason::Admission)
+                        } else if !self.enqueue_offload(&key, size) {
+                            Some(DropReason::NoOwner)
                         } else {
-                            freed += self.drop_victim(&key);
-                            evicted += 1;
+                            None
+                        };
+                        match why {
+                            None => {
+                                if urgent
+                                    && self.queue.lock().make_urgent_if(&key, true) == Some(true)
+                                {
+                                    self.metrics.urgent_offloads.inc();
+                                    self.owner_work.notify_waiters();
+                                }
+                                out.pending +=
+                                    self.objects.shard(&key).get(&key).map_or(0, alloc_bytes);
+                            }
+                            Some(why) => {
+                                let freed = self.drop_victim(&key, why);
+                                out.freed += freed;
+                                evicted += u64::from(freed > 0);
+                            }
                         }
                         progressed = true;
                     }
-                    Fate::Pending(bytes) => pending += bytes,
+                    Fate::Pending(bytes) => out.pending += bytes,
                     Fate::Skip => {}
                 }
             }
-            if freed + pending >= want || !progressed {
+            if out.freed + out.pending >= want || !progressed {
                 break;
             }
         }
         if evicted > 0 {
             self.metrics.evictions.inc_by(evicted);
-            tracing::debug!(evicted, freed, pending, "evicted objects");
+            tracing::debug!(
+                evicted,
+                freed = out.freed,
+                pending = out.pending,
+                "evicted objects"
+            );
         }
-        freed
+        out
+    }
+
+    pub(crate) fn count_drop(&self, why: DropReason) {
+        self.metrics
+            .dropped_objects
+            .with_label_values(&[why.label()])
+            .inc();
     }
 
     /// Drops an object outright if eviction may still take it (no SSD copy
     /// appeared, no reader leased it). Returns the DRAM bytes freed.
-    pub(crate) fn drop_if_evictable(&self, key: &str) -> u64 {
+    fn drop_if_evictable(&self, key: &str, why: DropReason) -> u64 {
         let now = unix_ms();
         let gone = {
             let mut s = self.objects.shard(key);
@@ -121,6 +197,7 @@ impl Master {
         match gone {
             Some(o) => {
                 self.metrics.keys.dec();
+                self.count_drop(why);
                 o.release()
             }
             None => 0,
@@ -130,8 +207,8 @@ impl Master {
     /// A victim marked for offload that will not be offloaded after all: it
     /// is dropped, or, if a reader leased it meanwhile, unmarked so that a
     /// later pass decides again (rather than waiting for a copy forever).
-    pub(crate) fn drop_victim(&self, key: &str) -> u64 {
-        let freed = self.drop_if_evictable(key);
+    pub(crate) fn drop_victim(&self, key: &str, why: DropReason) -> u64 {
+        let freed = self.drop_if_evictable(key, why);
         if freed == 0 {
             if let Some(o) = self.objects.shard(key).get_mut(key) {
                 if o.ssd.is_empty() {
@@ -198,7 +275,8 @@ impl Master {
             let (capacity, used) = self.ssd_tier_usage();
             self.admission.observe_tier(capacity, used);
         }
-        self.evict_with((allocated - target).max(0.0) as u64, self.policy.on_evict())
+        self.evict_with((allocated - target).max(0.0) as u64, false)
+            .freed
     }
 }
 

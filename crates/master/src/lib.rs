@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod allocator;
+pub mod backpressure;
 pub mod cluster;
 pub mod config;
 pub mod durable;

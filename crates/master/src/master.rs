@@ -51,6 +51,11 @@ pub struct Master {
     /// In-flight puts in deadline order (the timeout is constant, so FIFO).
     pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
     pub(crate) evict_wakeup: tokio::sync::Notify,
+    /// Urgent offloads appeared: long-polling owner heartbeats answer at
+    /// once.
+    pub(crate) owner_work: tokio::sync::Notify,
+    /// Puts waiting for DRAM (`--put-wait`).
+    pub(crate) space: crate::backpressure::PutWaiters,
     pub metrics: MasterMetrics,
     pub(crate) owners: OwnerRegistry,
     pub(crate) queue: Mutex<OffloadQueue>,
@@ -66,6 +71,13 @@ pub struct Master {
     pub(crate) promotions: Mutex<crate::offload::promotion::Promotions>,
     /// Removed objects whose SSD copies must never be adopted again.
     pub(crate) tombstones: crate::tombstones::Tombstones,
+}
+
+/// What one allocation attempt found.
+pub(crate) enum Placement {
+    Placed(Vec<Replica>),
+    /// Nothing fits now; this many DRAM bytes free once copies to SSD land.
+    Wait(u64),
 }
 
 /// What PutStart/PutEnd callers ask for.
@@ -153,6 +165,8 @@ impl Master {
             next_generation: AtomicU64::new(unix_ms() << 16),
             pending_puts: Mutex::new(VecDeque::new()),
             evict_wakeup: tokio::sync::Notify::new(),
+            space: Default::default(),
+            owner_work: tokio::sync::Notify::new(),
             metrics,
             owners,
             queue: Mutex::new(OffloadQueue::new(5, 500)),
@@ -244,7 +258,15 @@ impl Master {
 
     // ---------------- put ----------------
 
+    /// Starts a put without waiting for DRAM (in-process callers and unit
+    /// tests; the RPCs wait, see `crate::backpressure`).
     pub fn put_start(&self, spec: PutSpec) -> Result<Vec<pb::Replica>> {
+        self.check_put(&spec)?;
+        let replicas = self.allocate(spec.size, spec.replica_num, spec.preferred_segment)?;
+        self.start_put(spec, replicas)
+    }
+
+    pub(crate) fn check_put(&self, spec: &PutSpec) -> Result<()> {
         validate_key(&spec.key)?;
         if spec.size == 0 {
             return Err(Error::invalid("object size must be positive"));
@@ -255,8 +277,16 @@ impl Master {
                 spec.replica_num
             )));
         }
-        self.check_absent(&spec.key)?;
-        let replicas = self.allocate(spec.size, spec.replica_num, spec.preferred_segment)?;
+        self.check_absent(&spec.key)
+    }
+
+    /// Records a put whose space is allocated; frees it if the put lost a
+    /// race meanwhile.
+    pub(crate) fn start_put(
+        &self,
+        spec: PutSpec,
+        replicas: Vec<Replica>,
+    ) -> Result<Vec<pb::Replica>> {
         let put_id = self.next_put_id.fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + self.cfg.put_timeout;
         let now = unix_ms();
@@ -302,6 +332,7 @@ impl Master {
                     reads: 0,
                     offload_then_free: false,
                     offloaded: false,
+                    offload_failed: false,
                 },
             );
         }
@@ -375,51 +406,51 @@ impl Master {
             self.metrics.keys.dec();
             self.forget_ssd(key, &o.ssd);
             o.release();
+            self.space.notify();
         }
         Ok(())
     }
 
     /// Places `n` replicas on distinct segments (at least one), evicting when
-    /// nothing fits.
+    /// nothing fits; never waits (what a waiting put would wait for is a
+    /// retryable no_space here).
     pub(crate) fn allocate(
         &self,
         size: u64,
         n: u32,
         preferred: Option<u64>,
     ) -> Result<Vec<Replica>> {
+        match self.allocate_once(size, n, preferred)? {
+            Placement::Placed(r) => Ok(r),
+            Placement::Wait(pending) => Err(self.no_space_waiting(size, pending)),
+        }
+    }
+
+    /// One attempt: place, else evict (a few rounds) and place. Says when
+    /// only copies to SSD in flight could make room.
+    pub(crate) fn allocate_once(
+        &self,
+        size: u64,
+        n: u32,
+        preferred: Option<u64>,
+    ) -> Result<Placement> {
         let len = aligned_len(size).ok_or_else(|| Error::invalid("object size is too large"))?;
         for _ in 0..=EVICT_ROUNDS {
             let placed = self.try_place(size, len, n as usize, preferred);
             if !placed.is_empty() {
-                return Ok(placed);
+                return Ok(Placement::Placed(placed));
             }
-            let largest = self
-                .segments
-                .read()
-                .values()
-                .filter(|s| s.is_mounted())
-                .map(|s| s.capacity)
-                .max();
-            match largest {
-                None => {
-                    return Err(Error::new(
-                        Code::NoSpace,
-                        "no store node has registered any memory yet; start strata-store-node",
-                    ))
-                }
-                Some(l) if l < len => {
-                    return Err(Error::new(
-                        Code::NoSpace,
-                        format!(
-                            "object of {size} bytes is larger than the largest segment ({l} bytes)"
-                        ),
-                    ))
-                }
-                _ => {}
-            }
+            self.check_fits(size, len)?;
             let cap = self.capacity_bytes();
             let want = len + (cap as f64 * self.cfg.eviction_ratio) as u64;
-            if self.evict(want) == 0 {
+            let ev = self.evict_with(want, true);
+            if ev.freed == 0 {
+                // Copies to SSD in flight (pinned, so not among the victims
+                // scanned) free DRAM too once they land.
+                let (queued, assigned) = self.queue.lock().counts();
+                if ev.pending > 0 || queued + assigned > 0 {
+                    return Ok(Placement::Wait(ev.pending));
+                }
                 break;
             }
         }
@@ -432,6 +463,44 @@ impl Master {
                 self.capacity_bytes()
             ),
         ))
+    }
+
+    /// Refuses what no eviction can make room for.
+    fn check_fits(&self, size: u64, len: u64) -> Result<()> {
+        let largest = self
+            .segments
+            .read()
+            .values()
+            .filter(|s| s.is_mounted())
+            .map(|s| s.capacity)
+            .max();
+        match largest {
+            None => Err(Error::new(
+                Code::NoSpace,
+                "no store node has registered any memory yet; start strata-store-node",
+            )),
+            Some(l) if l < len => Err(Error::new(
+                Code::NoSpace,
+                format!("object of {size} bytes is larger than the largest segment ({l} bytes)"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The retryable error of a put that found DRAM held by objects still
+    /// being copied to SSD.
+    pub(crate) fn no_space_waiting(&self, size: u64, pending: u64) -> Error {
+        let (queued, assigned) = self.queue.lock().counts();
+        Error::new(
+            Code::NoSpace,
+            format!(
+                "no DRAM for {size} bytes within --put-wait ({:?}): {} bytes are waiting for \
+                 their SSD copies ({queued} queued, {assigned} being copied; the SSD tier is \
+                 behind); retry, raise --put-wait (STRATA_PUT_WAIT) or add DRAM",
+                self.cfg.put_wait, pending
+            ),
+        )
+        .retry_later()
     }
 
     fn try_place(&self, size: u64, len: u64, n: usize, preferred: Option<u64>) -> Vec<Replica> {
@@ -616,6 +685,7 @@ impl Master {
             self.tombstone(&[(key, &o)]);
             self.forget_ssd(key, &o.ssd);
             o.release();
+            self.space.notify();
         }
         Ok(())
     }
@@ -668,6 +738,7 @@ impl Master {
                 o.release();
             }
         }
+        self.space.notify();
         (removed, skipped)
     }
 
@@ -751,6 +822,9 @@ impl Master {
                 o.release();
                 n += 1;
             }
+        }
+        if n > 0 {
+            self.space.notify();
         }
         n
     }

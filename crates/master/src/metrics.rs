@@ -13,6 +13,12 @@ pub struct MasterMetrics {
     pub requests: IntCounterVec,
     pub request_duration: HistogramVec,
     pub evictions: IntCounter,
+    pub dropped_objects: IntCounterVec,
+    pub urgent_offloads: IntCounter,
+    pub put_waits: IntCounter,
+    pub put_wait_seconds: prometheus::Histogram,
+    pub put_wait_timeouts: IntCounter,
+    pub put_waiters: IntGauge,
     pub offload_tasks: IntGaugeVec,
     pub offload_results: IntCounterVec,
     pub promotions: IntCounterVec,
@@ -74,6 +80,46 @@ impl MasterMetrics {
             evictions: c(
                 "strata_master_evictions_total",
                 "Objects evicted to make room",
+            ),
+            dropped_objects: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "strata_master_dropped_objects_total",
+                        "Objects that left the cache with no copy anywhere, by reason: policy (the offload policy keeps them out of SSD), admission (--ssd-admission auto refused them), no_owner (no SSD owner had room), offload_failed (their copy failed for good)",
+                    ),
+                    &["reason"],
+                )
+                .expect("valid metric"),
+            ),
+            urgent_offloads: c(
+                "strata_master_urgent_offloads_total",
+                "Offloads moved to the front of the queue because a put waits for the DRAM they free",
+            ),
+            put_waits: c(
+                "strata_master_put_waits_total",
+                "Puts that waited for DRAM while victims were copied to SSD (--put-wait)",
+            ),
+            put_wait_seconds: reg(
+                &r,
+                prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "strata_master_put_wait_seconds",
+                        "How long puts waited for DRAM (puts that waited)",
+                    )
+                    .buckets(vec![
+                        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    ]),
+                )
+                .expect("valid metric"),
+            ),
+            put_wait_timeouts: c(
+                "strata_master_put_wait_timeouts_total",
+                "Puts that ran out of --put-wait and failed with a retryable no_space",
+            ),
+            put_waiters: g(
+                "strata_master_put_waiters",
+                "Puts waiting for DRAM right now",
             ),
             offload_tasks: reg(
                 &r,

@@ -59,6 +59,9 @@ pub struct Object {
     /// An offload task was handed out for it (or it came from an SSD
     /// inventory): an SSD copy may exist, so its removal is tombstoned.
     pub offloaded: bool,
+    /// Its copy to SSD failed for good: eviction drops it rather than
+    /// making writers wait for a copy that will not come.
+    pub offload_failed: bool,
 }
 
 impl Object {
@@ -82,6 +85,7 @@ impl Object {
             reads: 0,
             offload_then_free: false,
             offloaded: true,
+            offload_failed: false,
         }
     }
 
@@ -102,6 +106,7 @@ impl Object {
             reads: 0,
             offload_then_free: false,
             offloaded: false,
+            offload_failed: false,
         }
     }
     pub fn leased(&self, now_ms: u64) -> bool {

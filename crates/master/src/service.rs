@@ -133,9 +133,11 @@ impl MasterRpc for MasterService {
         req: Request<pb::PutStartRequest>,
     ) -> Result<Response<pb::PutStartResponse>, Status> {
         let t0 = Instant::now();
+        let deadline = Instant::now() + self.master.config().put_wait;
         let r = self
             .master
-            .put_start(PutSpec::from(req.into_inner()))
+            .put_start_waiting(PutSpec::from(req.into_inner()), deadline)
+            .await
             .map(|replicas| pb::PutStartResponse { replicas });
         self.done("put_start", t0, r)
     }
@@ -171,23 +173,33 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::BatchPutStartResponse>, Status> {
         let t0 = Instant::now();
         let items = req.into_inner().items;
-        let r = self
-            .batch(items.len(), move |m| pb::BatchPutStartResponse {
-                results: items
-                    .into_iter()
-                    .map(|it| match m.put_start(PutSpec::from(it)) {
-                        Ok(replicas) => pb::PutStartResult {
-                            status: Some(pb::Status::default()),
-                            replicas,
+        // One --put-wait for the whole batch; items are placed in order.
+        let deadline = Instant::now() + self.master.config().put_wait;
+        let r = match check_batch(items.len()) {
+            Err(e) => Err(e),
+            Ok(()) => {
+                let mut results = Vec::with_capacity(items.len());
+                for it in items {
+                    results.push(
+                        match self
+                            .master
+                            .put_start_waiting(PutSpec::from(it), deadline)
+                            .await
+                        {
+                            Ok(replicas) => pb::PutStartResult {
+                                status: Some(pb::Status::default()),
+                                replicas,
+                            },
+                            Err(e) => pb::PutStartResult {
+                                status: Some(status_of(Err(e))),
+                                replicas: vec![],
+                            },
                         },
-                        Err(e) => pb::PutStartResult {
-                            status: Some(status_of(Err(e))),
-                            replicas: vec![],
-                        },
-                    })
-                    .collect(),
-            })
-            .await;
+                    );
+                }
+                Ok(pb::BatchPutStartResponse { results })
+            }
+        };
         self.done("batch_put_start", t0, r)
     }
 
@@ -379,7 +391,7 @@ impl MasterRpc for MasterService {
         req: Request<pb::OwnerHeartbeatRequest>,
     ) -> Result<Response<pb::OwnerHeartbeatResponse>, Status> {
         let t0 = Instant::now();
-        let r = self.master.owner_heartbeat(req.get_ref());
+        let r = self.master.owner_heartbeat_wait(req.get_ref()).await;
         self.done("owner_heartbeat", t0, r)
     }
 

@@ -36,13 +36,25 @@ pub(crate) fn master_with(
     m
 }
 
-fn spec(key: &str, size: u64, replicas: u32) -> PutSpec {
+pub(crate) fn spec(key: &str, size: u64, replicas: u32) -> PutSpec {
     PutSpec {
         key: key.into(),
         size,
         replica_num: replicas,
         ..Default::default()
     }
+}
+
+/// Waits (bounded, 5 s) for `f` to hold, letting other tasks run.
+pub(crate) async fn wait_for(mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    f()
 }
 
 pub(crate) fn put(m: &Master, key: &str, size: u64) {

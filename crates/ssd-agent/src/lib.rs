@@ -40,6 +40,7 @@ struct AgentMetrics {
     objects: IntGauge,
     unknown_files: IntGauge,
     quarantined_files: IntGauge,
+    heartbeats: prometheus::IntCounter,
     outcomes: IntCounterVec,
     staging: staging::StagingMetrics,
     eviction: eviction::EvictionMetrics,
@@ -81,6 +82,10 @@ impl AgentMetrics {
                 "Bytes this owner may keep",
             ),
             buckets: g("strata_ssd_agent_buckets", "Buckets of this owner"),
+            heartbeats: c(
+                "strata_ssd_agent_heartbeats_total",
+                "Owner heartbeats the master answered",
+            ),
             objects: g(
                 "strata_ssd_agent_objects",
                 "Objects in this owner's buckets",
@@ -526,15 +531,22 @@ async fn run_loop(
             unknown_files: st.unknown_files,
             quarantined_files: st.quarantined,
             accepts_promotions: true,
+            // Long poll for one poll interval while there is room: urgent
+            // offloads (a put waits for the DRAM they free) arrive at once,
+            // the rest at the usual cadence. With no room, answer at once.
+            wait_ms: if room { poll.as_millis() as u32 } else { 0 },
         };
+        let t0 = tokio::time::Instant::now();
         let mut wait = poll;
-        match session
-            .client
-            .owner_heartbeat(req)
-            .await
-            .map_err(Error::from)
-        {
+        // A long poll must not hold up shutdown (tasks it would have brought
+        // expire on the master and go to the next registration).
+        let reply = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            r = session.client.owner_heartbeat(req) => r.map_err(Error::from),
+        };
+        match reply {
             Ok(r) => {
+                m.heartbeats.inc();
                 let r = r.into_inner();
                 evictor.apply_drops(r.drops).await;
                 if !r.promotions.is_empty() {
@@ -625,9 +637,11 @@ async fn run_loop(
                 wait = poll.max(Duration::from_millis(200));
             }
         }
+        // At most one heartbeat per `poll` (a master that answers at once,
+        // e.g. an older one, is not polled in a tight loop).
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep_until(t0 + wait) => {}
         }
     }
     let store = worker.store.clone();

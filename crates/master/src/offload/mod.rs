@@ -10,6 +10,7 @@ mod removal;
 #[cfg(test)]
 mod tests;
 
+use crate::eviction::DropReason;
 use crate::master::Master;
 use crate::objects::SsdReplica;
 use strata_common::grant::PERM_READ;
@@ -33,6 +34,34 @@ impl Master {
         drop(q);
         self.refresh_offload_gauges();
         true
+    }
+
+    /// An owner's heartbeat that, with nothing to hand out, waits (up to
+    /// `wait_ms`, capped by the heartbeat interval so liveness is
+    /// unaffected) for urgent offloads: a put waiting for their DRAM gets
+    /// them copied at once, not a poll later. Other work keeps the agent's
+    /// poll cadence (so buckets stay batched).
+    pub async fn owner_heartbeat_wait(
+        &self,
+        req: &pb::OwnerHeartbeatRequest,
+    ) -> Result<pb::OwnerHeartbeatResponse> {
+        let cap = (self.cfg.node_ttl / 4).min(std::time::Duration::from_secs(1));
+        let wait = std::time::Duration::from_millis(req.wait_ms.into()).min(cap);
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.owner_work.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let r = self.owner_heartbeat(req)?;
+            let work = !r.tasks.is_empty() || !r.drops.is_empty() || !r.promotions.is_empty();
+            if work || tokio::time::Instant::now() >= deadline {
+                return Ok(r);
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
     }
 
     /// `eager`: queue every committed object.
@@ -184,8 +213,12 @@ impl Master {
                     );
                     dropped += 1;
                     example.get_or_insert((task.key.clone(), r.error.clone()));
-                    // `on-evict`: the SSD tier could not take the victim.
-                    self.drop_victim_if_pending(&task.key);
+                    // The SSD tier could not take it: eviction may drop it
+                    // from now on (an `on-evict` victim goes at once).
+                    if let Some(o) = self.objects.shard(&task.key).get_mut(&task.key) {
+                        o.offload_failed = true;
+                    }
+                    self.drop_victim_if_pending(&task.key, DropReason::OffloadFailed);
                     self.metrics
                         .offload_results
                         .with_label_values(&["dropped"])
@@ -204,6 +237,8 @@ impl Master {
             );
         }
         self.refresh_offload_gauges();
+        // Copies landed (or failed for good): a waiting put looks again.
+        self.space.notify();
         Ok(())
     }
 
@@ -332,7 +367,7 @@ impl Master {
                 moved += 1;
             } else {
                 dropped += 1;
-                self.drop_victim_if_pending(&t.key);
+                self.drop_victim_if_pending(&t.key, DropReason::NoOwner);
             }
         }
         let m = &self.metrics.offload_results;
@@ -349,14 +384,14 @@ impl Master {
 
     /// An `on-evict` victim whose offload will not happen leaves DRAM (or is
     /// unmarked if a reader holds it); other objects are left alone.
-    fn drop_victim_if_pending(&self, key: &str) {
+    fn drop_victim_if_pending(&self, key: &str, why: DropReason) {
         let pending = self
             .objects
             .shard(key)
             .get(key)
             .is_some_and(|o| o.offload_then_free);
         if pending {
-            self.drop_victim(key);
+            self.drop_victim(key, why);
         }
     }
 

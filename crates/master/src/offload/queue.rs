@@ -30,6 +30,8 @@ pub struct Task {
     pub size: u64,
     pub attempts: u32,
     pub state: TaskState,
+    /// A writer waits for this copy: it was moved to the queue's front.
+    pub urgent: bool,
 }
 
 /// What a report did.
@@ -56,8 +58,9 @@ pub struct OffloadQueue {
     /// Kept in step with `tasks` so the hot paths never scan it.
     assigned: usize,
     pending: HashMap<u64, u64>,
-    /// Live tasks per key, so admission can skip keys already queued.
-    keys: HashMap<String, u32>,
+    /// Live task ids per key, so admission can skip keys already queued
+    /// and a writer waiting for a victim can move its task up.
+    keys: HashMap<String, Vec<u64>>,
     pub max_attempts: u32,
     pub backoff_base_ms: u64,
     pub counters: Counters,
@@ -89,6 +92,7 @@ impl OffloadQueue {
                 owner,
                 size,
                 attempts: 0,
+                urgent: false,
                 state: TaskState::Queued {
                     not_before_ms: now_ms,
                 },
@@ -96,8 +100,27 @@ impl OffloadQueue {
         );
         self.queued.entry(owner).or_default().push_back(id);
         *self.pending.entry(owner).or_default() += size + OBJECT_OVERHEAD;
-        *self.keys.entry(key.to_string()).or_default() += 1;
+        self.keys.entry(key.to_string()).or_default().push(id);
         id
+    }
+
+    /// With `urgent` (a writer waits for `key`'s copy), its queued tasks
+    /// go to the front of their owner's queue, once (the entry left behind
+    /// is skipped when reached, as every entry's state is checked). Returns
+    /// None when `key` has no live task, else whether a task moved up now.
+    pub fn make_urgent_if(&mut self, key: &str, urgent: bool) -> Option<bool> {
+        let ids = self.keys.get(key)?;
+        let mut moved = false;
+        for id in ids {
+            if let Some(t) = self.tasks.get_mut(id) {
+                if urgent && !t.urgent && matches!(t.state, TaskState::Queued { .. }) {
+                    t.urgent = true;
+                    self.queued.entry(t.owner).or_default().push_front(*id);
+                    moved = true;
+                }
+            }
+        }
+        Some(moved)
     }
 
     /// Whether `key` has a task queued or in flight.
@@ -114,9 +137,9 @@ impl OffloadQueue {
         if let Some(p) = self.pending.get_mut(&t.owner) {
             *p = p.saturating_sub(t.size + OBJECT_OVERHEAD);
         }
-        if let Some(n) = self.keys.get_mut(&t.key) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(ids) = self.keys.get_mut(&t.key) {
+            ids.retain(|&i| i != id);
+            if ids.is_empty() {
                 self.keys.remove(&t.key);
             }
         }
@@ -145,6 +168,7 @@ impl OffloadQueue {
             };
             match t.state {
                 TaskState::Queued { not_before_ms } if not_before_ms <= now_ms => {
+                    t.urgent = false;
                     t.state = TaskState::Assigned {
                         deadline_ms: now_ms + ttl_ms,
                         epoch,
@@ -234,7 +258,7 @@ impl OffloadQueue {
             not_before_ms: now_ms + backoff,
         };
         *self.pending.entry(t.owner).or_default() += t.size + OBJECT_OVERHEAD;
-        *self.keys.entry(t.key.clone()).or_default() += 1;
+        self.keys.entry(t.key.clone()).or_default().push(id);
         self.queued.entry(t.owner).or_default().push_back(id);
         self.tasks.insert(id, t);
         Ok((task, Outcome::Requeued))
@@ -353,6 +377,25 @@ mod tests {
         assert_eq!(q.counts(), (0, 0));
     }
 
+    #[test]
+    fn an_urgent_task_is_taken_first_and_once() {
+        let mut q = OffloadQueue::new(3, 100);
+        let ids: Vec<u64> = (0..4)
+            .map(|i| q.enqueue(&format!("k{i}"), 1, 10, 0))
+            .collect();
+        assert_eq!(q.make_urgent_if("absent", true), None);
+        assert_eq!(q.make_urgent_if("k2", false), Some(false), "only asked");
+        assert_eq!(q.make_urgent_if("k2", true), Some(true));
+        assert_eq!(q.make_urgent_if("k2", true), Some(false), "moved up once");
+        let t = q.take(1, 1, 1, 0, 1000);
+        assert_eq!(t[0].id, ids[2], "the urgent task goes first");
+        assert_eq!(q.make_urgent_if("k2", true), Some(false), "being copied");
+        // The stale entry left in the queue is not handed out again.
+        let rest: Vec<u64> = q.take(1, 1, 10, 0, 1000).iter().map(|t| t.id).collect();
+        assert_eq!(rest, vec![ids[0], ids[1], ids[3]]);
+        assert_eq!(q.counts(), (0, 4));
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Enqueue(u8),
@@ -362,6 +405,7 @@ mod tests {
         Restart(u8),
         DropSource(usize),
         OwnerGone(u8),
+        Urgent(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -373,6 +417,7 @@ mod tests {
             (0u8..3).prop_map(Op::Restart),
             (0usize..64).prop_map(Op::DropSource),
             (0u8..3).prop_map(Op::OwnerGone),
+            (0u8..8).prop_map(Op::Urgent),
         ]
     }
 
@@ -431,6 +476,11 @@ mod tests {
                         }
                     }
                     Op::DropSource(_) => {}
+                    Op::Urgent(k) => {
+                        let key = format!("k{k}");
+                        let live = q.has_key(&key);
+                        prop_assert_eq!(q.make_urgent_if(&key, true).is_some(), live);
+                    }
                     Op::OwnerGone(o) => {
                         for t in q.take_orphans(o as u64) {
                             prop_assert!(matches!(t.state, TaskState::Queued { .. }), "only queued tasks move");
@@ -448,8 +498,8 @@ mod tests {
                 for t in q.tasks.values() {
                     prop_assert!(q.has_key(&t.key), "key index lost a live task");
                 }
-                let live: u32 = q.keys.values().sum();
-                prop_assert_eq!(live as usize, q.tasks.len(), "key index drifted");
+                let live: usize = q.keys.values().map(Vec::len).sum();
+                prop_assert_eq!(live, q.tasks.len(), "key index drifted");
                 let pinned: i64 = pins.values().sum();
                 prop_assert_eq!(pinned, a as i64, "pins must equal assigned tasks");
                 prop_assert!(pins.values().all(|&p| p == 0 || p == 1));

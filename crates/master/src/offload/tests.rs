@@ -69,6 +69,23 @@ async fn persist_all(m: &Master, owner: u64, epoch: u64) -> usize {
             ..Default::default()
         })
         .collect();
+    report_results(m, owner, epoch, results).await;
+    n
+}
+
+/// Reports one task persisted at `offset` of bucket 1.
+async fn report(m: &Master, owner: u64, epoch: u64, task_id: u64, offset: u64) {
+    let r = pb::OffloadResult {
+        task_id,
+        persisted: true,
+        bucket_id: 1,
+        offset,
+        ..Default::default()
+    };
+    report_results(m, owner, epoch, vec![r]).await;
+}
+
+async fn report_results(m: &Master, owner: u64, epoch: u64, results: Vec<pb::OffloadResult>) {
     m.report_offload(pb::ReportOffloadRequest {
         instance_proof: PROOF.to_vec(),
         owner_id: owner,
@@ -77,7 +94,6 @@ async fn persist_all(m: &Master, owner: u64, epoch: u64) -> usize {
     })
     .await
     .unwrap();
-    n
 }
 
 fn on_ssd(m: &Master, key: &str) -> bool {
@@ -170,15 +186,120 @@ async fn on_evict_offloads_victims_before_freeing_and_drops_what_ssd_cannot_take
 }
 
 #[tokio::test]
-async fn a_put_that_needs_room_never_waits_for_the_ssd() {
-    let (m, _, _) = with_owner(OffloadPolicy::OnEvict, 1 << 20, 0.99).await;
+async fn a_put_that_needs_room_queues_its_victims_first_and_drops_none() {
+    for policy in [OffloadPolicy::OnEvict, OffloadPolicy::Eager] {
+        let (m, owner, epoch) = with_owner(policy, 1 << 20, 0.99).await;
+        for i in 0..16 {
+            put(&m, &format!("k{i:02}"), 64 << 10);
+        }
+        // Full, and no victim has its SSD copy yet: a put that cannot wait
+        // gets a retryable no_space naming the flag; nothing is dropped.
+        let e = m
+            .put_start(crate::tests::spec("new", 64 << 10, 1))
+            .unwrap_err();
+        assert_eq!(e.code, strata_common::Code::NoSpace, "{policy:?}");
+        assert!(e.retryable() && e.message.contains("--put-wait"), "{e}");
+        assert!(m.metrics.urgent_offloads.get() >= 1, "{policy:?}");
+        assert!(!queued_keys(&m).is_empty());
+        // A waiting put gets its room as soon as the copies land.
+        let waiting = {
+            let m = m.clone();
+            tokio::spawn(async move {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                m.put_start_waiting(crate::tests::spec("new", 64 << 10, 1), deadline)
+                    .await
+            })
+        };
+        assert!(
+            crate::tests::wait_for(|| m.space.waiting() == 1).await,
+            "the put waits"
+        );
+        persist_all(&m, owner, epoch).await;
+        waiting.await.unwrap().unwrap();
+        assert_eq!(m.metrics.put_waits.get(), 1);
+        for i in 0..16 {
+            assert!(
+                m.exists(&format!("k{i:02}")).unwrap(),
+                "{policy:?}: k{i:02} kept"
+            );
+        }
+        let dropped = &m.metrics.dropped_objects;
+        for why in ["policy", "admission", "no_owner", "offload_failed"] {
+            assert_eq!(dropped.with_label_values(&[why]).get(), 0, "{why}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_put_whose_wait_runs_out_fails_retryably_and_leaks_nothing() {
+    let (m, _, _) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.99).await;
     for i in 0..16 {
         put(&m, &format!("k{i:02}"), 64 << 10);
     }
-    // Full: the next put evicts synchronously (dropping, not offloading).
-    put(&m, "new", 64 << 10);
-    assert!(m.exists("new").unwrap());
-    assert!(queued_keys(&m).is_empty());
+    let allocated = m.allocated_bytes();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
+    let e = m
+        .put_start_waiting(crate::tests::spec("new", 64 << 10, 1), deadline)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, strata_common::Code::NoSpace);
+    assert!(e.retryable() && e.message.contains("--put-wait"), "{e}");
+    assert_eq!(m.metrics.put_wait_timeouts.get(), 1);
+    assert_eq!(m.space.waiting(), 0);
+    assert_eq!(m.metrics.put_waiters.get(), 0);
+    assert_eq!(m.allocated_bytes(), allocated, "no allocation left behind");
+    assert!(!m.exists("new").unwrap());
+    assert_eq!(m.total_pins(), 0);
+    // A put dropped while waiting (its caller went away) leaks nothing either.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let spec = crate::tests::spec("gone", 64 << 10, 1);
+    let fut = m.put_start_waiting(spec, deadline);
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(50), fut)
+            .await
+            .is_err()
+    );
+    assert_eq!(m.space.waiting(), 0);
+    assert_eq!(m.allocated_bytes(), allocated);
+}
+
+#[tokio::test]
+async fn waiting_puts_get_their_room_in_arrival_order() {
+    let (m, owner, epoch) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.99).await;
+    for i in 0..16 {
+        put(&m, &format!("k{i:02}"), 64 << 10);
+    }
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let (m2, order) = (m.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            // The first needs two victims' room: the later ones, which
+            // would fit sooner, must not overtake it.
+            let (key, size) = (format!("w{i}"), if i == 0 { 128 << 10 } else { 64 << 10 });
+            m2.put_start_waiting(crate::tests::spec(&key, size, 1), deadline)
+                .await
+                .unwrap();
+            order.lock().push(i);
+        }));
+        // Each joins the queue before the next arrives.
+        assert!(crate::tests::wait_for(|| m.space.waiting() == i + 1).await);
+    }
+    // Copies land one at a time (bounded: 16 victims, at most 2,000 rounds).
+    for _ in 0..2000 {
+        if order.lock().len() == 3 {
+            break;
+        }
+        if let Some(t) = heartbeat(&m, owner, epoch, 1).tasks.first() {
+            report(&m, owner, epoch, t.task_id, t.task_id * 4096).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock(), vec![0, 1, 2]);
 }
 
 #[tokio::test]
@@ -318,17 +439,12 @@ async fn a_victim_whose_offload_fails_while_leased_is_decided_again() {
         let o = s.get(&victim).expect("leased: not dropped");
         assert!(!o.offload_then_free, "no longer waiting for a copy");
     }
-    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    // Fill DRAM past the watermark again: the victim, still the oldest, is
-    // picked again (before the fix it stayed "waiting" and was skipped).
-    for i in 0..12 {
-        put(&m, &format!("n{i:02}"), 64 << 10);
-    }
-    m.evict_to_watermark();
-    assert!(
-        queued_keys(&m).contains(&victim) || !m.exists(&victim).unwrap(),
-        "decided again: queued or dropped"
-    );
+    // Once its lease ends the victim is decided again (before the fix it
+    // stayed "waiting" and was skipped): its copy failed for good, so it is
+    // dropped rather than queued for another copy that would fail.
+    assert!(crate::tests::wait_for(|| m.evict(u64::MAX) > 0 && !m.exists(&victim).unwrap()).await);
+    let dropped = &m.metrics.dropped_objects;
+    assert!(dropped.with_label_values(&["offload_failed"]).get() >= 1);
 }
 
 /// Tasks queued for an owner that stopped heartbeating go to a live owner;
