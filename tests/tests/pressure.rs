@@ -174,3 +174,59 @@ async fn without_an_ssd_tier_puts_never_wait_and_drops_are_counted() {
     assert_eq!(cl.get("k3").await.unwrap(), payload(3, 16 << 20));
     c.shutdown().await;
 }
+
+/// An agent of 64 MiB fed 1 MiB objects four times over: its directory (what
+/// `du` counts, preallocation included: bucket files, index, WAL, logs) never
+/// holds more than the capacity plus one bucket, and it reports the index's
+/// share as overhead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_disk_use_stays_within_its_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cap, bucket) = (64 * MIB, 8 * MIB);
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .node_capacity(32 * MIB)
+        .ssd_agents(1)
+        .ssd_capacity(cap)
+        .ssd_dir(dir.path())
+        .ssd(move |a| a.bucket_bytes = bucket)
+        .master(|m| m.offload_policy = OffloadPolicy::Eager)
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let du = || strata_ssd_agent::store::allocated_bytes(dir.path(), 8);
+    let mut most = 0;
+    for i in 0..256u64 {
+        cl.put(
+            &format!("o{i}"),
+            &payload(i, 1 << 20),
+            &PutOptions::default(),
+        )
+        .await
+        .unwrap();
+        most = most.max(du());
+    }
+    assert!(wait_until(Duration::from_secs(20), || drained(&c)).await);
+    most = most.max(du());
+    eprintln!("agent directory: at most {most} bytes (capacity {cap}, bucket {bucket})");
+    assert!(
+        most <= cap + bucket,
+        "the agent's directory held {most} bytes, over {cap} + one bucket of {bucket}"
+    );
+    // The index's share is reported and counted in what is used.
+    let store = &c.agents[0].store;
+    assert!(store.refresh_overhead() > 0);
+    let (_, body) = http_get(c.master_admin, "/api/v1/owners").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let o = &v["owners"][0];
+    assert!(o["overhead_bytes"].as_u64().unwrap() > 0, "{o}");
+    assert_eq!(
+        o["object_bytes"].as_u64().unwrap() + o["overhead_bytes"].as_u64().unwrap(),
+        o["bytes"].as_u64().unwrap(),
+        "{o}"
+    );
+    // Recent objects are still served.
+    assert_eq!(cl.get("o255").await.unwrap(), payload(255, 1 << 20));
+    c.shutdown().await;
+}

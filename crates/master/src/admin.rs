@@ -127,6 +127,8 @@ impl Master {
                     "instance": o.instance,
                     "data_addr": o.data_addr,
                     "bytes": o.used,
+                    "object_bytes": o.used - o.overhead,
+                    "overhead_bytes": o.overhead,
                     "buckets": o.buckets,
                     "capacity": o.capacity,
                     "pending_offload_bytes": q.pending_bytes(o.owner_id),

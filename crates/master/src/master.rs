@@ -864,6 +864,7 @@ impl Master {
                     capacity_bytes: o.capacity,
                     live,
                     data_addr: o.data_addr,
+                    overhead_bytes: o.overhead,
                 })
                 .collect(),
             offload_queued: queued as u64,

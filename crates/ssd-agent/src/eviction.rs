@@ -53,10 +53,11 @@ impl Evictor {
     /// Usage to evict down to so that `need` more bytes fit, or None when no
     /// room has to be made.
     fn target(&self, need: u64) -> Option<u64> {
-        let cap = self.store.capacity as f64;
+        // The index's share of the disk is not the buckets' to use.
+        let cap = self.store.bucket_capacity() as f64;
         // A batch larger than half the disk does not get to empty it: the
         // buckets that still do not fit are refused (no_space) instead.
-        let need = need.min(self.store.capacity / 2);
+        let need = need.min(self.store.bucket_capacity() / 2);
         let used = self.store.stats().used as f64;
         let want = used + need as f64;
         if want <= cap * self.high_watermark && want <= cap {
@@ -117,7 +118,7 @@ impl Evictor {
                 rest = &rest[n..];
             }
             let used = self.store.stats().used;
-            if victims.is_empty() || need == 0 || used + need <= self.store.capacity {
+            if victims.is_empty() || need == 0 || used + need <= self.store.bucket_capacity() {
                 break;
             }
         }

@@ -40,6 +40,7 @@ struct AgentMetrics {
     objects: IntGauge,
     unknown_files: IntGauge,
     quarantined_files: IntGauge,
+    overhead: IntGauge,
     heartbeats: prometheus::IntCounter,
     outcomes: IntCounterVec,
     staging: staging::StagingMetrics,
@@ -82,6 +83,10 @@ impl AgentMetrics {
                 "Bytes this owner may keep",
             ),
             buckets: g("strata_ssd_agent_buckets", "Buckets of this owner"),
+            overhead: g(
+                "strata_ssd_agent_overhead_bytes",
+                "Bytes of this owner's index, WAL and logs (counted against --capacity with the buckets)",
+            ),
             heartbeats: c(
                 "strata_ssd_agent_heartbeats_total",
                 "Owner heartbeats the master answered",
@@ -468,6 +473,7 @@ fn admin_router(
     let refresh = Arc::new(move || {
         let st = s2.stats();
         m2.used.set(st.used as i64);
+        m2.overhead.set(st.overhead as i64);
         m2.buckets.set(st.buckets as i64);
         m2.objects.set(st.objects as i64);
         m2.unknown_files.set(st.unknown_files as i64);
@@ -515,16 +521,22 @@ async fn run_loop(
         if let Err(e) = evictor.pass(&mut session.client, &who, 0).await {
             tracing::warn!(error = %e, "bucket eviction pass failed");
         }
+        let s = worker.store.clone();
+        let overhead = tokio::task::spawn_blocking(move || s.refresh_overhead())
+            .await
+            .unwrap_or_else(|_| worker.store.overhead());
         let st = worker.store.stats();
         m.used.set(st.used as i64);
+        m.overhead.set(overhead as i64);
         m.buckets.set(st.buckets as i64);
-        let room = st.used < worker.store.capacity
+        let room = st.used < worker.store.bucket_capacity()
             && !worker.store.faults.pause_offload.load(Ordering::Relaxed);
         let req = pb::OwnerHeartbeatRequest {
             owner_id: who.owner_id,
             epoch: who.epoch,
             instance_proof: who.proof.clone(),
-            used_bytes: st.used,
+            used_bytes: st.used + overhead,
+            overhead_bytes: overhead,
             buckets: st.buckets,
             capacity_bytes: worker.store.capacity,
             max_tasks: if room { max_tasks } else { 0 },

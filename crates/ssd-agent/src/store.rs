@@ -144,6 +144,11 @@ pub struct OwnerStore {
     pub owner_id: u64,
     pub handle: String,
     pub capacity: u64,
+    /// This owner's own directory (its index, WAL and lock file).
+    owner_dir: PathBuf,
+    /// Bytes the filesystem holds for `owner_dir`: counted against
+    /// `capacity`, so buckets + index stay within it.
+    overhead: std::sync::atomic::AtomicU64,
     buckets_dir: PathBuf,
     quarantine_dir: PathBuf,
     index: Index,
@@ -153,7 +158,10 @@ pub struct OwnerStore {
 
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Stats {
+    /// Bytes of bucket files (the objects).
     pub used: u64,
+    /// Bytes of the index, its WAL and logs (the last refresh).
+    pub overhead: u64,
     pub buckets: u64,
     pub objects: u64,
     pub unknown_files: u64,
@@ -181,6 +189,10 @@ impl OwnerStore {
             owner_id,
             handle: handle.to_string(),
             capacity,
+            owner_dir: data_dir
+                .join("owners")
+                .join(crate::lock::encode_handle(handle)),
+            overhead: Default::default(),
             buckets_dir,
             quarantine_dir,
             index,
@@ -299,7 +311,7 @@ impl OwnerStore {
         )));
         let bytes = bucket::file_len_for(objects);
         let used = self.state.lock().used;
-        if used + bytes > self.capacity + slack {
+        if used + bytes > self.bucket_capacity() + slack {
             return Err(Error::new(
                 Code::NoSpace,
                 format!(
@@ -551,10 +563,28 @@ impl OwnerStore {
         Ok(rec.file_len)
     }
 
+    /// Bytes buckets may use: the capacity less the index's share.
+    pub fn bucket_capacity(&self) -> u64 {
+        self.capacity.saturating_sub(self.overhead())
+    }
+
+    pub fn overhead(&self) -> u64 {
+        self.overhead.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Measures the index's disk use again (blocking: walks a directory).
+    pub fn refresh_overhead(&self) -> u64 {
+        let bytes = allocated_bytes(&self.owner_dir, 2);
+        self.overhead
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+        bytes
+    }
+
     pub fn stats(&self) -> Stats {
         let st = self.state.lock();
         Stats {
             used: st.used,
+            overhead: self.overhead(),
             buckets: st.buckets.len() as u64,
             objects: st.by_loc.len() as u64,
             unknown_files: st.unknown_files,
@@ -582,6 +612,30 @@ impl OwnerStore {
     pub fn flush(&self) -> Result<()> {
         self.index.flush()
     }
+}
+
+/// Bytes the filesystem allocated to the files under `dir` (what `du`
+/// counts: preallocated space included), `depth` levels down.
+pub fn allocated_bytes(dir: &Path, depth: u32) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| Some((e.path(), e.metadata().ok()?)))
+        .map(|(p, m)| {
+            if m.is_dir() {
+                if depth > 0 {
+                    allocated_bytes(&p, depth - 1)
+                } else {
+                    0
+                }
+            } else {
+                m.blocks() * 512
+            }
+        })
+        .sum()
 }
 
 #[cfg(test)]

@@ -217,6 +217,8 @@ pub async fn stat(master: &Conn, a: StatArgs) -> anyhow::Result<()> {
                     "offload_queued": s.offload_queued, "offload_assigned": s.offload_assigned,
                     "owners": s.owners.iter().map(|o| serde_json::json!({
                         "handle": o.handle, "owner_id": o.owner_id, "bytes": o.used_bytes,
+                        "object_bytes": o.used_bytes.saturating_sub(o.overhead_bytes),
+                        "overhead_bytes": o.overhead_bytes,
                         "buckets": o.buckets, "capacity": o.capacity_bytes, "live": o.live,
                     })).collect::<Vec<_>>(),
                     "segment_info": s.segment_info.iter().map(|g| serde_json::json!({
@@ -266,16 +268,25 @@ pub async fn stat(master: &Conn, a: StatArgs) -> anyhow::Result<()> {
                 if !s.owners.is_empty() {
                     writeln!(
                         out,
-                        "{:<24} {:>6} {:>12} {:>8} {:>12} {:>5}",
-                        "SSD OWNER", "ID", "USED", "BUCKETS", "CAPACITY", "LIVE"
+                        "{:<24} {:>6} {:>12} {:>12} {:>12} {:>8} {:>12} {:>5}",
+                        "SSD OWNER",
+                        "ID",
+                        "USED",
+                        "OBJECTS",
+                        "OVERHEAD",
+                        "BUCKETS",
+                        "CAPACITY",
+                        "LIVE"
                     )?;
                     for o in &s.owners {
                         writeln!(
                             out,
-                            "{:<24} {:>6} {:>12} {:>8} {:>12} {:>5}",
+                            "{:<24} {:>6} {:>12} {:>12} {:>12} {:>8} {:>12} {:>5}",
                             o.handle,
                             o.owner_id,
                             format_size(o.used_bytes),
+                            format_size(o.used_bytes.saturating_sub(o.overhead_bytes)),
+                            format_size(o.overhead_bytes),
                             o.buckets,
                             format_size(o.capacity_bytes),
                             o.live

@@ -21,7 +21,10 @@ pub struct OwnerEntry {
     pub instance: String,
     pub data_addr: String,
     pub capacity: u64,
+    /// Disk bytes in use, overhead included.
     pub used: u64,
+    /// The owner's index, WAL and logs.
+    pub overhead: u64,
     pub buckets: u64,
     pub unknown_files: u64,
     pub quarantined_files: u64,
@@ -138,6 +141,7 @@ impl OwnerRegistry {
                 data_addr: req.data_addr.clone(),
                 capacity: req.capacity_bytes,
                 used: 0,
+                overhead: 0,
                 buckets: 0,
                 unknown_files: 0,
                 quarantined_files: 0,
@@ -188,6 +192,7 @@ impl OwnerRegistry {
         let mut g = self.owners.write();
         if let Some(o) = g.get_mut(&req.owner_id) {
             o.used = req.used_bytes;
+            o.overhead = req.overhead_bytes.min(req.used_bytes);
             o.buckets = req.buckets;
             o.capacity = req.capacity_bytes;
             o.unknown_files = req.unknown_files;
