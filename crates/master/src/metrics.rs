@@ -208,6 +208,65 @@ impl MasterMetrics {
     }
 }
 
+impl MasterMetrics {
+    /// Objects dropped with no copy left, all reasons.
+    pub fn dropped(&self) -> u64 {
+        ["policy", "admission", "no_owner", "offload_failed"]
+            .iter()
+            .map(|r| self.dropped_objects.with_label_values(&[r]).get())
+            .sum()
+    }
+
+    /// The `q` quantile of put waits in seconds, interpolated within the
+    /// histogram's buckets as PromQL's `histogram_quantile` does (0 when no
+    /// put waited).
+    pub fn put_wait_quantile(&self, q: f64) -> f64 {
+        histogram_quantile(&self.put_wait_seconds, q)
+    }
+}
+
+fn histogram_quantile(h: &prometheus::Histogram, q: f64) -> f64 {
+    use prometheus::core::Collector;
+    let Some(m) = h.collect().into_iter().next() else {
+        return 0.0;
+    };
+    let Some(h) = m.get_metric().first().map(|m| m.get_histogram()) else {
+        return 0.0;
+    };
+    let total = h.get_sample_count();
+    if total == 0 {
+        return 0.0;
+    }
+    let rank = q.clamp(0.0, 1.0) * total as f64;
+    let (mut lower, mut below) = (0.0, 0u64);
+    for b in h.get_bucket() {
+        let (upper, count) = (b.upper_bound(), b.cumulative_count());
+        if count as f64 >= rank {
+            let in_bucket = (count - below).max(1) as f64;
+            return lower + (upper - lower) * (rank - below as f64) / in_bucket;
+        }
+        (lower, below) = (upper, count);
+    }
+    lower
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn put_wait_quantiles_interpolate_within_buckets() {
+        let m = super::MasterMetrics::new();
+        assert_eq!(m.put_wait_quantile(0.5), 0.0);
+        for _ in 0..99 {
+            m.put_wait_seconds.observe(0.003); // bucket (0.001, 0.005]
+        }
+        m.put_wait_seconds.observe(3.0); // bucket (2.5, 5]
+        let p50 = m.put_wait_quantile(0.5);
+        assert!(p50 > 0.001 && p50 <= 0.005, "{p50}");
+        let p999 = m.put_wait_quantile(0.999);
+        assert!(p999 > 2.5 && p999 <= 5.0, "{p999}");
+    }
+}
+
 impl Default for MasterMetrics {
     fn default() -> Self {
         Self::new()

@@ -4,6 +4,7 @@
 
 mod baselines;
 mod offload;
+mod pressure;
 mod replay;
 mod report;
 mod scan;
@@ -27,6 +28,9 @@ pub enum BenchMode {
     Scan(scan::ScanArgs),
     /// Replay a request trace as a prefix-caching engine would
     Replay(replay::ReplayArgs),
+    /// What a put costs when DRAM is full of objects not yet on SSD (the
+    /// copy it waits for)
+    Pressure(pressure::PressureArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -197,6 +201,7 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
     match args.mode.take() {
         Some(BenchMode::Scan(a)) => return scan::run(a).await,
         Some(BenchMode::Replay(a)) => return replay::run(a).await,
+        Some(BenchMode::Pressure(a)) => return pressure::run(a).await,
         None => {}
     }
     anyhow::ensure!(

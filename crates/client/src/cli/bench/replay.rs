@@ -178,6 +178,13 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
             (a.eviction.buckets.get(), a.eviction.kept_objects.get())
         });
         let refused = c.master.metrics.admission.refused();
+        let mm = &c.master.metrics;
+        let (waits, wait_p50, wait_p99) = (
+            mm.put_waits.get(),
+            mm.put_wait_quantile(0.5) * 1e3,
+            mm.put_wait_quantile(0.99) * 1e3,
+        );
+        let (drops, timeouts) = (mm.dropped(), mm.put_wait_timeouts.get());
         c.shutdown().await;
         let secs = el.as_secs_f64().max(1e-9);
         report.rows.push(Row {
@@ -187,10 +194,11 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
             ops: t.total(),
             ops_per_sec: t.total() as f64 / secs,
             gb_per_sec: ((t.dram + t.ssd) * args.block_bytes.0) as f64 / secs / 1e9,
-            p50_ms: 0.0,
-            p99_ms: 0.0,
+            // Of the puts that waited for DRAM (SSD copies landing).
+            p50_ms: wait_p50,
+            p99_ms: wait_p99,
             note: format!(
-                "{}; {:.2}x infinite; offloads {persisted}, lost before copy {lost}, dropped {dropped}, refused by admission {refused}; SSD evicted {evicted} buckets, kept {kept} objects",
+                "{}; {:.2}x infinite; offloads {persisted}, lost before copy {lost}, offload failed {dropped}, refused by admission {refused}, objects dropped {drops}; {waits} puts waited (p50/p99 columns), {timeouts} ran out of --put-wait; SSD evicted {evicted} buckets, kept {kept} objects",
                 t.breakdown(),
                 t.hit_rate() / infinite.max(1e-9)
             ),
