@@ -144,14 +144,16 @@ pub async fn start_node_with(master: &str, node_id: &str, extra: &[&str]) -> (Pr
         &format!("127.0.0.1:{d}"),
         "--admin-addr",
         &format!("127.0.0.1:{a}"),
-        "--capacity",
-        "64MiB",
         "--node-id",
         node_id,
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
+    // 64 MiB unless the caller sizes it.
+    if !extra.contains(&"--capacity") {
+        args.extend(["--capacity".to_string(), "64MiB".to_string()]);
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     let p = spawn("strata-store-node", &args);
     wait_ready(format!("127.0.0.1:{a}").parse().unwrap()).await;

@@ -91,7 +91,7 @@ impl Master {
         // Nobody waits ahead of this put: try at once.
         let mut pending = 0;
         if self.space.waiting() == 0 {
-            match self.allocate_once(size, n, preferred)? {
+            match self.allocate_once(size, n, preferred, true)? {
                 Placement::Placed(r) => return Ok(r),
                 Placement::Wait(p) => pending = p,
             }
@@ -111,7 +111,7 @@ impl Master {
                 let notified = self.space.wake.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                match self.allocate_once(size, n, preferred)? {
+                match self.allocate_once(size, n, preferred, true)? {
                     Placement::Placed(r) => return Ok(Some(r)),
                     Placement::Wait(p) => pending = p,
                 }

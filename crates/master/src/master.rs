@@ -420,19 +420,21 @@ impl Master {
         n: u32,
         preferred: Option<u64>,
     ) -> Result<Vec<Replica>> {
-        match self.allocate_once(size, n, preferred)? {
+        match self.allocate_once(size, n, preferred, false)? {
             Placement::Placed(r) => Ok(r),
             Placement::Wait(pending) => Err(self.no_space_waiting(size, pending)),
         }
     }
 
     /// One attempt: place, else evict (a few rounds) and place. Says when
-    /// only copies to SSD in flight could make room.
+    /// only copies to SSD in flight could make room; with `urgent` (a put
+    /// will wait for them) those copies go first.
     pub(crate) fn allocate_once(
         &self,
         size: u64,
         n: u32,
         preferred: Option<u64>,
+        urgent: bool,
     ) -> Result<Placement> {
         let len = aligned_len(size).ok_or_else(|| Error::invalid("object size is too large"))?;
         for _ in 0..=EVICT_ROUNDS {
@@ -443,7 +445,7 @@ impl Master {
             self.check_fits(size, len)?;
             let cap = self.capacity_bytes();
             let want = len + (cap as f64 * self.cfg.eviction_ratio) as u64;
-            let ev = self.evict_with(want, true);
+            let ev = self.evict_with(want, urgent);
             if ev.freed == 0 {
                 // Copies to SSD in flight (pinned, so not among the victims
                 // scanned) free DRAM too once they land.
