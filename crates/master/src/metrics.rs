@@ -250,6 +250,12 @@ fn histogram_quantile(h: &prometheus::Histogram, q: f64) -> f64 {
     lower
 }
 
+impl Default for MasterMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -264,11 +270,5 @@ mod tests {
         assert!(p50 > 0.001 && p50 <= 0.005, "{p50}");
         let p999 = m.put_wait_quantile(0.999);
         assert!(p999 > 2.5 && p999 <= 5.0, "{p999}");
-    }
-}
-
-impl Default for MasterMetrics {
-    fn default() -> Self {
-        Self::new()
     }
 }
