@@ -380,4 +380,112 @@ mod tests {
         assert!(ts.is_removed("d", 100, 4999));
         assert!(ts.is_removed("b", 100, 1));
     }
+
+    fn file_size(d: &Path) -> u64 {
+        std::fs::metadata(d.join(FILE)).unwrap().len()
+    }
+
+    #[test]
+    fn decode_counts_the_good_bytes_before_damage() {
+        let mut b = Vec::new();
+        encode(&mut b, "a", 1, 2);
+        encode(&mut b, "bc", 3, 4);
+        let whole = b.len();
+        let want = vec![("a".to_string(), 1, 2), ("bc".to_string(), 3, 4)];
+        assert_eq!(decode(&b), (want.clone(), whole));
+        b.extend_from_slice(&[1, 0, b'x']);
+        assert_eq!(decode(&b), (want, whole), "a torn record is not good");
+    }
+
+    /// A log holding dead records is compacted when opened; one holding
+    /// exactly its live tombstones is appended to as it is (same file).
+    #[test]
+    fn reopening_compacts_dead_records_and_keeps_a_clean_log() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        {
+            let ts = Tombstones::open(d.path(), 100).unwrap();
+            ts.record(&[t("a", 1)]).unwrap();
+            ts.record(&[t("a", 2)]).unwrap();
+            ts.record(&[t("b", 3)]).unwrap();
+        }
+        assert_eq!(file_size(d.path()), 3 * 19, "appended, not compacted");
+        let ts = Tombstones::open(d.path(), 100).unwrap();
+        assert_eq!(file_size(d.path()), 2 * 19, "compacted at open");
+        assert!(ts.is_removed("a", 100, 2) && ts.is_removed("b", 100, 3));
+        assert!(!ts.is_removed("a", 100, 1));
+        drop(ts);
+        let inode = std::fs::metadata(d.path().join(FILE)).unwrap().ino();
+        let ts = Tombstones::open(d.path(), 100).unwrap();
+        ts.record(&[t("c", 4)]).unwrap();
+        let m = std::fs::metadata(d.path().join(FILE)).unwrap();
+        assert_eq!((m.ino(), m.len()), (inode, 3 * 19), "clean: appended to");
+    }
+
+    /// `live_bytes` (which decides compaction, and whether a reopened log
+    /// is clean) is exactly what a rewrite writes, through re-tombstoning
+    /// and forgetting.
+    #[test]
+    fn live_bytes_are_what_a_rewrite_writes() {
+        let d = tempfile::tempdir().unwrap();
+        let ts = Tombstones::open(d.path(), 2).unwrap();
+        let check = |ts: &Tombstones| {
+            ts.rewrite(&mut ts.log.lock()).unwrap();
+            assert_eq!(ts.inner.lock().live_bytes, file_size(d.path()));
+        };
+        ts.record(&[t("a", 1), t("bb", 2)]).unwrap();
+        check(&ts);
+        ts.record(&[t("a", 3)]).unwrap();
+        check(&ts);
+        ts.record(&[t("ccc", 4)]).unwrap();
+        assert_eq!(ts.forgotten(), 1);
+        check(&ts);
+        assert_eq!(file_size(d.path()), 19 + 21);
+    }
+
+    /// Re-tombstoning a key makes it the newest: the bound forgets the
+    /// oldest live tombstone, never a key's newest one, and counts each.
+    #[test]
+    fn the_bound_forgets_the_oldest_live_tombstone() {
+        let ts = Tombstones::memory(2);
+        assert!(ts.is_empty());
+        ts.record(&[t("a", 1), t("b", 2), t("a", 3)]).unwrap();
+        assert!(!ts.is_empty());
+        assert_eq!((ts.len(), ts.forgotten()), (2, 0));
+        ts.record(&[t("c", 4)]).unwrap();
+        assert!(ts.is_removed("a", 100, 3) && ts.is_removed("c", 100, 4));
+        assert!(!ts.is_removed("b", 100, 2), "b was the oldest live one");
+        assert_eq!((ts.len(), ts.forgotten()), (2, 1));
+        ts.record(&[t("d", 5), t("e", 6)]).unwrap();
+        assert_eq!((ts.len(), ts.forgotten()), (2, 3));
+    }
+
+    /// The log is compacted once it passes twice the live bytes plus 64 KiB:
+    /// not at that mark, and not on every write.
+    #[test]
+    fn the_log_is_compacted_just_past_its_threshold() {
+        let d = tempfile::tempdir().unwrap();
+        let ts = Tombstones::open(d.path(), 100).unwrap();
+        let key = "fourteen-chars"; // a 32-byte record
+                                    // 2050 records of one key: 65600 bytes = 2 * 32 + 64 KiB.
+        let many: Vec<_> = (0..2050u32).map(|i| t(key, i)).collect();
+        ts.record(&many).unwrap();
+        assert_eq!(file_size(d.path()), 2050 * 32, "at the threshold: kept");
+        ts.record(&[t(key, 2050)]).unwrap();
+        assert_eq!(file_size(d.path()), 32, "past it: compacted");
+        assert!(ts.is_removed(key, 100, 2050));
+    }
+
+    /// Re-tombstoning one key over and over keeps the in-memory order
+    /// bounded: pruned to live entries once it passes twice the map + 1024.
+    #[test]
+    fn the_order_is_pruned_just_past_its_bound() {
+        let ts = Tombstones::memory(100);
+        let many: Vec<_> = (0..1026u32).map(|i| t("k", i)).collect();
+        ts.record(&many).unwrap();
+        assert_eq!(ts.inner.lock().order.len(), 1026, "at the bound: kept");
+        ts.record(&[t("k", 1026)]).unwrap();
+        assert_eq!(ts.inner.lock().order.len(), 1, "past it: the live one");
+        assert!(ts.is_removed("k", 100, 1026));
+    }
 }

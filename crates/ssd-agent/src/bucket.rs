@@ -462,4 +462,97 @@ mod tests {
         assert_eq!(parse_name("o12-b34.bkt"), None);
         assert_eq!(parse_name("notes.txt"), None);
     }
+
+    #[test]
+    fn bucket_names_need_sixteen_hex_digits_on_both_sides() {
+        let id = "0000000000000003";
+        assert_eq!(parse_name(&format!("o{id}-b{id}.bkt")), Some((3, 3)));
+        assert_eq!(parse_name(&format!("o{id}-b3.bkt")), None);
+        assert_eq!(parse_name(&format!("o3-b{id}.bkt")), None);
+    }
+
+    #[test]
+    fn a_full_disk_is_reported_as_no_space() {
+        let p = Path::new("/d/b.bkt");
+        let e = |n| io_err(p, std::io::Error::from_raw_os_error(n)).code;
+        assert_eq!((e(28), e(5)), (Code::NoSpace, Code::Internal));
+    }
+
+    /// An object table of up to 64 MiB is read (this one then fails its
+    /// checksum); one byte more is refused before reading or allocating.
+    #[test]
+    fn the_object_table_is_read_up_to_64_mib() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join(file_name(1, 2));
+        for (table_len, why) in [
+            (64 << 20, "object table fails its checksum"),
+            ((64 << 20) + 1, "object table too large"),
+        ] {
+            let h = Header {
+                owner_id: 1,
+                bucket_id: 2,
+                object_count: 0,
+                data_len: 0,
+                table_len,
+            };
+            let mut f = File::create(&p).unwrap();
+            f.write_all(&h.encode()).unwrap();
+            f.set_len(h.file_len()).unwrap(); // sparse zeros
+            let e = verify(&p, 1, 2).unwrap_err();
+            assert!(e.message.contains(why), "{e}");
+        }
+    }
+
+    /// The object count is checked against the smallest entry (22 bytes):
+    /// a table of 3 empty-keyed empty objects holds 3, not 4.
+    #[test]
+    fn the_object_count_must_fit_the_table() {
+        let d = tempfile::tempdir().unwrap();
+        let empty: &[u8] = &[];
+        write(d.path(), 1, 2, &[("", empty, 0); 3]).unwrap();
+        let p = d.path().join(file_name(1, 2));
+        let (mut h, e) = verify(&p, 1, 2).unwrap();
+        assert_eq!((h.table_len, e.len()), (3 * 22, 3));
+        let bytes = std::fs::read(&p).unwrap();
+        h.object_count = 4;
+        let mut f = h.encode().to_vec();
+        f.extend_from_slice(&bytes[HEADER_LEN as usize..]);
+        std::fs::write(&p, &f).unwrap();
+        assert!(verify(&p, 1, 2).unwrap_err().message.contains("claims"));
+    }
+
+    /// Every entry lies inside the data region: one starting in the header
+    /// is refused even when it ends inside the data, as is one running past
+    /// the data's end.
+    #[test]
+    fn entries_must_lie_inside_the_data_region() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join(file_name(1, 2));
+        for (offset, inside) in [
+            (HEADER_LEN, true),
+            (HEADER_LEN - 1, false),
+            (HEADER_LEN + 1, false),
+        ] {
+            let mut table = vec![1, 0, b'k'];
+            table.extend_from_slice(&offset.to_le_bytes());
+            table.extend_from_slice(&10u64.to_le_bytes());
+            table.extend_from_slice(&0u32.to_le_bytes());
+            let h = Header {
+                owner_id: 1,
+                bucket_id: 2,
+                object_count: 1,
+                data_len: 10,
+                table_len: table.len() as u64,
+            };
+            let mut f = h.encode().to_vec();
+            f.extend_from_slice(&[0; 10]);
+            f.extend_from_slice(&table);
+            f.extend_from_slice(&crc32c::crc32c(&table).to_le_bytes());
+            std::fs::write(&p, &f).unwrap();
+            match verify(&p, 1, 2) {
+                Ok((_, e)) => assert!(inside && e[0].offset == offset),
+                Err(e) => assert!(!inside && e.message.contains("outside"), "{e}"),
+            }
+        }
+    }
 }

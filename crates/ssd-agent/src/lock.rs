@@ -80,4 +80,12 @@ mod tests {
             "encoding is injective"
         );
     }
+
+    /// Lock directories made by earlier runs must be found again: the
+    /// unreserved characters `.`, `_` and `-` stay as they are.
+    #[test]
+    fn unreserved_characters_are_not_escaped() {
+        assert_eq!(encode_handle("node_7.a-b"), "node_7.a-b");
+        assert_eq!(encode_handle("a b"), "a%20b");
+    }
 }

@@ -7,7 +7,7 @@ use crate::store::OwnerStore;
 use futures::StreamExt;
 use prometheus::IntCounterVec;
 use std::sync::Arc;
-use strata_common::Error;
+use strata_common::{Code, Error};
 use strata_proto as pb;
 use strata_transport::Transport;
 
@@ -70,6 +70,10 @@ impl PendingWrite {
     }
 }
 
+/// A source's bytes, or why they could not be copied (and whether retrying
+/// may help: `Corrupted` never does).
+type Fetched = Result<Vec<u8>, (String, Code)>;
+
 pub struct Worker {
     pub store: Arc<OwnerStore>,
     pub transport: Arc<dyn Transport>,
@@ -90,18 +94,27 @@ fn failed(t: &pb::OffloadTask, why: String, code: strata_common::Code) -> pb::Of
 }
 
 impl Worker {
-    /// Copies one source replica, checking the committed checksum.
-    async fn fetch(&self, t: &pb::OffloadTask) -> Result<Vec<u8>, String> {
-        let src = t.source.as_ref().ok_or("task has no source replica")?;
-        let range = strata_transport::remote_range(src).map_err(|e| e.to_string())?;
+    /// Copies one source replica, checking the committed checksum. A
+    /// mismatch is `Corrupted` (the object's bytes are bad: retrying cannot
+    /// help); anything else may pass on a retry.
+    async fn fetch(&self, t: &pb::OffloadTask) -> Fetched {
+        let unavailable = |e: String| (e, Code::Unavailable);
+        let src = t
+            .source
+            .as_ref()
+            .ok_or_else(|| unavailable("task has no source replica".into()))?;
+        let range = strata_transport::remote_range(src).map_err(|e| unavailable(e.to_string()))?;
         let mut buf = vec![0u8; t.size as usize];
         let crc = self
             .transport
             .read_crc32c(&range, 0, &mut buf)
             .await
-            .map_err(|e| format!("reading source: {e}"))?;
+            .map_err(|e| unavailable(format!("reading source: {e}")))?;
         if crc != t.crc32c {
-            return Err("source bytes fail the committed checksum".into());
+            return Err((
+                "source bytes fail the committed checksum".into(),
+                Code::Corrupted,
+            ));
         }
         Ok(buf)
     }
@@ -118,7 +131,7 @@ impl Worker {
             for &i in &group {
                 futs.push(async move { (i, self.fetch(&tasks[i]).await) });
             }
-            let fetched: Vec<(usize, Result<Vec<u8>, String>)> = futures::stream::iter(futs)
+            let fetched: Vec<(usize, Fetched)> = futures::stream::iter(futs)
                 .buffered(FETCH_CONCURRENCY)
                 .collect()
                 .await;
@@ -130,9 +143,7 @@ impl Worker {
                         ok.push(i);
                         owned.push((tasks[i].key.clone(), data, tasks[i].crc32c));
                     }
-                    Err(why) => {
-                        results.push(failed(&tasks[i], why, strata_common::Code::Unavailable))
-                    }
+                    Err((why, code)) => results.push(failed(&tasks[i], why, code)),
                 }
             }
             // One bucket in flight at a time: finish the previous write first.

@@ -267,6 +267,7 @@ mod tests {
             "1048576 bytes",
             "arena 65536",
             "65536 in use",
+            "0 other readers waiting",
             "STRATA_STAGING_BYTES",
         ] {
             assert!(
@@ -383,5 +384,70 @@ mod tests {
             (0, 0, 0)
         );
         assert_eq!(m.remote_expired.get(), 1);
+    }
+
+    #[test]
+    fn a_piece_is_a_quarter_of_the_arena_in_whole_units_within_bounds() {
+        let piece = |cap| Staging::new(cap, Duration::from_millis(1), metrics()).piece_bytes();
+        assert_eq!(piece(64 << 10), 16 << 10);
+        assert_eq!(piece(40 << 10), 8 << 10, "10 units: a quarter is 2 whole");
+        assert_eq!(piece(4 << 10), 4 << 10, "never below one unit");
+        assert_eq!(piece(64 << 20), 4 << 20, "never above 4 MiB");
+    }
+
+    /// Piece buffers come zeroed at the length asked; recycled ones are
+    /// reused, at most one per piece the arena holds, never oversized ones.
+    #[test]
+    fn piece_buffers_are_zeroed_reused_and_bounded() {
+        let s = Staging::new(64 << 10, Duration::from_millis(1), metrics());
+        let piece = s.piece_bytes() as usize;
+        assert_eq!(piece, 16 << 10);
+        let pooled = |s: &Staging| s.inner.pool.lock().len();
+        let mut b = s.buffer(100);
+        assert_eq!(b, vec![0u8; 100]);
+        b.fill(7);
+        s.recycle(b);
+        assert_eq!(pooled(&s), 1);
+        assert_eq!(s.buffer(50), vec![0u8; 50], "a reused buffer is zeroed");
+        assert_eq!(pooled(&s), 0, "taken from the pool");
+        // A buffer of exactly a piece is kept; one byte larger is not.
+        let exact = Vec::with_capacity(piece);
+        let over = Vec::with_capacity(piece + 1);
+        assert_eq!((exact.capacity(), over.capacity()), (piece, piece + 1));
+        s.recycle(over);
+        assert_eq!(pooled(&s), 0, "oversized buffers are dropped");
+        s.recycle(exact);
+        assert_eq!(pooled(&s), 1);
+        // 64 KiB holds 4 pieces: the pool keeps 4 idle buffers, not 5.
+        for _ in 0..4 {
+            s.recycle(Vec::with_capacity(piece));
+        }
+        assert_eq!(pooled(&s), 4);
+    }
+
+    /// A lease lives until lend time + TTL and is reclaimed at that deadline,
+    /// not a moment before; leases not yet due stay lent.
+    #[tokio::test]
+    async fn a_lease_is_reclaimed_at_its_deadline_not_before() {
+        let m = metrics();
+        let s = Staging::new(64 << 10, Duration::from_millis(50), m.clone());
+        let ttl = Duration::from_secs(60);
+        let before = Instant::now();
+        let id = s.lend(8 << 10, ttl).await.expect("lend");
+        let after = Instant::now();
+        let _later = s.lend(8 << 10, ttl * 2).await.expect("lend");
+        let deadline = s.inner.lent.lock()[&id].0;
+        assert!(
+            deadline >= before + ttl && deadline <= after + ttl,
+            "the deadline is lend time plus the TTL"
+        );
+        assert_eq!(s.reap(deadline - Duration::from_nanos(1)), 0);
+        assert_eq!((s.in_use(), m.remote_leases.get()), (16 << 10, 2));
+        assert_eq!(s.reap(deadline), 1, "due at its deadline");
+        assert_eq!(
+            (s.in_use(), m.remote_leases.get(), m.remote_expired.get()),
+            (8 << 10, 1, 1)
+        );
+        assert!(!s.give_back(id), "already reclaimed");
     }
 }

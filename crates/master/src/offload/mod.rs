@@ -147,13 +147,15 @@ impl Master {
         let (mut requeued, mut dropped) = (0u64, 0u64);
         let mut example: Option<(String, String)> = None;
         for r in req.results {
-            let no_room = r.code == Code::NoSpace as u32;
+            // Retrying cannot help: the owner is full, or the object's own
+            // bytes fail its checksum.
+            let final_failure = r.code == Code::NoSpace as u32 || r.code == Code::Corrupted as u32;
             let res = self.queue.lock().report_with(
                 req.owner_id,
                 req.epoch,
                 r.task_id,
                 r.persisted,
-                no_room,
+                final_failure,
                 now,
             );
             let (task, outcome) = match res {

@@ -212,7 +212,7 @@ impl OffloadQueue {
     }
 
     /// Like `report`; `final_failure` drops a failed task at once (the owner
-    /// has no room: retrying cannot help).
+    /// has no room, or the source fails its checksum: retrying cannot help).
     pub fn report_with(
         &mut self,
         owner: u64,
@@ -245,7 +245,7 @@ impl OffloadQueue {
         t.attempts += 1;
         if final_failure {
             self.counters.dropped += 1;
-            return Ok((t, Outcome::Dropped("owner_full")));
+            return Ok((t, Outcome::Dropped("final_failure")));
         }
         if t.attempts >= self.max_attempts {
             self.counters.dropped += 1;
@@ -394,6 +394,82 @@ mod tests {
         let rest: Vec<u64> = q.take(1, 1, 10, 0, 1000).iter().map(|t| t.id).collect();
         assert_eq!(rest, vec![ids[0], ids[1], ids[3]]);
         assert_eq!(q.counts(), (0, 4));
+    }
+
+    #[test]
+    fn take_hands_out_at_most_n_and_only_due_tasks() {
+        let mut q = OffloadQueue::new(3, 100);
+        let a = q.enqueue("a", 1, 10, 0);
+        for k in ["b", "c"] {
+            q.enqueue(k, 1, 10, 0);
+        }
+        assert_eq!(q.take(1, 1, 2, 0, 1000).len(), 2);
+        assert_eq!(q.counts(), (1, 2));
+        // A failed first attempt backs off 100 * 2 ms: due at 200, not 199.
+        q.report(1, 1, a, false, 0).unwrap();
+        q.take(1, 1, 10, 0, 1000);
+        assert!(q.take(1, 1, 10, 199, 1000).is_empty());
+        assert_eq!(q.take(1, 1, 10, 200, 1000)[0].id, a);
+    }
+
+    /// Each outcome is counted once: persisted, failed (then dropped),
+    /// dropped for a full owner, dropped with its source, expired.
+    #[test]
+    fn outcomes_are_counted_once_each() {
+        let mut q = OffloadQueue::new(1, 100);
+        let ids: Vec<u64> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|k| q.enqueue(k, 1, 10, 0))
+            .collect();
+        assert_eq!(q.take(1, 1, 10, 0, 1000).len(), 5);
+        assert_eq!(
+            q.report(1, 1, ids[0], true, 0).unwrap().1,
+            Outcome::Persisted
+        );
+        let (_, o) = q.report(1, 1, ids[1], false, 0).unwrap();
+        assert_eq!(o, Outcome::Dropped("max_attempts"));
+        let (_, o) = q.report_with(1, 1, ids[2], false, true, 0).unwrap();
+        assert_eq!(o, Outcome::Dropped("final_failure"));
+        assert!(
+            q.drop_task(ids[3]).is_some(),
+            "assigned: its pin is released"
+        );
+        assert!(q.expire(999).is_empty(), "not yet due");
+        assert_eq!(q.expire(1000)[0].id, ids[4]);
+        let c = q.counters;
+        assert_eq!((c.persisted, c.failed, c.dropped, c.expired), (1, 2, 3, 1));
+    }
+
+    /// An owner that registers again gets its assigned tasks back in the
+    /// queue (returned, to unpin); other owners' stay assigned.
+    #[test]
+    fn release_owner_requeues_only_that_owners_assigned_tasks() {
+        let mut q = OffloadQueue::new(3, 100);
+        let a = q.enqueue("a", 1, 10, 0);
+        let b = q.enqueue("b", 2, 10, 0);
+        q.take(1, 1, 10, 0, 1000);
+        q.take(2, 1, 10, 0, 1000);
+        let back: Vec<u64> = q.release_owner(1, 5).iter().map(|t| t.id).collect();
+        assert_eq!(back, vec![a]);
+        assert_eq!(q.counts(), (1, 1));
+        assert!(
+            q.report(1, 1, a, true, 5).is_err(),
+            "the old epoch's task is void"
+        );
+        assert_eq!(q.take(1, 2, 10, 5, 1000)[0].id, a);
+        assert!(q.report(2, 1, b, true, 5).is_ok(), "owner 2 is untouched");
+    }
+
+    #[test]
+    fn owners_with_queued_are_exactly_those_with_waiting_tasks() {
+        let mut q = OffloadQueue::new(3, 100);
+        q.enqueue("a", 2, 10, 0);
+        q.enqueue("b", 3, 10, 0);
+        let mut owners = q.owners_with_queued();
+        owners.sort();
+        assert_eq!(owners, vec![2, 3]);
+        q.take(2, 1, 10, 0, 1000);
+        assert_eq!(q.owners_with_queued(), vec![3]);
     }
 
     #[derive(Debug, Clone)]

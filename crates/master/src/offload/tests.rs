@@ -490,3 +490,36 @@ async fn tasks_of_an_owner_that_went_away_move_to_a_live_one_or_are_dropped() {
     }
     assert!(m.allocated_bytes() <= (1 << 20) / 2);
 }
+
+/// A copy whose source fails its checksum is not retried (the object's own
+/// bytes are bad); a failed read is.
+#[tokio::test]
+async fn a_corrupted_source_is_dropped_at_once_and_a_failed_read_retried() {
+    let (m, owner, epoch) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.99).await;
+    put(&m, "bad", 100);
+    put(&m, "flaky", 100);
+    let tasks = heartbeat(&m, owner, epoch, 10).tasks;
+    assert_eq!(tasks.len(), 2);
+    let results = tasks
+        .iter()
+        .map(|t| pb::OffloadResult {
+            task_id: t.task_id,
+            code: if t.key == "bad" {
+                strata_common::Code::Corrupted
+            } else {
+                strata_common::Code::Unavailable
+            } as u32,
+            error: "x".into(),
+            ..Default::default()
+        })
+        .collect();
+    report_results(&m, owner, epoch, results).await;
+    assert_eq!(
+        queued_keys(&m),
+        vec!["flaky".to_string()],
+        "only the read is retried"
+    );
+    let failed = m.objects.shard("bad").get("bad").map(|o| o.offload_failed);
+    assert_eq!(failed, Some(true));
+    assert_eq!(m.total_pins(), 0);
+}
