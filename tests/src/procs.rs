@@ -136,6 +136,16 @@ pub async fn start_node(master: &str, node_id: &str) -> (Proc, String) {
 
 /// Starts `strata-store-node` with extra flags, waits until it is ready.
 pub async fn start_node_with(master: &str, node_id: &str, extra: &[&str]) -> (Proc, String) {
+    let (p, data, _) = start_node_admin(master, node_id, extra).await;
+    (p, data)
+}
+
+/// Like [`start_node_with`]; also returns the node's admin address.
+pub async fn start_node_admin(
+    master: &str,
+    node_id: &str,
+    extra: &[&str],
+) -> (Proc, String, std::net::SocketAddr) {
     let (d, a) = (free_port(), free_port());
     let mut args: Vec<String> = [
         "--master",
@@ -156,8 +166,9 @@ pub async fn start_node_with(master: &str, node_id: &str, extra: &[&str]) -> (Pr
     }
     args.extend(extra.iter().map(|s| s.to_string()));
     let p = spawn("strata-store-node", &args);
-    wait_ready(format!("127.0.0.1:{a}").parse().unwrap()).await;
-    (p, format!("127.0.0.1:{d}"))
+    let admin = format!("127.0.0.1:{a}").parse().unwrap();
+    wait_ready(admin).await;
+    (p, format!("127.0.0.1:{d}"), admin)
 }
 
 /// Starts `strata-ssd-agent`; with `wait`, until it answers /ready.

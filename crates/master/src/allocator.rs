@@ -60,6 +60,37 @@ impl RangeAllocator {
         Some((off, len))
     }
 
+    /// Allocates exactly `[off, off + len)` (a range a store node reports it
+    /// still holds). False when any of it is not free or it is misaligned.
+    pub fn alloc_at(&mut self, off: u64, len: u64) -> bool {
+        let Some(end) = off.checked_add(len) else {
+            return false;
+        };
+        if len == 0 || !off.is_multiple_of(ALIGN) || !len.is_multiple_of(ALIGN) {
+            return false;
+        }
+        let Some((fo, fl)) = self
+            .by_offset
+            .range(..=off)
+            .next_back()
+            .map(|(&o, &l)| (o, l))
+        else {
+            return false;
+        };
+        if fo + fl < end {
+            return false;
+        }
+        self.remove_free(fo, fl);
+        if fo < off {
+            self.insert_free(fo, off - fo);
+        }
+        if end < fo + fl {
+            self.insert_free(end, fo + fl - end);
+        }
+        self.allocated += len;
+        true
+    }
+
     /// Returns a range to the free lists, merging neighbours. Refuses (and
     /// returns false) a range that is out of bounds or already free, so a
     /// double free cannot corrupt the lists.
@@ -132,6 +163,20 @@ impl RangeAllocator {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn alloc_at_takes_exactly_a_free_range() {
+        let mut a = RangeAllocator::new(1024);
+        assert!(a.alloc_at(128, 64));
+        assert!(!a.alloc_at(128, 64), "taken");
+        assert!(!a.alloc_at(64, 128), "overlaps the taken range");
+        assert!(!a.alloc_at(192, 63), "misaligned");
+        assert!(!a.alloc_at(960, 128), "past the end");
+        assert!(a.alloc_at(960, 64), "the last range");
+        assert_eq!(a.allocated(), 128);
+        assert!(a.free(128, 64) && a.free(960, 64));
+        assert_eq!((a.allocated(), a.free_ranges()), (0, 1), "coalesced again");
+    }
 
     #[test]
     fn reuse_and_coalesce() {

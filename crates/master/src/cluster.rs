@@ -149,6 +149,18 @@ impl SegmentEntry {
         r
     }
 
+    /// Allocates exactly `[offset, offset + len)`; false if any of it is
+    /// in use (or the segment is gone).
+    pub fn reserve(&self, offset: u64, len: u64) -> bool {
+        if !self.is_mounted() {
+            return false;
+        }
+        let mut a = self.alloc.lock();
+        let ok = a.alloc_at(offset, len);
+        self.allocated.store(a.allocated(), Ordering::Relaxed);
+        ok
+    }
+
     pub fn free(&self, offset: u64, len: u64) {
         let mut a = self.alloc.lock();
         if !a.free(offset, len) {

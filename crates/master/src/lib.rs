@@ -12,6 +12,7 @@ pub mod master;
 pub mod metrics;
 pub mod objects;
 pub mod offload;
+pub mod rebuild;
 pub mod service;
 pub mod tombstones;
 

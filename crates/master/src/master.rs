@@ -47,7 +47,10 @@ pub struct Master {
     /// old grants die (`strata_transport::fence`). Seeded from the clock so
     /// it keeps increasing across restarts (65,536 allocations per
     /// millisecond of uptime would be needed to catch up with it).
-    next_generation: AtomicU64,
+    pub(crate) next_generation: AtomicU64,
+    /// When this master started: nodes registering within the rebuild
+    /// window report the objects they hold (`rebuild.rs`).
+    pub(crate) started: Instant,
     /// In-flight puts in deadline order (the timeout is constant, so FIFO).
     pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
     pub(crate) evict_wakeup: tokio::sync::Notify,
@@ -163,6 +166,7 @@ impl Master {
             next_put_id: AtomicU64::new(1),
             next_incarnation: AtomicU64::new(1),
             next_generation: AtomicU64::new(unix_ms() << 16),
+            started: Instant::now(),
             pending_puts: Mutex::new(VecDeque::new()),
             evict_wakeup: tokio::sync::Notify::new(),
             space: Default::default(),
@@ -957,6 +961,7 @@ impl Master {
             grant_key: grant_key.as_bytes().to_vec(),
             incarnation,
             heartbeat_interval_ms: (self.cfg.node_ttl.as_millis() as u64 / 4).clamp(20, 2000),
+            report_objects: self.rebuilding(),
         })
     }
 

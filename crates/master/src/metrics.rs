@@ -14,6 +14,7 @@ pub struct MasterMetrics {
     pub request_duration: HistogramVec,
     pub evictions: IntCounter,
     pub dropped_objects: IntCounterVec,
+    pub rebuilt_objects: IntCounterVec,
     pub urgent_offloads: IntCounter,
     pub put_waits: IntCounter,
     pub put_wait_seconds: prometheus::Histogram,
@@ -89,6 +90,17 @@ impl MasterMetrics {
                         "Objects that left the cache with no copy anywhere, by reason: policy (the offload policy keeps them out of SSD), admission (--ssd-admission auto refused them), no_owner (no SSD owner had room), offload_failed (their copy failed for good)",
                     ),
                     &["reason"],
+                )
+                .expect("valid metric"),
+            ),
+            rebuilt_objects: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "strata_master_rebuilt_objects_total",
+                        "Objects store nodes reported holding after a master start: adopted, or refused (range_in_use, other_version, removed, malformed)",
+                    ),
+                    &["outcome"],
                 )
                 .expect("valid metric"),
             ),

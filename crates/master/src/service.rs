@@ -32,6 +32,7 @@ pub fn policy_of(method: &str) -> MethodPolicy {
             (Role::Member, MAX_REQUEST, None)
         }
         "RegisterNode" => (Role::Member, 1 << 20, None),
+        "ReportNodeObjects" => (Role::Member, MAX_REQUEST, None),
         "Heartbeat" | "RegisterOwner" | "OwnerHeartbeat" => (Role::Member, SMALL_REQUEST, None),
         "EvictMemory" => (Role::Admin, BATCH_REQUEST, Some(MAX_BATCH)),
         "RemoveAll" => (Role::Admin, SMALL_REQUEST, None),
@@ -375,6 +376,16 @@ impl MasterRpc for MasterService {
         let t0 = Instant::now();
         let r = self.master.heartbeat(req.get_ref());
         self.done("heartbeat", t0, r)
+    }
+
+    async fn report_node_objects(
+        &self,
+        req: Request<pb::ReportNodeObjectsRequest>,
+    ) -> Result<Response<pb::ReportNodeObjectsResponse>, Status> {
+        let t0 = Instant::now();
+        let req = req.into_inner();
+        let r = self.blocking(move |m| m.adopt_node_objects(&req)).await;
+        self.done("report_node_objects", t0, r)
     }
 
     async fn register_owner(

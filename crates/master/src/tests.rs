@@ -407,3 +407,87 @@ fn member_keys_are_per_process() {
     assert_eq!(a, reg(&[1; 32]));
     assert_ne!(a, reg(&[2; 32]));
 }
+
+/// A restarted master adopts what a node reports only when it is
+/// consistent: its exact range free, no other version of the key, well
+/// formed, from the node's current registration.
+#[test]
+fn node_reports_are_adopted_only_when_consistent() {
+    let m = master_with(1, 1 << 20, |_| {});
+    let node = m.nodes.read().get("n0").cloned().unwrap();
+    assert!(
+        m.rebuilding(),
+        "a young master asks nodes for their objects"
+    );
+    let obj = |key: &str, offset: u64, length: u64, crc: u32| pb::NodeObject {
+        key: key.into(),
+        local_segment: 0,
+        offset,
+        length,
+        crc32c: crc,
+    };
+    let report = |objects: Vec<pb::NodeObject>| {
+        m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
+            node_id: "n0".into(),
+            incarnation: node.incarnation,
+            instance_proof: NODE_PROOF.to_vec(),
+            objects,
+        })
+    };
+    let r = report(vec![
+        obj("a", 0, 100, 7),
+        obj("b", 64, 10, 8),    // overlaps a's range
+        obj("a", 4096, 100, 9), // another version of a
+        obj("c", 4096, 100, 1),
+        obj("", 8192, 10, 1),     // bad key
+        obj("d", 8193, 10, 1),    // misaligned
+        obj("e", 1 << 20, 64, 1), // past the segment
+    ])
+    .unwrap();
+    assert_eq!((r.adopted, r.refused), (2, 5));
+    assert!(m.exists("a").unwrap() && m.exists("c").unwrap());
+    assert!(!m.exists("b").unwrap());
+    let ra = m.get_replicas("a").unwrap();
+    assert_eq!((ra.size, ra.crc32c), (100, 7));
+    assert_eq!(m.allocated_bytes(), 256, "two 128-byte ranges reserved");
+    // Not the node's current registration: refused whole.
+    let stale = m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
+        node_id: "n0".into(),
+        incarnation: node.incarnation + 1,
+        instance_proof: NODE_PROOF.to_vec(),
+        objects: vec![obj("z", 65536, 10, 1)],
+    });
+    assert_eq!(stale.unwrap_err().code, Code::PermissionDenied);
+    assert!(!m.exists("z").unwrap());
+    // The adopted object is a normal one: removing it frees its range.
+    m.remove("c", true).unwrap();
+    assert_eq!(m.allocated_bytes(), 128);
+}
+
+/// Past its rebuild window a master no longer asks registering nodes for
+/// their objects (a node back from a partition starts clean, so a key
+/// removed meanwhile cannot come back).
+#[test]
+fn only_a_young_master_asks_nodes_for_their_objects() {
+    let m = master_with(0, 1 << 20, |c| c.node_ttl = Duration::from_millis(10));
+    let reg = |m: &Master, id: &str| {
+        m.register_node(pb::RegisterNodeRequest {
+            node_id: id.into(),
+            data_addr: "127.0.0.1:9000".into(),
+            segments: vec![pb::SegmentSpec {
+                local_id: 0,
+                size: 1 << 20,
+            }],
+            instance: "i".into(),
+            instance_proof: NODE_PROOF.to_vec(),
+        })
+        .unwrap()
+    };
+    assert!(reg(&m, "early").report_objects);
+    let t0 = Instant::now();
+    while m.rebuilding() {
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        std::thread::yield_now();
+    }
+    assert!(!reg(&m, "late").report_objects);
+}

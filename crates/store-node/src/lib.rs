@@ -196,6 +196,7 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
         records: records.clone(),
         registered: registered.clone(),
         metrics,
+        segment_ids: Vec::new(),
     };
     tasks.spawn(agent.run(shutdown.clone()));
     tracing::info!(%data_addr, %admin_addr, node_id, master = cfg.master, capacity = cfg.capacity, "strata-store-node started");
@@ -230,9 +231,69 @@ struct Agent {
     records: Arc<ObjectRecords>,
     registered: Arc<AtomicBool>,
     metrics: Arc<NodeMetrics>,
+    /// The master's ids of our segments, by local index (last registration).
+    segment_ids: Vec<u64>,
 }
 
+/// Objects per ReportNodeObjects call.
+const REPORT_BATCH: usize = 4096;
+
 impl Agent {
+    /// The committed objects we hold, by local segment index (a new master
+    /// gives our segments new ids).
+    fn held_objects(&self) -> Vec<pb::NodeObject> {
+        let local: HashMap<u64, u64> = self
+            .segment_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| (id, i as u64))
+            .collect();
+        self.records
+            .snapshot()
+            .into_iter()
+            .filter_map(|c| {
+                Some(pb::NodeObject {
+                    local_segment: *local.get(&c.segment_id)?,
+                    key: c.key,
+                    offset: c.offset,
+                    length: c.length,
+                    crc32c: c.crc32c,
+                })
+            })
+            .collect()
+    }
+
+    /// Reports what we hold to a master rebuilding its metadata; what it
+    /// adopts comes back through the object log. A failed report loses those
+    /// objects (their memory is free space to the master), never bytes.
+    async fn report_objects(&mut self, incarnation: u64, held: Vec<pb::NodeObject>) {
+        let (mut adopted, mut refused) = (0, 0);
+        for chunk in held.chunks(REPORT_BATCH) {
+            let req = pb::ReportNodeObjectsRequest {
+                node_id: self.node_id.clone(),
+                incarnation,
+                instance_proof: self.proof.clone(),
+                objects: chunk.to_vec(),
+            };
+            match self.client.report_node_objects(req).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    adopted += r.adopted;
+                    refused += r.refused;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %Error::from(e), objects = chunk.len(), "object report failed; those objects are forgotten");
+                    refused += chunk.len() as u64;
+                }
+            }
+        }
+        tracing::info!(
+            node = self.node_id,
+            adopted,
+            refused,
+            "reported the objects this node holds to a restarted master"
+        );
+    }
     async fn register(&mut self) -> Result<(u64, Duration)> {
         let req = pb::RegisterNodeRequest {
             node_id: self.node_id.clone(),
@@ -268,8 +329,13 @@ impl Agent {
             .copied()
             .zip(self.segments.iter().cloned())
             .collect();
+        let held = self.held_objects();
         self.records.reset();
         self.table.install(key, map);
+        self.segment_ids = resp.segment_ids.clone();
+        if resp.report_objects && !held.is_empty() {
+            self.report_objects(resp.incarnation, held).await;
+        }
         self.registered.store(true, Ordering::Release);
         self.metrics.registrations.inc();
         tracing::info!(node = self.node_id, segments = ?resp.segment_ids, "registered with master");

@@ -1,0 +1,193 @@
+//! Rebuilding object metadata from the members after a master restart:
+//! store nodes are authoritative for the committed objects they hold, so a
+//! node that registers while the master is young reports them and the master
+//! adopts what is consistent (its exact range free, no other version of the
+//! key, not removed). What it refuses the node forgets: never wrong bytes,
+//! at worst an object less.
+
+use crate::allocator::{aligned_len, ALIGN};
+use crate::master::{validate_key, Master};
+use crate::objects::{ObjState, Object, Replica};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use strata_common::time::unix_ms;
+use strata_common::{Code, Error, Result};
+use strata_proto as pb;
+
+/// Objects one ReportNodeObjects call may carry.
+pub const MAX_REPORT: usize = 65_536;
+
+/// How long after its start the master asks registering nodes for their
+/// objects. Later registrations (a node back from a partition) start clean,
+/// so an object removed meanwhile cannot come back.
+pub fn window(node_ttl: Duration) -> Duration {
+    node_ttl * 2
+}
+
+/// Why a reported object was not adopted (metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    Malformed,
+    RangeInUse,
+    OtherVersion,
+    Removed,
+}
+
+impl Refusal {
+    fn label(self) -> &'static str {
+        match self {
+            Refusal::Malformed => "malformed",
+            Refusal::RangeInUse => "range_in_use",
+            Refusal::OtherVersion => "other_version",
+            Refusal::Removed => "removed",
+        }
+    }
+}
+
+impl Master {
+    /// Whether a node registering now should report what it holds.
+    pub(crate) fn rebuilding(&self) -> bool {
+        self.started.elapsed() < window(self.cfg.node_ttl)
+    }
+
+    /// Adopts the objects a store node reports it still holds.
+    pub fn adopt_node_objects(
+        &self,
+        req: &pb::ReportNodeObjectsRequest,
+    ) -> Result<pb::ReportNodeObjectsResponse> {
+        if req.objects.len() > MAX_REPORT {
+            return Err(Error::invalid(format!(
+                "{} objects in one report; send at most {MAX_REPORT}",
+                req.objects.len()
+            )));
+        }
+        let node = self
+            .nodes
+            .read()
+            .get(&req.node_id)
+            .cloned()
+            .ok_or_else(|| Error::not_found(format!("node {:?} is not registered", req.node_id)))?;
+        if !node.proof.matches(&req.instance_proof) || node.incarnation != req.incarnation {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "object report for node {:?} does not come from its current registration",
+                    req.node_id
+                ),
+            ));
+        }
+        let segments: Vec<_> = {
+            let segs = self.segments.read();
+            node.segment_ids
+                .iter()
+                .map(|id| segs.get(id).cloned())
+                .collect()
+        };
+        let mut out = pb::ReportNodeObjectsResponse::default();
+        for o in &req.objects {
+            let seg = usize::try_from(o.local_segment)
+                .ok()
+                .and_then(|i| segments.get(i).cloned().flatten());
+            let outcome = match seg {
+                Some(seg) => self.adopt_one(o, seg),
+                None => Err(Refusal::Malformed),
+            };
+            let label = match outcome {
+                Ok(()) => {
+                    out.adopted += 1;
+                    "adopted"
+                }
+                Err(why) => {
+                    out.refused += 1;
+                    why.label()
+                }
+            };
+            self.metrics
+                .rebuilt_objects
+                .with_label_values(&[label])
+                .inc();
+        }
+        tracing::info!(
+            node = req.node_id,
+            adopted = out.adopted,
+            refused = out.refused,
+            "adopted objects a store node still holds"
+        );
+        Ok(out)
+    }
+
+    fn adopt_one(
+        &self,
+        o: &pb::NodeObject,
+        seg: std::sync::Arc<crate::cluster::SegmentEntry>,
+    ) -> std::result::Result<(), Refusal> {
+        if validate_key(&o.key).is_err() || o.length == 0 || !o.offset.is_multiple_of(ALIGN) {
+            return Err(Refusal::Malformed);
+        }
+        let len = aligned_len(o.length).ok_or(Refusal::Malformed)?;
+        if self.tombstones.is_removed(&o.key, o.length, o.crc32c) {
+            return Err(Refusal::Removed);
+        }
+        if !seg.reserve(o.offset, len) {
+            return Err(Refusal::RangeInUse);
+        }
+        let replica = Replica {
+            seg: seg.clone(),
+            offset: o.offset,
+            alloc_len: len,
+            generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
+        };
+        let adopted = {
+            let mut shard = self.objects.shard(&o.key);
+            match shard.get_mut(&o.key) {
+                None => {
+                    shard.insert(o.key.clone(), adopted_object(o, replica));
+                    self.metrics.keys.inc();
+                    Ok(())
+                }
+                // Another replica of the same bytes (a second node's copy).
+                Some(x)
+                    if x.is_complete()
+                        && x.size == o.length
+                        && x.crc32c == o.crc32c
+                        && x.replicas.iter().all(|r| r.seg.id != seg.id) =>
+                {
+                    x.replicas.push(replica);
+                    Ok(())
+                }
+                Some(_) => Err(replica),
+            }
+        };
+        match adopted {
+            Ok(()) => {
+                // The node's records come back through its object log.
+                seg.node
+                    .log_commit(&o.key, seg.id, o.offset, o.length, o.crc32c);
+                Ok(())
+            }
+            Err(r) => {
+                r.seg.free(r.offset, r.alloc_len);
+                Err(Refusal::OtherVersion)
+            }
+        }
+    }
+}
+
+fn adopted_object(o: &pb::NodeObject, replica: Replica) -> Object {
+    Object {
+        size: o.length,
+        crc32c: o.crc32c,
+        replicas: vec![replica],
+        ssd: Vec::new(),
+        pins: 0,
+        state: ObjState::Complete,
+        lease_until_ms: 0,
+        last_access_ms: unix_ms(),
+        soft_pin: false,
+        hard_pin: false,
+        reads: 0,
+        offload_then_free: false,
+        offloaded: false,
+        offload_failed: false,
+    }
+}
