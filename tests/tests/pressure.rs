@@ -135,9 +135,18 @@ async fn a_put_whose_wait_runs_out_fails_retryably_and_leaks_nothing() {
         .faults
         .pause_offload
         .store(false, Ordering::Relaxed);
-    cl.put("late", &payload(9, 16 << 20), &PutOptions::default())
-        .await
-        .unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        // Retryable while the copies land (a 200 ms --put-wait), bounded.
+        match cl
+            .put("late", &payload(9, 16 << 20), &PutOptions::default())
+            .await
+        {
+            Ok(()) => break,
+            Err(e) if e.retryable() && t0.elapsed() < Duration::from_secs(30) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
     assert_eq!(cl.get("late").await.unwrap(), payload(9, 16 << 20));
     for i in 0..3 {
         assert_eq!(

@@ -81,6 +81,31 @@ impl Master {
         self.start_put(spec, replicas)
     }
 
+    /// Starts the puts of a batch that need not wait, in order, stopping at
+    /// the first that must (it and the rest are returned, to wait in order).
+    /// Blocking work (eviction scans): run it off the async workers.
+    pub fn put_start_batch_now(
+        &self,
+        specs: Vec<PutSpec>,
+    ) -> (Vec<Result<Vec<pb::Replica>>>, Vec<PutSpec>) {
+        let mut done = Vec::with_capacity(specs.len());
+        let mut specs = specs.into_iter();
+        while self.space.waiting() == 0 {
+            let Some(spec) = specs.next() else { break };
+            let placed = self.check_put(&spec).and_then(|()| {
+                self.allocate_once(spec.size, spec.replica_num, spec.preferred_segment, false)
+            });
+            match placed {
+                Ok(Placement::Placed(r)) => done.push(self.start_put(spec, r)),
+                Ok(Placement::Wait(_)) => {
+                    return (done, std::iter::once(spec).chain(specs).collect());
+                }
+                Err(e) => done.push(Err(e)),
+            }
+        }
+        (done, specs.collect())
+    }
+
     async fn allocate_waiting(
         &self,
         size: u64,
@@ -90,8 +115,9 @@ impl Master {
     ) -> Result<Vec<Replica>> {
         // Nobody waits ahead of this put: try at once.
         let mut pending = 0;
+        let will_wait = !self.cfg.put_wait.is_zero();
         if self.space.waiting() == 0 {
-            match self.allocate_once(size, n, preferred, true)? {
+            match self.allocate_once(size, n, preferred, will_wait)? {
                 Placement::Placed(r) => return Ok(r),
                 Placement::Wait(p) => pending = p,
             }

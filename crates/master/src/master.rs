@@ -318,6 +318,7 @@ impl Master {
                 for r in replicas {
                     r.seg.free(r.offset, r.alloc_len);
                 }
+                self.space.notify();
                 return Err(e);
             }
             shard.insert(
@@ -441,6 +442,10 @@ impl Master {
         urgent: bool,
     ) -> Result<Placement> {
         let len = aligned_len(size).ok_or_else(|| Error::invalid("object size is too large"))?;
+        // Bytes that copies to SSD will free, over all rounds: a round that
+        // freed something but still did not make a range fit (fragments)
+        // must not turn a wait into a final refusal.
+        let mut pending = 0;
         for _ in 0..=EVICT_ROUNDS {
             let placed = self.try_place(size, len, n as usize, preferred);
             if !placed.is_empty() {
@@ -450,15 +455,16 @@ impl Master {
             let cap = self.capacity_bytes();
             let want = len + (cap as f64 * self.cfg.eviction_ratio) as u64;
             let ev = self.evict_with(want, urgent);
+            pending = pending.max(ev.pending);
             if ev.freed == 0 {
-                // Copies to SSD in flight (pinned, so not among the victims
-                // scanned) free DRAM too once they land.
-                let (queued, assigned) = self.queue.lock().counts();
-                if ev.pending > 0 || queued + assigned > 0 {
-                    return Ok(Placement::Wait(ev.pending));
-                }
                 break;
             }
+        }
+        // Copies in flight (pinned, so not among the victims scanned) free
+        // DRAM too once they land.
+        let (_, assigned) = self.queue.lock().counts();
+        if pending > 0 || assigned > 0 {
+            return Ok(Placement::Wait(pending));
         }
         Err(Error::new(
             Code::NoSpace,

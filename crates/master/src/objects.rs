@@ -72,10 +72,24 @@ impl Object {
     /// A committed object known only from an SSD owner's inventory.
     pub fn ssd_only(size: u64, crc32c: u32, r: SsdReplica) -> Object {
         Object {
+            offloaded: true,
+            ..Object::committed(size, crc32c, Vec::new(), vec![r])
+        }
+    }
+
+    /// A committed object rebuilt from what members hold (no pin, lease or
+    /// history).
+    pub fn committed(
+        size: u64,
+        crc32c: u32,
+        replicas: Vec<Replica>,
+        ssd: Vec<SsdReplica>,
+    ) -> Object {
+        Object {
             size,
             crc32c,
-            replicas: Vec::new(),
-            ssd: vec![r],
+            replicas,
+            ssd,
             pins: 0,
             state: ObjState::Complete,
             lease_until_ms: 0,
@@ -84,7 +98,7 @@ impl Object {
             hard_pin: false,
             reads: 0,
             offload_then_free: false,
-            offloaded: true,
+            offloaded: false,
             offload_failed: false,
         }
     }

@@ -7,10 +7,9 @@
 
 use crate::allocator::{aligned_len, ALIGN};
 use crate::master::{validate_key, Master};
-use crate::objects::{ObjState, Object, Replica};
+use crate::objects::{Object, Replica};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 
@@ -141,7 +140,10 @@ impl Master {
             let mut shard = self.objects.shard(&o.key);
             match shard.get_mut(&o.key) {
                 None => {
-                    shard.insert(o.key.clone(), adopted_object(o, replica));
+                    shard.insert(
+                        o.key.clone(),
+                        Object::committed(o.length, o.crc32c, vec![replica], Vec::new()),
+                    );
                     self.metrics.keys.inc();
                     Ok(())
                 }
@@ -170,24 +172,5 @@ impl Master {
                 Err(Refusal::OtherVersion)
             }
         }
-    }
-}
-
-fn adopted_object(o: &pb::NodeObject, replica: Replica) -> Object {
-    Object {
-        size: o.length,
-        crc32c: o.crc32c,
-        replicas: vec![replica],
-        ssd: Vec::new(),
-        pins: 0,
-        state: ObjState::Complete,
-        lease_until_ms: 0,
-        last_access_ms: unix_ms(),
-        soft_pin: false,
-        hard_pin: false,
-        reads: 0,
-        offload_then_free: false,
-        offloaded: false,
-        offload_failed: false,
     }
 }

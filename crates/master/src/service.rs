@@ -118,6 +118,19 @@ fn status_of(r: Result<()>) -> pb::Status {
     }
 }
 
+fn put_result(r: Result<Vec<pb::Replica>>) -> pb::PutStartResult {
+    match r {
+        Ok(replicas) => pb::PutStartResult {
+            status: Some(pb::Status::default()),
+            replicas,
+        },
+        Err(e) => pb::PutStartResult {
+            status: Some(status_of(Err(e))),
+            replicas: vec![],
+        },
+    }
+}
+
 fn check_batch(n: usize) -> Result<()> {
     if n > MAX_BATCH {
         return Err(Error::invalid(format!(
@@ -173,30 +186,27 @@ impl MasterRpc for MasterService {
         req: Request<pb::BatchPutStartRequest>,
     ) -> Result<Response<pb::BatchPutStartResponse>, Status> {
         let t0 = Instant::now();
-        let items = req.into_inner().items;
-        // One --put-wait for the whole batch; items are placed in order.
+        let specs: Vec<PutSpec> = req
+            .into_inner()
+            .items
+            .into_iter()
+            .map(PutSpec::from)
+            .collect();
+        // One --put-wait for the whole batch; items are placed in order. What
+        // need not wait is done off the async workers; the first item that
+        // must wait, and every one after it, waits here.
         let deadline = Instant::now() + self.master.config().put_wait;
-        let r = match check_batch(items.len()) {
+        let r = match self
+            .batch(specs.len(), move |m| m.put_start_batch_now(specs))
+            .await
+        {
             Err(e) => Err(e),
-            Ok(()) => {
-                let mut results = Vec::with_capacity(items.len());
-                for it in items {
-                    results.push(
-                        match self
-                            .master
-                            .put_start_waiting(PutSpec::from(it), deadline)
-                            .await
-                        {
-                            Ok(replicas) => pb::PutStartResult {
-                                status: Some(pb::Status::default()),
-                                replicas,
-                            },
-                            Err(e) => pb::PutStartResult {
-                                status: Some(status_of(Err(e))),
-                                replicas: vec![],
-                            },
-                        },
-                    );
+            Ok((done, rest)) => {
+                let mut results: Vec<pb::PutStartResult> =
+                    done.into_iter().map(put_result).collect();
+                for spec in rest {
+                    let r = self.master.put_start_waiting(spec, deadline).await;
+                    results.push(put_result(r));
                 }
                 Ok(pb::BatchPutStartResponse { results })
             }

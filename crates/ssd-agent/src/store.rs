@@ -315,8 +315,11 @@ impl OwnerStore {
             return Err(Error::new(
                 Code::NoSpace,
                 format!(
-                    "owner {} is at capacity: {used} of {} bytes used, bucket needs {bytes}",
-                    self.handle, self.capacity
+                    "owner {} is at capacity: {used} of {} bytes for buckets used ({} of --capacity {} is its index), bucket needs {bytes}",
+                    self.handle,
+                    self.bucket_capacity(),
+                    self.overhead(),
+                    self.capacity
                 ),
             ));
         }

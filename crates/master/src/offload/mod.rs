@@ -215,10 +215,15 @@ impl Master {
                     );
                     dropped += 1;
                     example.get_or_insert((task.key.clone(), r.error.clone()));
-                    // The SSD tier could not take it: eviction may drop it
-                    // from now on (an `on-evict` victim goes at once).
-                    if let Some(o) = self.objects.shard(&task.key).get_mut(&task.key) {
-                        o.offload_failed = true;
+                    // Its copy cannot succeed (bad bytes, retries used up):
+                    // eviction drops it from now on rather than wait for one.
+                    // A full owner is not the object's fault: it may go to
+                    // SSD later. An `on-evict` victim goes at once either way.
+                    let hopeless = r.code == Code::Corrupted as u32 || why == "max_attempts";
+                    if hopeless {
+                        if let Some(o) = self.objects.shard(&task.key).get_mut(&task.key) {
+                            o.offload_failed = true;
+                        }
                     }
                     self.drop_victim_if_pending(&task.key, DropReason::OffloadFailed);
                     self.metrics
