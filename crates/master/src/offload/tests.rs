@@ -58,7 +58,13 @@ fn heartbeat(m: &Master, owner: u64, epoch: u64, max_tasks: u32) -> pb::OwnerHea
 async fn persist_all(m: &Master, owner: u64, epoch: u64) -> usize {
     let tasks = heartbeat(m, owner, epoch, 1000).tasks;
     let n = tasks.len();
-    let results = tasks
+    report_results(m, owner, epoch, persisted(&tasks)).await;
+    n
+}
+
+/// Each task persisted, at its own offset of bucket 1.
+fn persisted(tasks: &[pb::OffloadTask]) -> Vec<pb::OffloadResult> {
+    tasks
         .iter()
         .enumerate()
         .map(|(i, t)| pb::OffloadResult {
@@ -68,9 +74,7 @@ async fn persist_all(m: &Master, owner: u64, epoch: u64) -> usize {
             offset: i as u64 * 4096,
             ..Default::default()
         })
-        .collect();
-    report_results(m, owner, epoch, results).await;
-    n
+        .collect()
 }
 
 /// Reports one task persisted at `offset` of bucket 1.
@@ -581,18 +585,6 @@ async fn a_long_polling_owner_gets_urgent_copies_at_once() {
         took < std::time::Duration::from_millis(1000),
         "before its deadline: {took:?}"
     );
-    let results = r
-        .tasks
-        .iter()
-        .enumerate()
-        .map(|(i, t)| pb::OffloadResult {
-            task_id: t.task_id,
-            persisted: true,
-            bucket_id: 1,
-            offset: i as u64 * 4096,
-            ..Default::default()
-        })
-        .collect();
-    report_results(&m, owner, epoch, results).await;
+    report_results(&m, owner, epoch, persisted(&r.tasks)).await;
     put.await.unwrap().unwrap();
 }
