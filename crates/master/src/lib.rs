@@ -61,10 +61,11 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
     let master = Master::new(cfg.clone())?;
     let mut tasks = JoinSet::new();
 
-    let refresh = master.clone();
+    let (refresh, ready) = (master.clone(), master.clone());
     let router = strata_common::admin::base_router(
         master.metrics.registry.clone(),
-        Arc::new(|| true),
+        // Not while a restarted master waits for its nodes' reports.
+        Arc::new(move || ready.accepting_writes()),
         Some(Arc::new(move || refresh.refresh_gauges())),
     )
     .merge(admin::api_router(master.clone(), advertise.clone()));

@@ -51,6 +51,8 @@ pub struct Master {
     /// When this master started: nodes registering within the rebuild
     /// window report the objects they hold (`rebuild.rs`).
     pub(crate) started: Instant,
+    /// It found its durable state from an earlier run.
+    pub(crate) restarted: bool,
     /// In-flight puts in deadline order (the timeout is constant, so FIFO).
     pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
     pub(crate) evict_wakeup: tokio::sync::Notify,
@@ -144,6 +146,9 @@ impl Master {
             policy.on_evict() && cfg.ssd_admission == crate::config::SsdAdmission::Auto,
             metrics.admission.clone(),
         );
+        // A grant key already in the durable state means this master ran
+        // before: its nodes may hold objects to report (`rebuild.rs`).
+        let restarted = futures::executor::block_on(kv.get("grant-key/v1".into()))?.is_some();
         let grant_key = futures::executor::block_on(load_grant_key(kv.as_ref()))?;
         let tombstones = match &cfg.state_dir {
             Some(dir) => crate::tombstones::Tombstones::open(dir, MAX_TOMBSTONES)?,
@@ -167,6 +172,7 @@ impl Master {
             next_incarnation: AtomicU64::new(1),
             next_generation: AtomicU64::new(unix_ms() << 16),
             started: Instant::now(),
+            restarted,
             pending_puts: Mutex::new(VecDeque::new()),
             evict_wakeup: tokio::sync::Notify::new(),
             space: Default::default(),
@@ -271,6 +277,7 @@ impl Master {
     }
 
     pub(crate) fn check_put(&self, spec: &PutSpec) -> Result<()> {
+        self.check_accepting_writes()?;
         validate_key(&spec.key)?;
         if spec.size == 0 {
             return Err(Error::invalid("object size must be positive"));

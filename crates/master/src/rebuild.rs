@@ -49,6 +49,37 @@ impl Master {
         self.started.elapsed() < window(self.cfg.node_ttl)
     }
 
+    /// How long a restarted master takes no writes: its nodes notice the
+    /// restart within a heartbeat interval (`--node-ttl`/4), then register
+    /// and report; a put before that could take a range a not-yet-reported
+    /// object holds.
+    fn write_gate(&self) -> Duration {
+        if self.restarted {
+            self.cfg.node_ttl / 2
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Whether puts are taken (and `/ready` says so).
+    pub fn accepting_writes(&self) -> bool {
+        self.started.elapsed() >= self.write_gate()
+    }
+
+    pub(crate) fn check_accepting_writes(&self) -> Result<()> {
+        let left = self.write_gate().saturating_sub(self.started.elapsed());
+        if left.is_zero() {
+            return Ok(());
+        }
+        Err(Error::new(
+            Code::NotReady,
+            format!(
+                "the master restarted and rebuilds its metadata from its store nodes for another {} ms; retry",
+                left.as_millis()
+            ),
+        ))
+    }
+
     /// Adopts the objects a store node reports it still holds.
     pub fn adopt_node_objects(
         &self,

@@ -491,3 +491,30 @@ fn only_a_young_master_asks_nodes_for_their_objects() {
     }
     assert!(!reg(&m, "late").report_objects);
 }
+
+/// A master that finds its durable state from an earlier run takes no
+/// writes (and is not ready) until its nodes had time to report; a new one
+/// takes them at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_master_takes_writes_only_after_its_nodes_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_state = |c: &mut MasterConfig| {
+        c.state_dir = Some(dir.path().to_path_buf());
+        c.node_ttl = Duration::from_millis(200);
+    };
+    let first = master_with(1, 1 << 20, with_state);
+    assert!(first.accepting_writes());
+    first.put_start(spec("a", 100, 1)).unwrap();
+    drop(first);
+    let again = master_with(1, 1 << 20, with_state);
+    assert!(!again.accepting_writes(), "not ready while nodes report");
+    let e = again.put_start(spec("b", 100, 1)).unwrap_err();
+    assert_eq!(e.code, Code::NotReady);
+    assert!(e.retryable(), "{e}");
+    let t0 = Instant::now();
+    while !again.accepting_writes() {
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    again.put_start(spec("b", 100, 1)).unwrap();
+}
