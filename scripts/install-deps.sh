@@ -3,9 +3,10 @@
 #   protobuf-compiler  protoc for the gRPC code generation
 #   redis-server       the Redis baseline of `strata bench`
 #   curl               admin-endpoint checks in scripts
+#   etcd-server        a real etcd for the DurableKv conformance suite (and HA)
 #   clang libclang-dev build-essential pkg-config  the bundled RocksDB build (bindgen, C++)
 set -euo pipefail
-pkgs=(protobuf-compiler redis-server curl clang libclang-dev build-essential pkg-config)
+pkgs=(protobuf-compiler redis-server curl clang libclang-dev build-essential pkg-config etcd-server)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,6 +1,6 @@
 //! One conformance suite run against every `DurableKv` implementation.
 
-use super::{get_or_create, increment, DurableKv, FileKv, MemKv};
+use super::{get_or_create, increment, DurableKv, EtcdKv, FileKv, MemKv};
 use std::sync::Arc;
 
 async fn basic(kv: &dyn DurableKv) {
@@ -79,29 +79,139 @@ macro_rules! kv_conformance {
             use super::*;
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn basic_ops() {
-                let (kv, _guard) = $make;
+                let (kv, _guard) = $make.await;
                 basic(kv.as_ref()).await;
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn racing_creates_and_increments() {
-                let (kv, _guard) = $make;
+                let (kv, _guard) = $make.await;
                 races(kv).await;
             }
         }
     };
 }
 
-fn mem() -> (Arc<dyn DurableKv>, ()) {
+async fn mem() -> (Arc<dyn DurableKv>, ()) {
     (Arc::new(MemKv::new()), ())
 }
 
-fn file() -> (Arc<dyn DurableKv>, tempfile::TempDir) {
+async fn file() -> (Arc<dyn DurableKv>, tempfile::TempDir) {
     let d = tempfile::tempdir().unwrap();
     (Arc::new(FileKv::open(d.path()).unwrap()), d)
 }
 
+/// A real single-node etcd on loopback (Debian's `etcd-server`, installed by
+/// `scripts/install-deps.sh`), killed when dropped.
+pub(crate) struct EtcdServer {
+    child: std::process::Child,
+    pub endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl EtcdServer {
+    pub(crate) async fn start() -> EtcdServer {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, p) = (free_port(), free_port());
+        let (client, peer) = (
+            format!("http://127.0.0.1:{c}"),
+            format!("http://127.0.0.1:{p}"),
+        );
+        let child = std::process::Command::new("etcd")
+            .args(["--name", "t", "--data-dir"])
+            .arg(dir.path())
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("t={peer}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("etcd (Debian's etcd-server) must be installed: scripts/install-deps.sh");
+        let server = EtcdServer {
+            child,
+            endpoint: client,
+            _dir: dir,
+        };
+        // Serving once a read succeeds; bounded.
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Ok(kv) = EtcdKv::connect(std::slice::from_ref(&server.endpoint), "probe").await {
+                if kv.get("x".into()).await.is_ok() {
+                    return server;
+                }
+            }
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(30),
+                "etcd did not start"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn etcd() -> (Arc<dyn DurableKv>, EtcdServer) {
+    let server = EtcdServer::start().await;
+    let kv = EtcdKv::connect(std::slice::from_ref(&server.endpoint), "c1")
+        .await
+        .unwrap();
+    (Arc::new(kv), server)
+}
+
 kv_conformance!(memory_kv, mem());
 kv_conformance!(file_kv, file());
+kv_conformance!(etcd_kv, etcd());
+
+/// Two clusters sharing one etcd never see each other's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_kv_keeps_clusters_apart() {
+    let server = EtcdServer::start().await;
+    let ep = std::slice::from_ref(&server.endpoint);
+    let (a, b) = (
+        EtcdKv::connect(ep, "a").await.unwrap(),
+        EtcdKv::connect(ep, "b").await.unwrap(),
+    );
+    assert!(a
+        .compare_and_set("k".into(), None, "1".into())
+        .await
+        .unwrap());
+    assert_eq!(b.get("k".into()).await.unwrap(), None);
+    assert!(b
+        .compare_and_set("k".into(), None, "2".into())
+        .await
+        .unwrap());
+    assert_eq!(
+        a.list(String::new()).await.unwrap(),
+        vec![("k".into(), "1".into())]
+    );
+    assert!(
+        EtcdKv::connect(ep, "x/y").await.is_err(),
+        "a '/' in the cluster id"
+    );
+}
 
 #[tokio::test]
 async fn file_kv_survives_reopen_and_refuses_damage() {

@@ -3,12 +3,14 @@
 //! so single-master mode uses a local file and HA mode uses etcd; every
 //! implementation passes the same conformance suite (`conformance.rs`).
 
+mod etcd;
 mod file;
 mod memory;
 
 #[cfg(test)]
 mod conformance;
 
+pub use etcd::EtcdKv;
 pub use file::FileKv;
 pub use memory::MemKv;
 
