@@ -24,6 +24,8 @@ pub struct PutWaiters {
     waiting: AtomicUsize,
     /// Rung when copies land or objects leave, so the wait is the copy time.
     wake: Notify,
+    /// The master is shutting down: nobody waits any more.
+    closed: tokio_util::sync::CancellationToken,
 }
 
 impl PutWaiters {
@@ -61,6 +63,12 @@ impl Drop for Waiting<'_> {
 }
 
 impl Master {
+    /// Shutting down: waiting puts (and later ones) fail at once with a
+    /// retryable `unavailable` instead of holding up the drain.
+    pub fn stop_waiting(&self) {
+        self.space.closed.cancel();
+    }
+
     /// Starts a put, waiting until `deadline` for DRAM that copies to SSD
     /// in flight will free. Nothing is allocated until the put has its
     /// space, so a call dropped while waiting leaks nothing.
@@ -128,9 +136,17 @@ impl Master {
         }
         let t0 = Instant::now();
         let _waiting = self.space.enter(&self.metrics);
+        let closed = || {
+            Err(strata_common::Error::unavailable(
+                "the master is shutting down; retry against its successor",
+            ))
+        };
         let placed: Result<Option<Vec<Replica>>> = async {
-            let Ok(_turn) = tokio::time::timeout_at(deadline.into(), self.space.turn.lock()).await
-            else {
+            let turn = tokio::select! {
+                t = tokio::time::timeout_at(deadline.into(), self.space.turn.lock()) => t,
+                _ = self.space.closed.cancelled() => return closed(),
+            };
+            let Ok(_turn) = turn else {
                 return Ok(None);
             };
             loop {
@@ -149,6 +165,7 @@ impl Master {
                 tokio::select! {
                     _ = notified => {}
                     _ = tokio::time::sleep_until(recheck.into()) => {}
+                    _ = self.space.closed.cancelled() => return closed(),
                 }
             }
         }

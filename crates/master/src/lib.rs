@@ -99,6 +99,15 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
     });
 
     tasks.spawn(housekeeping(master.clone(), shutdown.clone()));
+    {
+        // Puts waiting for DRAM answer at once (retryable) instead of
+        // holding the server's drain for up to --put-wait.
+        let (m, sd) = (master.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            sd.cancelled().await;
+            m.stop_waiting();
+        });
+    }
     tasks.spawn(evictor(master.clone(), shutdown.clone()));
     tracing::info!(%grpc_addr, %admin_addr, %advertise, "strata-master started (single-master mode)");
     Ok(MasterHandle {

@@ -588,3 +588,28 @@ async fn a_long_polling_owner_gets_urgent_copies_at_once() {
     report_results(&m, owner, epoch, persisted(&r.tasks)).await;
     put.await.unwrap().unwrap();
 }
+
+/// At shutdown a waiting put answers at once, retryably, and leaks nothing.
+#[tokio::test]
+async fn a_waiting_put_answers_at_shutdown() {
+    let (m, _, _) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.99).await;
+    for i in 0..16 {
+        put(&m, &format!("k{i:02}"), 64 << 10);
+    }
+    let allocated = m.allocated_bytes();
+    let waiting = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            m.put_start_waiting(crate::tests::spec("new", 64 << 10, 1), deadline)
+                .await
+        })
+    };
+    assert!(crate::tests::wait_for(|| m.space.waiting() == 1).await);
+    m.stop_waiting();
+    let e = waiting.await.unwrap().unwrap_err();
+    assert_eq!(e.code, strata_common::Code::Unavailable, "{e}");
+    assert!(e.retryable());
+    assert_eq!(m.space.waiting(), 0);
+    assert_eq!(m.allocated_bytes(), allocated);
+}
