@@ -210,3 +210,41 @@ pub async fn start_agent(
     }
     (p, admin)
 }
+
+/// A master on fixed ports with a `--state-dir`, started again where nodes
+/// and clients look for it (restart tests).
+pub struct RestartableMaster {
+    pub args: Vec<String>,
+    pub addr: String,
+    pub admin: std::net::SocketAddr,
+}
+
+impl RestartableMaster {
+    pub fn new(state: &std::path::Path, extra: &[&str]) -> Self {
+        let (p, a) = (free_port(), free_port());
+        let mut args: Vec<String> = [
+            "--listen",
+            &format!("127.0.0.1:{p}"),
+            "--admin-addr",
+            &format!("127.0.0.1:{a}"),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        RestartableMaster {
+            args,
+            addr: format!("127.0.0.1:{p}"),
+            admin: format!("127.0.0.1:{a}").parse().unwrap(),
+        }
+    }
+
+    /// Starts it and waits until it is ready.
+    pub async fn start(&self) -> Proc {
+        let p = spawn("strata-master", &self.args);
+        wait_ready(self.admin).await;
+        p
+    }
+}

@@ -37,11 +37,7 @@ async fn put_16mib(cl: &strata_client::Client, n: u64) {
 }
 
 fn dropped(c: &LocalCluster) -> u64 {
-    let d = &c.master.metrics.dropped_objects;
-    ["policy", "admission", "no_owner", "offload_failed"]
-        .iter()
-        .map(|r| d.with_label_values(&[r]).get())
-        .sum()
+    c.master.metrics.dropped()
 }
 
 /// Four 16 MiB puts back to back into 48 MiB of DRAM: the last needs room

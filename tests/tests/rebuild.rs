@@ -4,39 +4,15 @@
 
 use std::time::Duration;
 use strata_client::{Client, ClientConfig, PutOptions};
-use strata_tests::procs::{free_port, spawn, start_node_admin, wait_ready};
+use strata_tests::procs::{start_node_admin, Proc, RestartableMaster};
 use strata_tests::{http_get, metric, payload};
-
-/// Master flags on fixed ports, so the restarted master is where nodes and
-/// clients look for it.
-fn master_args(state: &std::path::Path) -> (Vec<String>, String, std::net::SocketAddr) {
-    let (p, a) = (free_port(), free_port());
-    let args = [
-        "--listen",
-        &format!("127.0.0.1:{p}"),
-        "--admin-addr",
-        &format!("127.0.0.1:{a}"),
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--node-ttl",
-        "2s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    (
-        args,
-        format!("127.0.0.1:{p}"),
-        format!("127.0.0.1:{a}").parse().unwrap(),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dram_objects_survive_a_master_restart() {
     let state = tempfile::tempdir().unwrap();
-    let (args, addr, admin) = master_args(state.path());
-    let master = spawn("strata-master", &args);
-    wait_ready(admin).await;
+    let m = RestartableMaster::new(state.path(), &["--node-ttl", "2s"]);
+    let (addr, admin) = (m.addr.clone(), m.admin);
+    let master = m.start().await;
     // Two nodes, two replicas of some objects: both copies are adopted.
     let (_n1, _, n1a) = start_node_admin(&addr, "n1", &[]).await;
     let (_n2, _, n2a) = start_node_admin(&addr, "n2", &[]).await;
@@ -55,7 +31,7 @@ async fn dram_objects_survive_a_master_restart() {
     // docs/operations.md); the restart comes once they hold every record.
     let want_replicas: u32 = keys.iter().map(|(_, r)| r).sum();
     wait_for_records(&[n1a, n2a], want_replicas as usize).await;
-    let master = restart(master, &args, admin, want_replicas as f64).await;
+    let master = restart(master, &m, want_replicas as f64).await;
     for (i, (k, replicas)) in keys.iter().enumerate() {
         let got = cl.get(k).await.unwrap_or_else(|e| panic!("{k}: {e}"));
         assert!(got == payload(i as u64, 100_000 + i * 1000), "{k} bytes");
@@ -85,7 +61,7 @@ async fn dram_objects_survive_a_master_restart() {
     // object log (their /api/v1/objects): everything is adopted again.
     let total = want_replicas as usize + 24;
     wait_for_records(&[n1a, n2a], total).await;
-    let _master = restart(master, &args, admin, total as f64).await;
+    let _master = restart(master, &m, total as f64).await;
     assert!(cl.get("new3").await.unwrap() == payload(103, 100_000));
     assert!(cl.get("k5").await.unwrap() == payload(5, 105_000));
 }
@@ -111,15 +87,10 @@ async fn node_objects(admins: &[std::net::SocketAddr]) -> usize {
 
 /// SIGKILLs the master, starts it again, and waits (bounded) until the
 /// nodes re-reported and exactly `want` replicas were adopted.
-async fn restart(
-    master: strata_tests::procs::Proc,
-    args: &[String],
-    admin: std::net::SocketAddr,
-    want: f64,
-) -> strata_tests::procs::Proc {
+async fn restart(master: Proc, m: &RestartableMaster, want: f64) -> Proc {
     drop(master); // SIGKILL
-    let master = spawn("strata-master", args);
-    wait_ready(admin).await;
+    let admin = m.admin;
+    let master = m.start().await;
     let t0 = std::time::Instant::now();
     loop {
         let (_, m) = http_get(admin, "/metrics").await;

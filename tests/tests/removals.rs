@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 use strata_client::{Client, ClientConfig, Code, PutOptions};
-use strata_tests::procs::{free_port, spawn, start_agent, start_node, wait_ready};
+use strata_tests::procs::{start_agent, start_node, RestartableMaster};
 use strata_tests::{http_get, payload};
 
 async fn json(admin: std::net::SocketAddr, path: &str) -> serde_json::Value {
@@ -28,51 +28,21 @@ async fn wait_key(admin: std::net::SocketAddr, key: &str, f: impl Fn(&str) -> bo
     }
 }
 
-struct MasterProc {
-    args: Vec<String>,
-    addr: String,
-    admin: std::net::SocketAddr,
-}
-
-impl MasterProc {
-    fn new(state: &std::path::Path) -> Self {
-        let (p, a) = (free_port(), free_port());
-        let args = [
-            "--listen",
-            &format!("127.0.0.1:{p}"),
-            "--admin-addr",
-            &format!("127.0.0.1:{a}"),
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--offload-policy",
-            "eager",
-            "--node-ttl",
-            "2s",
-            "--offload-task-ttl",
-            "1s",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        MasterProc {
-            args,
-            addr: format!("127.0.0.1:{p}"),
-            admin: format!("127.0.0.1:{a}").parse().unwrap(),
-        }
-    }
-    async fn start(&self) -> strata_tests::procs::Proc {
-        let p = spawn("strata-master", &self.args);
-        wait_ready(self.admin).await;
-        p
-    }
-}
+const MASTER_FLAGS: &[&str] = &[
+    "--offload-policy",
+    "eager",
+    "--node-ttl",
+    "2s",
+    "--offload-task-ttl",
+    "1s",
+];
 
 /// The reviewer's reproduction: put (eager), wait for the SSD copy, SIGKILL
 /// the agent, remove the key, restart the master, restart the agent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_removed_while_its_agent_is_down_stays_removed_across_restarts() {
     let (state, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let m = MasterProc::new(state.path());
+    let m = RestartableMaster::new(state.path(), MASTER_FLAGS);
     let master = m.start().await;
     let (_node, _) = start_node(&m.addr, "n1").await;
     let (agent, _) = start_agent(&m.addr, "h/0", dir.path(), &[], true).await;
@@ -108,7 +78,7 @@ async fn a_key_removed_while_its_agent_is_down_stays_removed_across_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_copy_from_a_dropped_report_does_not_revive_a_removed_key() {
     let (state, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let m = MasterProc::new(state.path());
+    let m = RestartableMaster::new(state.path(), MASTER_FLAGS);
     let _master = m.start().await;
     let (_node, _) = start_node(&m.addr, "n1").await;
     let (agent, _) = start_agent(

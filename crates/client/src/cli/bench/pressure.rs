@@ -70,18 +70,10 @@ pub async fn run(args: PressureArgs) -> anyhow::Result<()> {
                 m.eviction_ratio = 0.01;
             })
             .prefault(false);
-        let dir = match &args.ssd_dir {
-            Some(base) => {
-                std::fs::create_dir_all(base)?;
-                let d = tempfile::Builder::new()
-                    .prefix("strata-bench-")
-                    .tempdir_in(base)
-                    .with_context(|| format!("creating a directory under {}", base.display()))?;
-                b = b.ssd_dir(d.path());
-                Some(d)
-            }
-            None => None,
-        };
+        let dir = super::tiering::fresh_ssd_dir(args.ssd_dir.as_deref())?;
+        if let Some(d) = &dir {
+            b = b.ssd_dir(d.path());
+        }
         let c = b.build().await.context("cannot start the cluster")?;
         let client = Client::connect(c.client_config()).await?;
         let data = vec![0x5au8; size as usize];

@@ -59,18 +59,10 @@ impl Tiers {
             .prefault(false);
         // A fresh directory per cluster: an agent must not adopt the buckets
         // a previous policy's run left behind.
-        let dir = match &self.ssd_dir {
-            Some(base) => {
-                std::fs::create_dir_all(base)?;
-                let d = tempfile::Builder::new()
-                    .prefix("strata-bench-")
-                    .tempdir_in(base)
-                    .with_context(|| format!("creating a directory under {}", base.display()))?;
-                b = b.ssd_dir(d.path());
-                Some(d)
-            }
-            None => None,
-        };
+        let dir = fresh_ssd_dir(self.ssd_dir.as_deref())?;
+        if let Some(d) = &dir {
+            b = b.ssd_dir(d.path());
+        }
         let cluster = b
             .build()
             .await
@@ -187,6 +179,18 @@ pub fn progress(name: &str, len: u64, quiet: bool) -> ProgressBar {
     );
     pb.set_prefix(name.to_string());
     pb
+}
+
+/// A fresh directory under `base` for one cluster's SSD agent (None: the
+/// cluster makes its own temporary one). Removed when dropped.
+pub fn fresh_ssd_dir(base: Option<&std::path::Path>) -> anyhow::Result<Option<tempfile::TempDir>> {
+    let Some(base) = base else { return Ok(None) };
+    std::fs::create_dir_all(base)?;
+    let d = tempfile::Builder::new()
+        .prefix("strata-bench-")
+        .tempdir_in(base)
+        .with_context(|| format!("creating a directory under {}", base.display()))?;
+    Ok(Some(d))
 }
 
 /// What the master's offload did during a run: (persisted, victims lost
