@@ -309,27 +309,15 @@ async fn ssd_reads_survive_a_master_restart() {
     let tokens = tempfile::tempdir().unwrap();
     let t = token_files(tokens.path());
     let (member, admin) = (t.member.clone(), t.admin.clone());
-    let (p, a) = (free_port(), free_port());
-    let mut master_args: Vec<String> = [
-        "--listen",
-        &format!("127.0.0.1:{p}"),
-        "--admin-addr",
-        &format!("127.0.0.1:{a}"),
-        "--state-dir",
-        state.path().to_str().unwrap(),
-        "--offload-policy",
-        "eager",
-        "--node-ttl",
-        "2s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    master_args.extend(t.master_args());
-    let addr = format!("127.0.0.1:{p}");
-    let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{a}").parse().unwrap();
-    let master = spawn("strata-master", &master_args);
-    strata_tests::procs::wait_ready(admin_addr).await;
+    let mut extra: Vec<String> = ["--offload-policy", "eager", "--node-ttl", "2s"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    extra.extend(t.master_args());
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let m = strata_tests::procs::RestartableMaster::new(state.path(), &extra);
+    let (addr, admin_addr) = (m.addr.clone(), m.admin);
+    let master = m.start().await;
     let (_node, _) =
         start_node_with(&addr, "n1", &["--token-file", member.to_str().unwrap()]).await;
     let (_agent, _) = start_agent(
@@ -356,8 +344,7 @@ async fn ssd_reads_survive_a_master_restart() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(master); // SIGKILL
-    let _master = spawn("strata-master", &master_args);
-    strata_tests::procs::wait_ready(admin_addr).await;
+    let _master = m.start().await;
     // The agent re-registers and re-reports; then the object is SSD-only.
     let t0 = std::time::Instant::now();
     let got = loop {
