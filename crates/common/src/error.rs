@@ -24,6 +24,9 @@ pub enum Code {
     ResourceExhausted = 13,
     /// No (valid) credential was presented for a call that needs one.
     Unauthenticated = 14,
+    /// This master does not lead (a follower, or a deposed leader); the
+    /// error names the leader when it knows one. Retryable.
+    NotLeader = 15,
 }
 
 impl Code {
@@ -44,6 +47,7 @@ impl Code {
             12 => Cancelled,
             13 => ResourceExhausted,
             14 => Unauthenticated,
+            15 => NotLeader,
             _ => Internal,
         }
     }
@@ -52,7 +56,11 @@ impl Code {
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            Code::NotReady | Code::Unavailable | Code::Timeout | Code::ResourceExhausted
+            Code::NotReady
+                | Code::Unavailable
+                | Code::Timeout
+                | Code::ResourceExhausted
+                | Code::NotLeader
         )
     }
 
@@ -74,6 +82,7 @@ impl Code {
             Cancelled => "cancelled",
             ResourceExhausted => "resource_exhausted",
             Unauthenticated => "unauthenticated",
+            NotLeader => "not_leader",
         }
     }
 
@@ -95,6 +104,7 @@ impl Code {
             Cancelled => tonic::Code::Cancelled,
             ResourceExhausted => tonic::Code::ResourceExhausted,
             Unauthenticated => tonic::Code::Unauthenticated,
+            NotLeader => tonic::Code::Unavailable,
         }
     }
 
@@ -104,7 +114,7 @@ impl Code {
             Ok => 200,
             InvalidArgument => 400,
             NotFound => 404,
-            NotReady | Unavailable => 503,
+            NotReady | Unavailable | NotLeader => 503,
             AlreadyExists | Leased => 409,
             NoSpace | ResourceExhausted => 507,
             PermissionDenied => 403,
@@ -132,11 +142,14 @@ pub struct Error {
     /// Retrying may succeed though the code alone does not say so (e.g. a
     /// put that ran out of `--put-wait` while copies to SSD were landing).
     pub retry_later: bool,
+    /// With `NotLeader`: the leader's address, if known (sent in the
+    /// `x-strata-leader` metadata so clients follow it).
+    pub leader: Option<String>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-const CODE_HEADER: &str = "x-strata-code";
+pub(crate) const CODE_HEADER: &str = "x-strata-code";
 const RETRY_HEADER: &str = "x-strata-retryable";
 
 impl Error {
@@ -145,6 +158,7 @@ impl Error {
             code,
             message: message.into(),
             retry_later: false,
+            leader: None,
         }
     }
     /// Marks the error retryable whatever its code.
@@ -159,6 +173,25 @@ impl Error {
             retry_later: retryable && !e.code.retryable(),
             ..e
         }
+    }
+    /// This master does not lead; `leader` is who does, if known.
+    pub fn not_leader(leader: Option<&crate::leader::LeaderRecord>) -> Self {
+        let message = match leader {
+            Some(l) => format!(
+                "this master is not the leader; the leader is {} (term {}): retry there",
+                l.addr, l.term
+            ),
+            None => "this master is not the leader and no leader is known yet (an election is under way); retry".to_string(),
+        };
+        Error {
+            leader: leader.map(|l| l.addr.clone()),
+            ..Self::new(Code::NotLeader, message)
+        }
+    }
+    /// The same error with another message.
+    pub fn with_message(mut self, m: impl Into<String>) -> Self {
+        self.message = m.into();
+        self
     }
     pub fn invalid(m: impl Into<String>) -> Self {
         Self::new(Code::InvalidArgument, m)
@@ -182,6 +215,9 @@ impl From<Error> for tonic::Status {
         let mut st = tonic::Status::new(e.code.grpc(), e.message);
         if let Ok(v) = (e.code as u32).to_string().parse() {
             st.metadata_mut().insert(CODE_HEADER, v);
+        }
+        if let Some(v) = e.leader.as_deref().and_then(|l| l.parse().ok()) {
+            st.metadata_mut().insert(crate::leader::LEADER_HEADER, v);
         }
         if e.retry_later {
             st.metadata_mut().insert(
@@ -216,8 +252,14 @@ impl From<tonic::Status> for Error {
                 _ => Code::Internal,
             });
         let retry_later = st.metadata().get(RETRY_HEADER).is_some();
+        let leader = st
+            .metadata()
+            .get(crate::leader::LEADER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
         Error {
             retry_later,
+            leader,
             ..Error::new(code, st.message().to_string())
         }
     }
@@ -252,6 +294,21 @@ mod tests {
         assert!(Error::from_parts(5, "x".into(), true).retryable());
         assert!(!Error::from_parts(5, "x".into(), false).retryable());
         assert!(Error::from_parts(7, "x".into(), false).retryable());
+    }
+
+    #[test]
+    fn a_not_leader_error_carries_the_leader_through_a_status() {
+        let rec = crate::leader::LeaderRecord {
+            addr: "10.0.0.7:7400".into(),
+            term: 4,
+        };
+        let back: Error = tonic::Status::from(Error::not_leader(Some(&rec))).into();
+        assert_eq!(back.code, Code::NotLeader);
+        assert!(back.retryable());
+        assert_eq!(back.leader.as_deref(), Some("10.0.0.7:7400"));
+        assert!(back.message.contains("term 4"), "{back}");
+        let back: Error = tonic::Status::from(Error::not_leader(None)).into();
+        assert_eq!((back.code, back.leader), (Code::NotLeader, None));
     }
 
     #[test]

@@ -7,11 +7,9 @@ use futures::future::BoxFuture;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::Interceptor;
-use tonic::transport::Channel;
 
 /// Largest gRPC message a client accepts (heartbeat log pages, batches).
 pub const MAX_MESSAGE: usize = 256 << 20;
@@ -41,24 +39,18 @@ impl Interceptor for BearerToken {
     }
 }
 
-/// A channel to the master that presents a token.
-pub type MasterChannel = InterceptedService<Channel, BearerToken>;
+/// A channel to the master that presents a token and follows the leader.
+pub type MasterChannel = InterceptedService<crate::leader::LeaderChannel, BearerToken>;
 
-/// A channel to the master, dialled lazily: it reconnects by itself after
-/// failures, so callers survive a master restart.
+/// A channel to the master (`addr`: see [`crate::leader::MasterTarget`]),
+/// dialled lazily: it reconnects by itself after failures and follows the
+/// leader, so callers survive a master restart or failover by retrying.
 pub fn master_channel(addr: &str, token: Option<&Secret>) -> Result<MasterChannel> {
-    let uri = if addr.starts_with("http://") || addr.starts_with("https://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    };
-    let ch = tonic::transport::Endpoint::from_shared(uri)
-        .map_err(|e| Error::invalid(format!("bad master address {addr:?}: {e}")))?
-        .connect_timeout(Duration::from_secs(3))
-        .timeout(Duration::from_secs(30))
-        .tcp_nodelay(true)
-        .connect_lazy();
-    Ok(InterceptedService::new(ch, BearerToken::new(token)?))
+    let target = crate::leader::MasterTarget::parse(addr)?;
+    Ok(InterceptedService::new(
+        crate::leader::LeaderChannel::new(target),
+        BearerToken::new(token)?,
+    ))
 }
 
 /// Wraps a gRPC service so every call is authenticated before its message is

@@ -7,11 +7,13 @@ pub mod config;
 pub mod error;
 pub mod grant;
 pub mod grpc;
+pub mod leader;
 pub mod limits;
 pub mod metrics;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
+pub mod term;
 pub mod time;
 pub mod units;
 

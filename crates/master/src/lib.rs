@@ -7,6 +7,7 @@ pub mod backpressure;
 pub mod cluster;
 pub mod config;
 pub mod durable;
+pub mod election;
 pub mod eviction;
 pub mod master;
 pub mod metrics;

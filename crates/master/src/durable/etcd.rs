@@ -4,15 +4,18 @@
 //! values stay unique under races between masters.
 
 use super::DurableKv;
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
 use futures::future::BoxFuture;
-use std::time::Duration;
 use strata_common::{Code, Error, Result};
 
+#[derive(Clone)]
 pub struct EtcdKv {
     client: Client,
     /// `/strata/<cluster>/kv/`: what this cluster's masters share.
     prefix: String,
+    /// (term key, term): writes apply only while the term key still holds
+    /// this leader's term, so a deposed leader can change nothing.
+    fence: Option<(String, u64)>,
 }
 
 fn etcd_err(what: &str, e: etcd_client::Error) -> Error {
@@ -22,21 +25,26 @@ fn etcd_err(what: &str, e: etcd_client::Error) -> Error {
 impl EtcdKv {
     /// Connects to `endpoints` (`http://HOST:PORT`) for cluster `cluster`.
     pub async fn connect(endpoints: &[String], cluster: &str) -> Result<EtcdKv> {
-        if cluster.is_empty() || cluster.contains('/') {
-            return Err(Error::invalid(format!(
-                "cluster id {cluster:?} must be non-empty and contain no '/'"
-            )));
-        }
-        let opts = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(3))
-            .with_timeout(Duration::from_secs(5));
-        let client = Client::connect(endpoints, Some(opts))
-            .await
-            .map_err(|e| etcd_err(&format!("connect to {endpoints:?}"), e))?;
+        let client = strata_common::leader::etcd_client(endpoints).await?;
+        Self::new(client, cluster)
+    }
+
+    pub fn new(client: Client, cluster: &str) -> Result<EtcdKv> {
+        strata_common::leader::validate_cluster_id(cluster)?;
         Ok(EtcdKv {
             client,
             prefix: format!("/strata/{cluster}/kv/"),
+            fence: None,
         })
+    }
+
+    /// This store for the leader of `term` of `cluster`: its writes fail
+    /// with `NotLeader` once another leader has taken a newer term.
+    pub fn fenced(&self, cluster: &str, term: u64) -> EtcdKv {
+        EtcdKv {
+            fence: Some((strata_common::leader::term_key(cluster), term)),
+            ..self.clone()
+        }
     }
 
     fn full(&self, key: &str) -> String {
@@ -77,12 +85,41 @@ impl DurableKv for EtcdKv {
                 None => Compare::create_revision(k.clone(), CompareOp::Equal, 0),
                 Some(v) => Compare::value(k.clone(), CompareOp::Equal, v),
             };
+            let mut cmp = vec![when];
+            let mut otherwise = Vec::new();
+            if let Some((tk, term)) = &self.fence {
+                cmp.push(Compare::value(
+                    tk.clone(),
+                    CompareOp::Equal,
+                    term.to_string(),
+                ));
+                otherwise.push(TxnOp::get(tk.clone(), None));
+            }
             let txn = Txn::new()
-                .when([when])
-                .and_then([TxnOp::put(k, value, None)]);
+                .when(cmp)
+                .and_then([TxnOp::put(k, value, None)])
+                .or_else(otherwise);
             let mut kv = self.client.kv_client();
             let r = kv.txn(txn).await.map_err(|e| etcd_err("txn", e))?;
-            Ok(r.succeeded())
+            if r.succeeded() {
+                return Ok(true);
+            }
+            if let Some((_, term)) = &self.fence {
+                let now = r.op_responses().into_iter().find_map(|op| match op {
+                    TxnOpResponse::Get(g) => Some(
+                        g.kvs()
+                            .first()
+                            .map(|v| String::from_utf8_lossy(v.value()).into_owned()),
+                    ),
+                    _ => None,
+                });
+                if now.flatten().as_deref() != Some(term.to_string().as_str()) {
+                    return Err(Error::not_leader(None).with_message(format!(
+                        "durable write refused: this master's term {term} is over (another master leads)"
+                    )));
+                }
+            }
+            Ok(false)
         })
     }
 

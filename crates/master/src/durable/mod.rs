@@ -9,6 +9,8 @@ mod memory;
 
 #[cfg(test)]
 mod conformance;
+#[cfg(test)]
+pub(crate) use conformance::EtcdServer;
 
 pub use etcd::EtcdKv;
 pub use file::FileKv;

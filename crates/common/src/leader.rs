@@ -1,0 +1,361 @@
+//! Finding the serving master. `--master` takes one address, a comma-separated
+//! list of masters, or `etcd://HOST:PORT[,HOST:PORT…]/CLUSTER` (the leader
+//! record the masters keep in etcd). [`LeaderChannel`] is a gRPC channel that
+//! follows the leader as it moves: a follower's "not leader" answer names the
+//! leader, a dead address is dropped, and etcd is asked again after any
+//! failure, so no caller follows a stale record for longer than one call.
+
+use crate::{Code, Error, Result};
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tonic::transport::Channel;
+
+/// Response metadata a follower's "not leader" error carries: the leader's
+/// advertised address.
+pub const LEADER_HEADER: &str = "x-strata-leader";
+
+/// What the leader publishes in etcd (and `/api/v1/leader` answers).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderRecord {
+    /// gRPC address members and clients dial.
+    pub addr: String,
+    pub term: u64,
+}
+
+/// etcd key of a cluster's leader record (attached to the leader's lease).
+pub fn leader_key(cluster: &str) -> String {
+    format!("/strata/{cluster}/election/leader")
+}
+
+/// etcd key of a cluster's last term (never deleted; only grows).
+pub fn term_key(cluster: &str) -> String {
+    format!("/strata/{cluster}/election/term")
+}
+
+/// Checks a `--cluster-id`: it names etcd keys, so a safe, short token.
+pub fn validate_cluster_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "cluster id {id:?} must be 1 to 63 characters of letters, digits, '-', '_' or '.'"
+        )))
+    }
+}
+
+/// Where the master is found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MasterTarget {
+    /// Masters to try in turn (one for a single master).
+    Addrs(Vec<String>),
+    /// The leader record of `cluster` in etcd.
+    Etcd {
+        endpoints: Vec<String>,
+        cluster: String,
+    },
+}
+
+impl MasterTarget {
+    pub fn parse(s: &str) -> Result<MasterTarget> {
+        let s = s.trim();
+        if let Some(rest) = s.strip_prefix("etcd://") {
+            let (hosts, cluster) = rest.split_once('/').ok_or_else(|| {
+                Error::invalid(format!(
+                    "master address {s:?}: expected etcd://HOST:PORT[,HOST:PORT…]/CLUSTER"
+                ))
+            })?;
+            validate_cluster_id(cluster)?;
+            let endpoints = split_list(hosts)
+                .into_iter()
+                .map(|h| format!("http://{h}"))
+                .collect::<Vec<_>>();
+            if endpoints.is_empty() {
+                return Err(Error::invalid(format!(
+                    "master address {s:?} names no etcd endpoint"
+                )));
+            }
+            return Ok(MasterTarget::Etcd {
+                endpoints,
+                cluster: cluster.to_string(),
+            });
+        }
+        let addrs = split_list(s);
+        if addrs.is_empty() {
+            return Err(Error::invalid(
+                "master address is empty: give HOST:PORT, a comma-separated list, or etcd://HOST:PORT/CLUSTER",
+            ));
+        }
+        for a in &addrs {
+            http::Uri::try_from(uri_of(a))
+                .map_err(|e| Error::invalid(format!("bad master address {a:?}: {e}")))?;
+        }
+        Ok(MasterTarget::Addrs(addrs))
+    }
+}
+
+fn split_list(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+fn uri_of(addr: &str) -> String {
+    if addr.starts_with("http://") || addr.starts_with("https://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+/// Reads a cluster's leader record from etcd (`None`: no leader now).
+pub async fn read_leader(
+    client: &etcd_client::Client,
+    cluster: &str,
+) -> Result<Option<LeaderRecord>> {
+    let mut kv = client.kv_client();
+    let r = tokio::time::timeout(Duration::from_secs(3), kv.get(leader_key(cluster), None))
+        .await
+        .map_err(|_| Error::unavailable("etcd did not answer a leader lookup within 3s"))?
+        .map_err(|e| Error::unavailable(format!("etcd leader lookup: {e}")))?;
+    match r.kvs().first() {
+        None => Ok(None),
+        Some(v) => serde_json::from_slice(v.value()).map(Some).map_err(|e| {
+            Error::new(
+                Code::Corrupted,
+                format!("leader record of cluster {cluster:?} in etcd is not valid: {e}"),
+            )
+        }),
+    }
+}
+
+/// Connects an etcd client (lazily dialled, bounded timeouts).
+pub async fn etcd_client(endpoints: &[String]) -> Result<etcd_client::Client> {
+    let opts = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(3))
+        .with_timeout(Duration::from_secs(5))
+        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+    etcd_client::Client::connect(endpoints, Some(opts))
+        .await
+        .map_err(|e| Error::unavailable(format!("cannot reach etcd at {endpoints:?}: {e}")))
+}
+
+/// A gRPC channel to whichever master leads (see the module doc).
+#[derive(Clone)]
+pub struct LeaderChannel {
+    route: Arc<Route>,
+}
+
+struct Route {
+    target: MasterTarget,
+    channels: Mutex<HashMap<String, Channel>>,
+    /// The address believed to lead, if known.
+    current: Mutex<Option<String>>,
+    /// Next list entry to try when no leader is known.
+    next: Mutex<usize>,
+    etcd: tokio::sync::Mutex<Option<etcd_client::Client>>,
+}
+
+impl LeaderChannel {
+    pub fn new(target: MasterTarget) -> LeaderChannel {
+        LeaderChannel {
+            route: Arc::new(Route {
+                target,
+                channels: Mutex::new(HashMap::new()),
+                current: Mutex::new(None),
+                next: Mutex::new(0),
+                etcd: tokio::sync::Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The address calls go to now, if one is known.
+    pub fn current(&self) -> Option<String> {
+        self.route.current.lock().clone()
+    }
+}
+
+impl Route {
+    async fn pick(&self) -> Result<String> {
+        if let Some(a) = self.current.lock().clone() {
+            return Ok(a);
+        }
+        let addr = match &self.target {
+            MasterTarget::Addrs(list) => {
+                let mut n = self.next.lock();
+                let a = list[*n % list.len()].clone();
+                *n = n.wrapping_add(1);
+                a
+            }
+            MasterTarget::Etcd { endpoints, cluster } => {
+                let mut guard = self.etcd.lock().await;
+                if guard.is_none() {
+                    *guard = Some(etcd_client(endpoints).await?);
+                }
+                let client = guard.as_ref().expect("just set");
+                match read_leader(client, cluster).await {
+                    Ok(Some(rec)) => rec.addr,
+                    Ok(None) => {
+                        return Err(Error::unavailable(format!(
+                            "no master of cluster {cluster:?} leads now (no leader record in etcd); retry"
+                        )))
+                    }
+                    Err(e) => {
+                        // Reconnect next time: the endpoints may have moved.
+                        *guard = None;
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        *self.current.lock() = Some(addr.clone());
+        Ok(addr)
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel> {
+        let mut chans = self.channels.lock();
+        if let Some(c) = chans.get(addr) {
+            return Ok(c.clone());
+        }
+        let ch = tonic::transport::Endpoint::from_shared(uri_of(addr))
+            .map_err(|e| Error::invalid(format!("bad master address {addr:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(3))
+            .timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        chans.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+
+    /// `addr` failed or does not lead: pick again on the next call.
+    fn forget(&self, addr: &str) {
+        let mut cur = self.current.lock();
+        if cur.as_deref() == Some(addr) {
+            *cur = None;
+        }
+    }
+
+    fn follow(&self, leader: &str) {
+        *self.current.lock() = Some(leader.to_string());
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<http::Request<tonic::body::Body>> for LeaderChannel {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, std::result::Result<Self::Response, BoxError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<std::result::Result<(), BoxError>> {
+        // Readiness is checked on the chosen channel inside the call.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let route = self.route.clone();
+        Box::pin(async move {
+            let as_status = |e: Error| -> BoxError { Box::new(tonic::Status::from(e)) };
+            let addr = route.pick().await.map_err(as_status)?;
+            let mut ch = route.channel(&addr).map_err(as_status)?;
+            if let Err(e) = futures::future::poll_fn(|cx| ch.poll_ready(cx)).await {
+                route.forget(&addr);
+                return Err(e.into());
+            }
+            match ch.call(req).await {
+                Ok(resp) => {
+                    let h = resp.headers();
+                    if let Some(leader) = h.get(LEADER_HEADER).and_then(|v| v.to_str().ok()) {
+                        if leader != addr {
+                            route.follow(leader);
+                        }
+                    } else if h
+                        .get(crate::error::CODE_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<u32>().ok())
+                        == Some(Code::NotLeader as u32)
+                    {
+                        // A follower that knows no leader yet.
+                        route.forget(&addr);
+                    }
+                    Ok(resp)
+                }
+                Err(e) => {
+                    route.forget(&addr);
+                    Err(e.into())
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_and_bad_ones_are_refused() {
+        assert_eq!(
+            MasterTarget::parse("127.0.0.1:7400").unwrap(),
+            MasterTarget::Addrs(vec!["127.0.0.1:7400".into()])
+        );
+        assert_eq!(
+            MasterTarget::parse("a:1, b:2").unwrap(),
+            MasterTarget::Addrs(vec!["a:1".into(), "b:2".into()])
+        );
+        assert_eq!(
+            MasterTarget::parse("etcd://e1:2379,e2:2379/prod").unwrap(),
+            MasterTarget::Etcd {
+                endpoints: vec!["http://e1:2379".into(), "http://e2:2379".into()],
+                cluster: "prod".into()
+            }
+        );
+        for bad in [
+            "",
+            " , ",
+            "etcd://e1:2379",
+            "etcd:///prod",
+            "etcd://e1:2379/",
+            "etcd://e1:2379/a/b",
+            "bad host:1",
+        ] {
+            assert!(MasterTarget::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn cluster_ids_are_checked() {
+        assert!(validate_cluster_id("prod-eu.1_a").is_ok());
+        assert!(validate_cluster_id(&"a".repeat(63)).is_ok());
+        assert!(validate_cluster_id(&"a".repeat(64)).is_err());
+        assert!(validate_cluster_id("").is_err());
+        assert!(validate_cluster_id("a/b").is_err());
+    }
+
+    #[test]
+    fn a_not_leader_answer_moves_the_channel_and_a_failure_forgets() {
+        let ch = LeaderChannel::new(MasterTarget::Addrs(vec!["a:1".into(), "b:2".into()]));
+        let r = &ch.route;
+        let a = futures::executor::block_on(r.pick()).unwrap();
+        assert_eq!(a, "a:1");
+        assert_eq!(futures::executor::block_on(r.pick()).unwrap(), "a:1");
+        r.follow("b:2");
+        assert_eq!(ch.current().as_deref(), Some("b:2"));
+        r.forget("a:1");
+        assert_eq!(ch.current().as_deref(), Some("b:2"), "forgetting another");
+        r.forget("b:2");
+        assert_eq!(ch.current(), None);
+        assert_eq!(futures::executor::block_on(r.pick()).unwrap(), "b:2");
+    }
+}

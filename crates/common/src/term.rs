@@ -1,0 +1,48 @@
+//! Fencing by leadership term. Every master answer to a member carries the
+//! term of the master that made it; a member keeps the highest term it has
+//! seen and refuses anything from a lower one, so a deposed leader that wakes
+//! up (a paused process, a partition healing) cannot change what members do.
+
+use crate::{Code, Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct TermFence(AtomicU64);
+
+impl TermFence {
+    /// Admits an answer from `term` (raising the fence) or refuses it.
+    pub fn admit(&self, term: u64) -> Result<()> {
+        let seen = self.0.fetch_max(term, Ordering::AcqRel);
+        if term < seen {
+            return Err(Error::new(
+                Code::NotLeader,
+                format!(
+                    "refused an answer from master term {term}: term {seen} has been seen, so it comes from a deposed leader"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The highest term seen (0: none yet).
+    pub fn seen(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lower_terms_are_refused_once_a_higher_one_is_seen() {
+        let f = TermFence::default();
+        assert!(f.admit(3).is_ok());
+        assert!(f.admit(3).is_ok(), "the same term again");
+        let e = f.admit(2).unwrap_err();
+        assert_eq!(e.code, Code::NotLeader);
+        assert!(f.admit(4).is_ok());
+        assert!(f.admit(3).is_err(), "one below");
+        assert_eq!(f.seen(), 4);
+    }
+}
