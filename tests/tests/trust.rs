@@ -237,6 +237,7 @@ async fn a_live_node_id_cannot_be_taken_over() {
             incarnation: 1,
             applied_seq: u64::MAX,
             instance_proof: strata_common::auth::new_instance_proof(),
+            wait_ms: 0,
         })
         .await
         .unwrap_err();
@@ -343,9 +344,19 @@ async fn ssd_reads_survive_a_master_restart() {
         assert!(t0.elapsed() < Duration::from_secs(20), "offloaded: {v}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // SSD-only from here on: the node's DRAM copy would survive the restart.
+    let r = cl
+        .master_client()
+        .evict_memory(pb::EvictMemoryRequest {
+            keys: vec!["ssd-only".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.results[0].code, 0, "{}", r.results[0].message);
     drop(master); // SIGKILL
     let _master = m.start().await;
-    // The agent re-registers and re-reports; then the object is SSD-only.
+    // The agent re-registers and re-reports its copy.
     let t0 = std::time::Instant::now();
     let got = loop {
         match cl.get("ssd-only").await {

@@ -130,7 +130,10 @@ impl ClusterBuilder {
         let root = CancellationToken::new();
         let master_token = root.child_token();
         let mh = strata_master::start(self.master.clone(), master_token.clone()).await?;
-        let (master_addr, master_admin, master) = (mh.grpc_addr, mh.admin_addr, mh.master.clone());
+        let master = mh
+            .master()
+            .ok_or_else(|| Error::internal("the local master is not leading"))?;
+        let (master_addr, master_admin) = (mh.grpc_addr, mh.admin_addr);
         let master_task = tokio::spawn(mh.wait());
         let mut c = LocalCluster {
             master_addr,

@@ -1,7 +1,9 @@
 //! The master's admin JSON API (besides /metrics, /health, /ready).
 
 use crate::master::Master;
-use axum::extract::{Path, State};
+use crate::serving::Serving;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -11,7 +13,7 @@ use strata_common::admin::error_response;
 use strata_common::time::unix_ms;
 use strata_common::Error;
 
-pub fn api_router(master: Arc<Master>, advertise: String) -> Router {
+pub fn api_router(serving: Arc<Serving>) -> Router {
     Router::new()
         .route("/api/v1/keys/{*key}", get(key))
         .route("/api/v1/segments", get(segments))
@@ -20,29 +22,34 @@ pub fn api_router(master: Arc<Master>, advertise: String) -> Router {
         .route("/api/v1/offload", get(offload))
         .route(
             "/api/v1/leader",
-            get(move || {
-                let advertise = advertise.clone();
-                async move {
-                    Json(json!({
-                        "leader": advertise,
-                        "term": 1,
-                        "is_leader": true,
-                        "mode": "single-master",
-                    }))
-                }
-            }),
+            get(|State(s): State<Arc<Serving>>| async move { Json(s.describe()) }),
         )
-        .with_state(master)
+        .with_state(serving)
 }
 
-async fn key(State(m): State<Arc<Master>>, Path(key): Path<String>) -> Response {
+/// The serving term's metadata; a follower answers 503 `not_leader` naming
+/// the leader (its metadata is not the cluster's).
+struct Leader(Arc<Master>);
+
+impl FromRequestParts<Arc<Serving>> for Leader {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        _parts: &mut Parts,
+        s: &Arc<Serving>,
+    ) -> Result<Self, Self::Rejection> {
+        s.current().map(Leader).map_err(|e| error_response(&e))
+    }
+}
+
+async fn key(Leader(m): Leader, Path(key): Path<String>) -> Response {
     match m.describe(&key) {
         Some(v) => Json(v).into_response(),
         None => error_response(&Error::not_found(format!("key {key:?} not found"))),
     }
 }
 
-async fn segments(State(m): State<Arc<Master>>) -> Response {
+async fn segments(Leader(m): Leader) -> Response {
     let st = tokio::task::spawn_blocking(move || m.stat()).await;
     match st {
         Ok(st) => Json(json!({
@@ -62,15 +69,15 @@ async fn segments(State(m): State<Arc<Master>>) -> Response {
     }
 }
 
-async fn nodes(State(m): State<Arc<Master>>) -> Response {
+async fn nodes(Leader(m): Leader) -> Response {
     Json(m.describe_nodes()).into_response()
 }
 
-async fn owners(State(m): State<Arc<Master>>) -> Response {
+async fn owners(Leader(m): Leader) -> Response {
     Json(m.describe_owners()).into_response()
 }
 
-async fn offload(State(m): State<Arc<Master>>) -> Response {
+async fn offload(Leader(m): Leader) -> Response {
     Json(m.describe_offload()).into_response()
 }
 

@@ -69,6 +69,12 @@ impl Master {
         self.space.closed.cancel();
     }
 
+    /// Fires when the term ends (shutdown or step-down): every wait and
+    /// long poll answers at once.
+    pub(crate) fn closing(&self) -> &tokio_util::sync::CancellationToken {
+        &self.space.closed
+    }
+
     /// Starts a put, waiting until `deadline` for DRAM that copies to SSD
     /// in flight will free. Nothing is allocated until the put has its
     /// space, so a call dropped while waiting leaks nothing.

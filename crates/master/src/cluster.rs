@@ -37,6 +37,13 @@ pub struct NodeEntry {
     pub segment_ids: Vec<u64>,
     pub last_heartbeat_ms: AtomicU64,
     log: Mutex<NodeLog>,
+    /// Highest log entry the node says it applied (its heartbeats).
+    acked_seq: AtomicU64,
+    /// The log grew: a long-polling heartbeat answers at once.
+    pub(crate) log_grew: tokio::sync::Notify,
+    /// `acked_seq` advanced: PutEnds waiting for their commit to reach the
+    /// node go on.
+    pub(crate) acked: tokio::sync::Notify,
 }
 
 /// What the node must learn about the objects it holds: commits and frees, in
@@ -64,24 +71,40 @@ impl NodeEntry {
                 next_seq: 1,
                 entries: VecDeque::new(),
             }),
+            acked_seq: AtomicU64::new(0),
+            log_grew: tokio::sync::Notify::new(),
+            acked: tokio::sync::Notify::new(),
         }
     }
 
-    fn push(&self, op: object_log_entry::Op) {
-        let mut log = self.log.lock();
-        let seq = log.next_seq;
-        log.next_seq += 1;
-        log.entries.push_back(ObjectLogEntry { seq, op: Some(op) });
+    fn push(&self, op: object_log_entry::Op) -> u64 {
+        let seq = {
+            let mut log = self.log.lock();
+            let seq = log.next_seq;
+            log.next_seq += 1;
+            log.entries.push_back(ObjectLogEntry { seq, op: Some(op) });
+            seq
+        };
+        self.log_grew.notify_waiters();
+        seq
     }
 
-    pub fn log_commit(&self, key: &str, segment_id: u64, offset: u64, length: u64, crc: u32) {
+    /// Records a commit for the node; returns its log sequence number.
+    pub fn log_commit(
+        &self,
+        key: &str,
+        segment_id: u64,
+        offset: u64,
+        length: u64,
+        crc: u32,
+    ) -> u64 {
         self.push(object_log_entry::Op::Commit(CommittedObject {
             key: key.to_string(),
             segment_id,
             offset,
             length,
             crc32c: crc,
-        }));
+        }))
     }
 
     pub fn log_free(&self, segment_id: u64, offset: u64, length: u64, generation: u64) {
@@ -91,6 +114,17 @@ impl NodeEntry {
             length,
             generation,
         }));
+    }
+
+    /// The node applied the log up to `seq` (a heartbeat said so).
+    pub fn ack(&self, seq: u64) {
+        if self.acked_seq.fetch_max(seq, Ordering::AcqRel) < seq {
+            self.acked.notify_waiters();
+        }
+    }
+
+    pub fn acked_seq(&self) -> u64 {
+        self.acked_seq.load(Ordering::Acquire)
     }
 
     /// Drops what the node has applied and returns the next page. A node

@@ -135,6 +135,13 @@ pub struct MasterConfig {
     pub credentials: Credentials,
     /// Serve beyond loopback without credentials (protected mode off).
     pub insecure: bool,
+    /// HA mode: etcd endpoints (`http://HOST:PORT`); empty = single master.
+    pub etcd: Vec<String>,
+    /// HA mode: the cluster these masters lead (names etcd keys).
+    pub cluster_id: String,
+    /// HA mode: the leader's etcd lease; a dead leader is replaced after
+    /// at most this long.
+    pub election_ttl: Duration,
 }
 
 impl Default for MasterConfig {
@@ -158,6 +165,9 @@ impl Default for MasterConfig {
             promote_queue: 1024,
             credentials: Credentials::default(),
             insecure: false,
+            etcd: Vec::new(),
+            cluster_id: "strata".into(),
+            election_ttl: Duration::from_secs(6),
         }
     }
 }
@@ -197,6 +207,28 @@ impl MasterConfig {
                 return Err(Error::invalid(format!("{name} must be at least 10ms")));
             }
         }
+        strata_common::leader::validate_cluster_id(&self.cluster_id)
+            .map_err(|e| Error::invalid(format!("--cluster-id: {}", e.message)))?;
+        if self.election_ttl < Duration::from_secs(2)
+            || self.election_ttl > Duration::from_secs(300)
+        {
+            return Err(Error::invalid(format!(
+                "--election-ttl must be 2s to 300s (etcd leases are whole seconds), got {:?}",
+                self.election_ttl
+            )));
+        }
+        if !self.etcd.is_empty() && self.advertise.is_none() && self.listen.ip().is_unspecified() {
+            return Err(Error::invalid(
+                "HA mode (--etcd) publishes the leader's address: give --advertise HOST:PORT",
+            ));
+        }
+        for e in &self.etcd {
+            if !(e.starts_with("http://") || e.starts_with("https://")) || e.len() < 9 {
+                return Err(Error::invalid(format!(
+                    "--etcd endpoint {e:?} must look like http://HOST:PORT"
+                )));
+            }
+        }
         if self.put_wait > MAX_PUT_WAIT {
             return Err(Error::invalid(format!(
                 "--put-wait must be at most {}s (clients give up on a call after 30s), got {:?}",
@@ -210,6 +242,21 @@ impl MasterConfig {
             self.insecure,
         )
     }
+}
+
+/// `--etcd` as endpoint URLs (a bare HOST:PORT gets `http://`).
+fn etcd_endpoints(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            if e.contains("://") {
+                e.to_string()
+            } else {
+                format!("http://{e}")
+            }
+        })
+        .collect()
 }
 
 /// Flags of `strata-master`. Every flag has an env var; `--config` supplies
@@ -283,6 +330,15 @@ pub struct MasterArgs {
     /// Serve beyond loopback without any token file (anyone reaching the ports owns the cluster) [default: false]
     #[arg(long, env = "STRATA_INSECURE", num_args = 0..=1, default_missing_value = "true")]
     pub insecure: Option<bool>,
+    /// HA mode: etcd endpoints, comma-separated (HOST:PORT or http://HOST:PORT); without it the master runs single [default: none]
+    #[arg(long, env = "STRATA_ETCD")]
+    pub etcd: Option<String>,
+    /// HA mode: name of the cluster these masters lead (etcd key prefix) [default: strata]
+    #[arg(long, env = "STRATA_CLUSTER_ID")]
+    pub cluster_id: Option<String>,
+    /// HA mode: the leader's etcd lease TTL; a dead leader is replaced within it (2s to 300s) [default: 6s]
+    #[arg(long, env = "STRATA_ELECTION_TTL")]
+    pub election_ttl: Option<HumanDuration>,
     /// text | json [default: text]
     #[arg(long, env = "STRATA_LOG_FORMAT")]
     #[serde(skip)]
@@ -317,7 +373,10 @@ impl MasterArgs {
                     member_token_file,
                     client_token_file,
                     admin_token_file,
-                    insecure
+                    insecure,
+                    etcd,
+                    cluster_id,
+                    election_ttl
                 ]
             );
         }
@@ -327,6 +386,9 @@ impl MasterArgs {
             admin_addr: self.admin_addr.unwrap_or(d.admin_addr),
             advertise: self.advertise,
             state_dir: self.state_dir,
+            etcd: self.etcd.as_deref().map(etcd_endpoints).unwrap_or_default(),
+            cluster_id: self.cluster_id.unwrap_or(d.cluster_id.clone()),
+            election_ttl: self.election_ttl.map_or(d.election_ttl, |v| v.0),
             lease_ttl: self.lease_ttl.map_or(d.lease_ttl, |v| v.0),
             node_ttl: self.node_ttl.map_or(d.node_ttl, |v| v.0),
             put_timeout: self.put_timeout.map_or(d.put_timeout, |v| v.0),

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod allocator;
 pub mod backpressure;
 pub mod cluster;
+pub mod commit_sync;
 pub mod config;
 pub mod durable;
 pub mod election;
@@ -15,16 +16,20 @@ pub mod objects;
 pub mod offload;
 pub mod rebuild;
 pub mod service;
+pub mod serving;
 pub mod tombstones;
 
 pub use config::{MasterArgs, MasterConfig};
 pub use master::Master;
 
+use crate::durable::{DurableKv, EtcdKv};
+use crate::election::{Election, EtcdElection, MemElection};
+use crate::metrics::MasterMetrics;
+use crate::serving::Serving;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_common::{Error, Result};
-use strata_proto::master_server::MasterServer;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -32,18 +37,43 @@ use tokio_util::sync::CancellationToken;
 pub struct MasterHandle {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
-    pub master: Arc<Master>,
+    /// What this process serves now (which term, if it leads).
+    pub serving: Arc<Serving>,
     tasks: JoinSet<()>,
 }
 
 impl MasterHandle {
+    /// The serving term's metadata (a single master has one at once).
+    pub fn master(&self) -> Option<Arc<Master>> {
+        self.serving.master()
+    }
+
     /// Waits until every task has stopped (after the shutdown token fired).
     pub async fn wait(mut self) {
         while self.tasks.join_next().await.is_some() {}
     }
 }
 
-/// Binds the gRPC and admin listeners and starts the master's tasks.
+/// Where each term's durable state comes from.
+enum DurableSource {
+    /// Single master: one store for every term.
+    Local(Arc<dyn DurableKv>),
+    /// HA: etcd, fenced by the term that writes.
+    Etcd(Box<EtcdKv>, String),
+}
+
+impl DurableSource {
+    fn for_term(&self, term: u64) -> Arc<dyn DurableKv> {
+        match self {
+            DurableSource::Local(kv) => kv.clone(),
+            DurableSource::Etcd(kv, cluster) => Arc::new(kv.fenced(cluster, term)),
+        }
+    }
+}
+
+/// Binds the gRPC and admin listeners and starts the master's tasks. A
+/// single master leads at once (its term one above its last one, kept in
+/// `--state-dir`); with `--etcd` it campaigns and serves only while it leads.
 pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<MasterHandle> {
     cfg.validate()?.log();
     if let Some(dir) = &cfg.state_dir {
@@ -59,17 +89,47 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
         .advertise
         .clone()
         .unwrap_or_else(|| grpc_addr.to_string());
-    let master = Master::new(cfg.clone())?;
+    let metrics = MasterMetrics::new();
+    let (election, durable, mode): (Arc<dyn Election>, _, _) = if cfg.etcd.is_empty() {
+        let kv = Master::local_kv_of(&cfg)?;
+        // Terms keep growing across restarts, so members fence a master
+        // that came back as well as a deposed leader.
+        let term = durable::increment(kv.as_ref(), "term").await?;
+        (
+            Arc::new(MemElection::new(term - 1, cfg.election_ttl)),
+            DurableSource::Local(kv),
+            "single-master",
+        )
+    } else {
+        let client = strata_common::leader::etcd_client(&cfg.etcd).await?;
+        (
+            Arc::new(EtcdElection::new(
+                client.clone(),
+                &cfg.cluster_id,
+                cfg.election_ttl,
+            )?),
+            DurableSource::Etcd(
+                Box::new(EtcdKv::new(client, &cfg.cluster_id)?),
+                cfg.cluster_id.clone(),
+            ),
+            "ha",
+        )
+    };
+    let serving = Serving::new(metrics.clone(), advertise.clone(), mode);
     let mut tasks = JoinSet::new();
 
-    let (refresh, ready) = (master.clone(), master.clone());
+    let (refresh, ready) = (serving.clone(), serving.clone());
     let router = strata_common::admin::base_router(
-        master.metrics.registry.clone(),
-        // Not while a restarted master waits for its nodes' reports.
-        Arc::new(move || ready.accepting_writes()),
-        Some(Arc::new(move || refresh.refresh_gauges())),
+        metrics.registry.clone(),
+        // Only the serving leader, and not while it rebuilds from members.
+        Arc::new(move || ready.ready()),
+        Some(Arc::new(move || {
+            if let Some(m) = refresh.master() {
+                m.refresh_gauges()
+            }
+        })),
     )
-    .merge(admin::api_router(master.clone(), advertise.clone()));
+    .merge(admin::api_router(serving.clone()));
     let (admin_addr, admin_task) =
         strata_common::admin::serve(cfg.admin_addr, router, shutdown.clone()).await?;
     tasks.spawn(async move {
@@ -77,11 +137,9 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
     });
 
     let svc = strata_common::grpc::Authenticated::new(
-        MasterServer::new(service::MasterService {
-            master: master.clone(),
-        })
-        .max_decoding_message_size(service::MAX_REQUEST)
-        .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE),
+        serving::Gate {
+            serving: serving.clone(),
+        },
         Arc::new(cfg.credentials.clone()),
         service::policy_of,
     );
@@ -98,23 +156,35 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
             sd.cancel();
         }
     });
-
-    tasks.spawn(housekeeping(master.clone(), shutdown.clone()));
-    {
-        // Puts waiting for DRAM answer at once (retryable) instead of
-        // holding the server's drain for up to --put-wait.
-        let (m, sd) = (master.clone(), shutdown.clone());
-        tasks.spawn(async move {
-            sd.cancelled().await;
-            m.stop_waiting();
-        });
+    let single = mode == "single-master";
+    let first_term = lead(
+        LeadCtx {
+            cfg,
+            serving: serving.clone(),
+            election,
+            durable,
+            advertise: advertise.clone(),
+        },
+        shutdown.clone(),
+    );
+    if single {
+        // The single master leads at once: serve before returning.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tasks.spawn(first_term.notify(tx));
+        let _ = rx.await;
+        if serving.master().is_none() {
+            return Err(Error::internal(
+                "the master could not start its first term (see the log)",
+            ));
+        }
+    } else {
+        tasks.spawn(first_term.run());
     }
-    tasks.spawn(evictor(master.clone(), shutdown.clone()));
-    tracing::info!(%grpc_addr, %admin_addr, %advertise, "strata-master started (single-master mode)");
+    tracing::info!(%grpc_addr, %admin_addr, %advertise, mode, "strata-master started");
     Ok(MasterHandle {
         grpc_addr,
         admin_addr,
-        master,
+        serving,
         tasks,
     })
 }
@@ -125,6 +195,107 @@ pub async fn run(cfg: MasterConfig, shutdown: CancellationToken) -> Result<()> {
     h.wait().await;
     tracing::info!("strata-master stopped");
     Ok(())
+}
+
+struct LeadCtx {
+    cfg: MasterConfig,
+    serving: Arc<Serving>,
+    election: Arc<dyn Election>,
+    durable: DurableSource,
+    advertise: String,
+}
+
+/// The campaign loop: campaign, serve a term while it lasts, step down, and
+/// campaign again, until shutdown (which resigns).
+struct Lead {
+    ctx: LeadCtx,
+    shutdown: CancellationToken,
+}
+
+fn lead(ctx: LeadCtx, shutdown: CancellationToken) -> Lead {
+    Lead { ctx, shutdown }
+}
+
+impl Lead {
+    async fn run(self) {
+        self.run_notifying(None).await
+    }
+
+    async fn notify(self, tx: tokio::sync::oneshot::Sender<()>) {
+        self.run_notifying(Some(tx)).await
+    }
+
+    async fn run_notifying(self, mut first: Option<tokio::sync::oneshot::Sender<()>>) {
+        let Lead { ctx, shutdown } = self;
+        let poll = (ctx.cfg.election_ttl / 10).max(std::time::Duration::from_millis(50));
+        loop {
+            let watch = shutdown.child_token();
+            tokio::spawn(serving::watch_leader(
+                ctx.serving.clone(),
+                ctx.election.clone(),
+                poll,
+                watch.clone(),
+            ));
+            let won = ctx.election.campaign(&ctx.advertise, &shutdown).await;
+            watch.cancel();
+            let leadership = match won {
+                Ok(l) => l,
+                Err(_) => return, // cancelled: shutting down
+            };
+            let term = leadership.term;
+            let kv = ctx.durable.for_term(term);
+            let t0 = Instant::now();
+            let master = match Master::for_term(
+                ctx.cfg.clone(),
+                kv,
+                ctx.serving.metrics.clone(),
+                term,
+            )
+            .await
+            {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::error!(term, error = %e, "cannot start a term; resigning");
+                    leadership.resign().await;
+                    if first.take().is_some() || shutdown.is_cancelled() {
+                        return;
+                    }
+                    tokio::time::sleep(ctx.cfg.election_ttl).await;
+                    continue;
+                }
+            };
+            tracing::info!(
+                term,
+                advertise = %ctx.advertise,
+                setup_ms = t0.elapsed().as_millis() as u64,
+                "leading: members re-register and report what they hold"
+            );
+            let term_stop = shutdown.child_token();
+            let mut tasks = JoinSet::new();
+            tasks.spawn(housekeeping(master.clone(), term_stop.clone()));
+            tasks.spawn(evictor(master.clone(), term_stop.clone()));
+            ctx.serving.begin(master.clone(), leadership.clone());
+            if let Some(tx) = first.take() {
+                let _ = tx.send(());
+            }
+            let lost = leadership.lost();
+            tokio::select! {
+                _ = lost.cancelled() => {}
+                _ = shutdown.cancelled() => {}
+            }
+            ctx.serving.end();
+            term_stop.cancel();
+            // Puts waiting for DRAM answer at once (retryable).
+            master.stop_waiting();
+            while tasks.join_next().await.is_some() {}
+            if shutdown.is_cancelled() {
+                leadership.resign().await;
+                tracing::info!(term, "resigned leadership");
+                return;
+            }
+            tracing::warn!(term, "stepped down; campaigning again");
+        }
+    }
 }
 
 /// Expires silent nodes and reclaims puts that were never ended.

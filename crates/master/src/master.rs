@@ -36,6 +36,10 @@ const EVICT_ROUNDS: usize = 4;
 
 pub struct Master {
     pub(crate) cfg: MasterConfig,
+    /// The leadership term this metadata belongs to: members refuse answers
+    /// from a lower one, and member grant keys are derived for it, so grants
+    /// a deposed leader signs are refused too.
+    pub(crate) term: u64,
     pub(crate) grant_key: GrantKey,
     pub(crate) objects: ObjectTable,
     pub(crate) segments: RwLock<HashMap<u64, Arc<SegmentEntry>>>,
@@ -125,7 +129,13 @@ pub fn validate_key(key: &str) -> Result<()> {
 impl Master {
     /// Opens the durable state (`--state-dir`, or memory without one).
     pub fn new(cfg: MasterConfig) -> Result<Arc<Self>> {
-        let kv: Arc<dyn DurableKv> = match &cfg.state_dir {
+        let kv = Self::local_kv_of(&cfg)?;
+        Self::with_kv(cfg, kv)
+    }
+
+    /// The single master's durable state: `--state-dir`, or memory.
+    pub fn local_kv_of(cfg: &MasterConfig) -> Result<Arc<dyn DurableKv>> {
+        Ok(match &cfg.state_dir {
             Some(dir) => Arc::new(FileKv::open(dir)?),
             None => {
                 tracing::warn!(
@@ -133,27 +143,38 @@ impl Master {
                 );
                 Arc::new(MemKv::new())
             }
-        };
-        Self::with_kv(cfg, kv)
+        })
     }
 
+    /// A master for unit tests: term 1, its own metrics.
     pub fn with_kv(cfg: MasterConfig, kv: Arc<dyn DurableKv>) -> Result<Arc<Self>> {
-        let metrics = MasterMetrics::new();
-        metrics.is_leader.set(1);
-        metrics.term.set(1);
+        futures::executor::block_on(Self::for_term(cfg, kv, MasterMetrics::new(), 1))
+    }
+
+    /// The metadata of one leadership term, starting empty (members report
+    /// what they hold, `rebuild.rs`). `metrics` outlive terms.
+    pub async fn for_term(
+        cfg: MasterConfig,
+        kv: Arc<dyn DurableKv>,
+        metrics: MasterMetrics,
+        term: u64,
+    ) -> Result<Arc<Self>> {
+        // A grant key already in the durable state means a master ran
+        // before: its nodes may hold objects to report (`rebuild.rs`).
+        let restarted = kv.get("grant-key/v1".into()).await?.is_some();
+        let grant_key = load_grant_key(kv.as_ref()).await?;
+        // Read once per term (a startup cost, as before terms existed).
+        let tombstones = match &cfg.state_dir {
+            Some(dir) => crate::tombstones::Tombstones::open(dir, MAX_TOMBSTONES)?,
+            None => crate::tombstones::Tombstones::memory(MAX_TOMBSTONES),
+        };
+        metrics.keys.set(0);
+        metrics.term.set(term as i64);
         let policy = policy::from_config(cfg.offload_policy)?;
         let admission = AdmissionFilter::new(
             policy.on_evict() && cfg.ssd_admission == crate::config::SsdAdmission::Auto,
             metrics.admission.clone(),
         );
-        // A grant key already in the durable state means this master ran
-        // before: its nodes may hold objects to report (`rebuild.rs`).
-        let restarted = futures::executor::block_on(kv.get("grant-key/v1".into()))?.is_some();
-        let grant_key = futures::executor::block_on(load_grant_key(kv.as_ref()))?;
-        let tombstones = match &cfg.state_dir {
-            Some(dir) => crate::tombstones::Tombstones::open(dir, MAX_TOMBSTONES)?,
-            None => crate::tombstones::Tombstones::memory(MAX_TOMBSTONES),
-        };
         let owners = OwnerRegistry::new(kv, cfg.node_ttl.as_millis() as u64);
         let pinger = TcpTransport::new(TcpTransportConfig {
             connect_timeout: std::time::Duration::from_secs(1),
@@ -163,6 +184,7 @@ impl Master {
         });
         Ok(Arc::new(Master {
             cfg,
+            term,
             grant_key,
             objects: ObjectTable::default(),
             segments: RwLock::new(HashMap::new()),
@@ -189,11 +211,20 @@ impl Master {
         }))
     }
 
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    /// The grant key of one member process for this term.
+    fn member_key(&self, member: &str, proof: &ProofHash) -> GrantKey {
+        self.grant_key
+            .derive(&format!("{}@term{}", proof.member_name(member), self.term))
+    }
+
     /// The key the process registered as owner `owner_id` verifies its
     /// grants with (derived for that owner and that process alone).
     pub(crate) fn owner_key(&self, owner_id: u64, proof: &ProofHash) -> GrantKey {
-        self.grant_key
-            .derive(&proof.member_name(&owner_member(owner_id)))
+        self.member_key(&owner_member(owner_id), proof)
     }
 
     fn ssd_view(&self, r: &SsdReplica, expires: u64, now: u64) -> Option<pb::Replica> {
@@ -366,12 +397,22 @@ impl Master {
     }
 
     pub fn put_end(&self, key: &str, crc32c: u32) -> Result<()> {
-        let size = self.commit(key, crc32c)?;
-        self.admit_on_put_end(key, size);
-        Ok(())
+        self.put_end_unsynced(key, crc32c).map(|_| ())
     }
 
-    fn commit(&self, key: &str, crc32c: u32) -> Result<u64> {
+    /// Commits a put; the commit reaches its nodes' records with their next
+    /// heartbeat (`commit_sync.rs` waits for that).
+    pub(crate) fn put_end_unsynced(
+        &self,
+        key: &str,
+        crc32c: u32,
+    ) -> Result<crate::commit_sync::Unsynced> {
+        let (size, unsynced) = self.commit(key, crc32c)?;
+        self.admit_on_put_end(key, size);
+        Ok(unsynced)
+    }
+
+    fn commit(&self, key: &str, crc32c: u32) -> Result<(u64, crate::commit_sync::Unsynced)> {
         validate_key(key)?;
         let mut shard = self.objects.shard(key);
         let obj = shard.get_mut(key).ok_or_else(|| {
@@ -388,12 +429,15 @@ impl Master {
         obj.crc32c = crc32c;
         obj.state = ObjState::Complete;
         obj.last_access_ms = unix_ms();
+        let mut unsynced = crate::commit_sync::Unsynced::default();
         for r in &obj.replicas {
-            r.seg
+            let seq = r
+                .seg
                 .node
                 .log_commit(key, r.seg.id, r.offset, obj.size, crc32c);
+            unsynced.push(r.seg.node.clone(), seq);
         }
-        Ok(obj.size)
+        Ok((obj.size, unsynced))
     }
 
     pub fn put_revoke(&self, key: &str) -> Result<()> {
@@ -938,9 +982,7 @@ impl Master {
             .iter()
             .map(|_| self.next_segment_id.fetch_add(1, Ordering::Relaxed))
             .collect();
-        let grant_key = self
-            .grant_key
-            .derive(&proof.member_name(&node_member(&req.node_id)));
+        let grant_key = self.member_key(&node_member(&req.node_id), &proof);
         let node = Arc::new(NodeEntry::new(
             crate::cluster::NodeIdentity {
                 node_id: req.node_id.clone(),
@@ -973,8 +1015,9 @@ impl Master {
             segment_ids: ids,
             grant_key: grant_key.as_bytes().to_vec(),
             incarnation,
-            heartbeat_interval_ms: (self.cfg.node_ttl.as_millis() as u64 / 4).clamp(20, 2000),
+            heartbeat_interval_ms: self.heartbeat_interval().as_millis() as u64,
             report_objects: self.rebuilding(),
+            term: self.term,
         })
     }
 
@@ -1021,12 +1064,18 @@ impl Master {
             )),
             Some(n) if n.incarnation == req.incarnation => {
                 let log = n.log_page(req.applied_seq)?;
+                n.ack(req.applied_seq);
                 n.last_heartbeat_ms.store(unix_ms(), Ordering::Relaxed);
-                Ok(pb::HeartbeatResponse { known: true, log })
+                Ok(pb::HeartbeatResponse {
+                    known: true,
+                    log,
+                    term: self.term,
+                })
             }
             _ => Ok(pb::HeartbeatResponse {
                 known: false,
                 log: vec![],
+                term: self.term,
             }),
         }
     }
@@ -1052,7 +1101,8 @@ impl Master {
             owner_id,
             epoch,
             grant_key: key.as_bytes().to_vec(),
-            heartbeat_interval_ms: (self.cfg.node_ttl.as_millis() as u64 / 4).clamp(20, 2000),
+            heartbeat_interval_ms: self.heartbeat_interval().as_millis() as u64,
+            term: self.term,
         })
     }
 
@@ -1074,6 +1124,7 @@ impl Master {
             tasks,
             drops: self.take_ssd_drops(req.owner_id),
             promotions,
+            term: self.term,
         })
     }
 

@@ -24,6 +24,7 @@ pub struct MasterMetrics {
     pub offload_results: IntCounterVec,
     pub promotions: IntCounterVec,
     pub admission: crate::offload::admission::AdmissionMetrics,
+    pub unsynced_commits: IntCounter,
     pub is_leader: IntGauge,
     pub term: IntGauge,
     pub nodes: IntGauge,
@@ -188,6 +189,10 @@ impl MasterMetrics {
                     "One key in this many feeds the admission shadows",
                 ),
             },
+            unsynced_commits: c(
+                "strata_master_unsynced_commits_total",
+                "Puts acknowledged before their store node confirmed the commit (the node did not answer in time)",
+            ),
             is_leader: g(
                 "strata_master_is_leader",
                 "1 when this master serves as leader",

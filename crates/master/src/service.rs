@@ -162,10 +162,13 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::PutEndResponse>, Status> {
         let t0 = Instant::now();
         let r = req.get_ref();
-        let r = self
-            .master
-            .put_end(&r.key, r.crc32c)
-            .map(|_| pb::PutEndResponse {});
+        let r = match self.master.put_end_unsynced(&r.key, r.crc32c) {
+            Ok(u) => {
+                self.master.await_synced(u).await;
+                Ok(pb::PutEndResponse {})
+            }
+            Err(e) => Err(e),
+        };
         self.done("put_end", t0, r)
     }
 
@@ -221,13 +224,27 @@ impl MasterRpc for MasterService {
         let t0 = Instant::now();
         let items = req.into_inner().items;
         let r = self
-            .batch(items.len(), move |m| pb::BatchStatusResponse {
-                results: items
+            .batch(items.len(), move |m| {
+                let mut all = crate::commit_sync::Unsynced::default();
+                let results = items
                     .iter()
-                    .map(|it| status_of(m.put_end(&it.key, it.crc32c)))
-                    .collect(),
+                    .map(|it| {
+                        status_of(
+                            m.put_end_unsynced(&it.key, it.crc32c)
+                                .map(|u| all.extend(u)),
+                        )
+                    })
+                    .collect();
+                (pb::BatchStatusResponse { results }, all)
             })
             .await;
+        let r = match r {
+            Ok((resp, all)) => {
+                self.master.await_synced(all).await;
+                Ok(resp)
+            }
+            Err(e) => Err(e),
+        };
         self.done("batch_put_end", t0, r)
     }
 
@@ -384,7 +401,7 @@ impl MasterRpc for MasterService {
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let t0 = Instant::now();
-        let r = self.master.heartbeat(req.get_ref());
+        let r = self.master.heartbeat_wait(req.get_ref()).await;
         self.done("heartbeat", t0, r)
     }
 

@@ -253,6 +253,7 @@ fn expired_node_loses_its_replicas() {
         incarnation: inc,
         applied_seq: 0,
         instance_proof: NODE_PROOF.to_vec(),
+        wait_ms: 0,
     };
     assert!(m.heartbeat(&hb(alive, inc)).unwrap().known);
     m.nodes.read()[alive]
@@ -281,6 +282,7 @@ fn nodes_learn_commits_and_frees_through_heartbeats() {
             incarnation: inc,
             applied_seq: 0,
             instance_proof: NODE_PROOF.to_vec(),
+            wait_ms: 0,
         })
         .unwrap();
     let ops: Vec<String> = r
@@ -299,6 +301,7 @@ fn nodes_learn_commits_and_frees_through_heartbeats() {
             incarnation: inc,
             applied_seq,
             instance_proof: proof.to_vec(),
+            wait_ms: 0,
         })
     };
     // Both sides of each check: another process's proof and a claim beyond

@@ -226,6 +226,8 @@ struct Session {
     capacity: u64,
     instance: String,
     proof: Vec<u8>,
+    /// Highest master term seen: answers from a deposed leader are refused.
+    fence: strata_common::term::TermFence,
 }
 
 impl Session {
@@ -237,12 +239,14 @@ impl Session {
             instance: self.instance.clone(),
             instance_proof: self.proof.clone(),
         };
-        Ok(self
+        let r = self
             .client
             .register_owner(req)
             .await
             .map_err(Error::from)?
-            .into_inner())
+            .into_inner();
+        self.fence.admit(r.term)?;
+        Ok(r)
     }
 
     /// Registers, retrying while the master is unreachable.
@@ -358,6 +362,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         capacity: cfg.capacity,
         instance: instance.clone(),
         proof: strata_common::auth::new_instance_proof(),
+        fence: Default::default(),
     };
     let reg = session.register_retrying(&shutdown).await?;
     let key = GrantKey::from_bytes(&reg.grant_key)
@@ -554,12 +559,14 @@ async fn run_loop(
         // expire on the master and go to the next registration).
         let reply = tokio::select! {
             _ = shutdown.cancelled() => break,
-            r = session.client.owner_heartbeat(req) => r.map_err(Error::from),
+            r = session.client.owner_heartbeat(req) => r.map_err(Error::from).and_then(|r| {
+                let r = r.into_inner();
+                session.fence.admit(r.term).map(|()| r)
+            }),
         };
         match reply {
             Ok(r) => {
                 m.heartbeats.inc();
-                let r = r.into_inner();
                 evictor.apply_drops(r.drops).await;
                 if !r.promotions.is_empty() {
                     let results = promoter.process(&r.promotions).await;

@@ -197,6 +197,7 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
         registered: registered.clone(),
         metrics,
         segment_ids: Vec::new(),
+        fence: Default::default(),
     };
     tasks.spawn(agent.run(shutdown.clone()));
     tracing::info!(%data_addr, %admin_addr, node_id, master = cfg.master, capacity = cfg.capacity, "strata-store-node started");
@@ -233,6 +234,8 @@ struct Agent {
     metrics: Arc<NodeMetrics>,
     /// The master's ids of our segments, by local index (last registration).
     segment_ids: Vec<u64>,
+    /// Highest master term seen: answers from a deposed leader are refused.
+    fence: strata_common::term::TermFence,
 }
 
 /// Objects per ReportNodeObjects call.
@@ -316,6 +319,7 @@ impl Agent {
             .await
             .map_err(Error::from)?
             .into_inner();
+        self.fence.admit(resp.term)?;
         let key = GrantKey::from_bytes(&resp.grant_key)
             .ok_or_else(|| Error::internal("master sent a malformed grant key"))?;
         if resp.segment_ids.len() != self.segments.len() {
@@ -368,11 +372,26 @@ impl Agent {
                     incarnation,
                     applied_seq: self.records.applied_seq(),
                     instance_proof: self.proof.clone(),
+                    // Long poll: commits reach us (and PutEnds waiting for
+                    // them go on) at once, not one interval later.
+                    wait_ms: interval.as_millis() as u64,
                 };
+                let t0 = tokio::time::Instant::now();
                 let mut wait = interval;
-                match self.client.heartbeat(req).await {
+                let call = tokio::select! {
+                    // The master may hold the call for an interval.
+                    _ = shutdown.cancelled() => break 'outer,
+                    r = self.client.heartbeat(req) => r,
+                };
+                let answer = match call {
                     Ok(r) => {
                         let r = r.into_inner();
+                        self.fence.admit(r.term).map(|()| r)
+                    }
+                    Err(e) => Err(Error::from(e)),
+                };
+                match answer {
+                    Ok(r) => {
                         if !r.known {
                             // The master forgot us (TTL, restart): whatever it
                             // knew of our contents is gone, so start clean.
@@ -394,17 +413,19 @@ impl Agent {
                         }
                         self.metrics.objects.set(self.records.len() as i64);
                         self.metrics.object_bytes.set(self.records.bytes() as i64);
-                        if full {
+                        // Entries delivered: acknowledge them at once. Else
+                        // the master held the call; keep the cadence.
+                        if full || !r.log.is_empty() {
                             wait = Duration::ZERO;
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(error = %Error::from(e), "heartbeat failed");
+                        tracing::warn!(error = %e, "heartbeat failed");
                     }
                 }
                 tokio::select! {
                     _ = shutdown.cancelled() => break 'outer,
-                    _ = tokio::time::sleep(wait) => {}
+                    _ = tokio::time::sleep_until(t0 + wait) => {}
                 }
             }
         }

@@ -60,6 +60,8 @@ impl Master {
             tokio::select! {
                 _ = notified => {}
                 _ = tokio::time::sleep_until(deadline) => {}
+                // The term ends: answer now rather than hold the drain.
+                _ = self.closing().cancelled() => return Ok(r),
             }
         }
     }

@@ -1,0 +1,102 @@
+//! A put is acknowledged once its commit is in the records of the store
+//! nodes holding it, not only in the master's memory: a master that dies
+//! (or is deposed) right after a PutEnd must not take an acknowledged object
+//! with it, since a new master rebuilds from what the nodes report
+//! (`rebuild.rs`). Nodes long-poll their heartbeats, so a commit reaches
+//! them at once and their next heartbeat acknowledges it: about one extra
+//! round trip per PutEnd (or per batch).
+
+use crate::cluster::NodeEntry;
+use crate::master::Master;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata_common::Result;
+use strata_proto as pb;
+
+/// Commits waiting for their nodes: (node, log sequence number).
+#[derive(Default)]
+pub struct Unsynced(Vec<(Arc<NodeEntry>, u64)>);
+
+impl Unsynced {
+    pub(crate) fn push(&mut self, node: Arc<NodeEntry>, seq: u64) {
+        self.0.push((node, seq));
+    }
+
+    pub(crate) fn extend(&mut self, other: Unsynced) {
+        self.0.extend(other.0);
+    }
+}
+
+impl Master {
+    /// Longest a PutEnd waits for its nodes: a node that does not answer
+    /// within two heartbeat intervals is failing anyway (its objects go
+    /// with it), and the put stays committed in this master.
+    fn sync_wait(&self) -> Duration {
+        (self.cfg.node_ttl / 2).min(Duration::from_secs(2))
+    }
+
+    /// Waits until every node acknowledged its commits (bounded).
+    pub(crate) async fn await_synced(&self, u: Unsynced) {
+        let deadline = Instant::now() + self.sync_wait();
+        for (node, seq) in u.0 {
+            loop {
+                let acked = node.acked.notified();
+                tokio::pin!(acked);
+                acked.as_mut().enable();
+                if node.acked_seq() >= seq {
+                    break;
+                }
+                let gave_up = tokio::select! {
+                    _ = acked => false,
+                    _ = tokio::time::sleep_until(deadline.into()) => true,
+                    _ = self.closing().cancelled() => true,
+                };
+                if gave_up {
+                    self.metrics.unsynced_commits.inc();
+                    tracing::warn!(
+                        node = node.node_id,
+                        seq,
+                        "a commit did not reach its store node in time; acknowledged anyway"
+                    );
+                    break;
+                }
+            }
+        }
+    }
+
+    /// A node heartbeat that, with nothing to deliver, waits up to
+    /// `wait_ms` (capped by the heartbeat interval) for new log entries.
+    pub async fn heartbeat_wait(
+        &self,
+        req: &pb::HeartbeatRequest,
+    ) -> Result<pb::HeartbeatResponse> {
+        let cap = self.heartbeat_interval();
+        let wait = Duration::from_millis(req.wait_ms).min(cap);
+        let node = self.nodes.read().get(&req.node_id).cloned();
+        let deadline = Instant::now() + wait;
+        loop {
+            let grew = node.as_ref().map(|n| n.log_grew.notified());
+            let mut grew = grew.map(Box::pin);
+            if let Some(g) = grew.as_mut() {
+                g.as_mut().enable();
+            }
+            let resp = self.heartbeat(req)?;
+            if !resp.log.is_empty() || !resp.known || Instant::now() >= deadline {
+                return Ok(resp);
+            }
+            let Some(g) = grew else {
+                return Ok(resp);
+            };
+            tokio::select! {
+                _ = g => {}
+                _ = tokio::time::sleep_until(deadline.into()) => return Ok(resp),
+                // The term ends: answer now rather than hold the drain.
+                _ = self.closing().cancelled() => return Ok(resp),
+            }
+        }
+    }
+
+    pub(crate) fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis((self.cfg.node_ttl.as_millis() as u64 / 4).clamp(20, 2000))
+    }
+}
