@@ -1,5 +1,6 @@
 //! Helpers shared by the cluster-level tests.
 
+pub mod load;
 pub mod procs;
 
 pub use strata_client::{ClusterBuilder, LocalCluster};

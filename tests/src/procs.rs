@@ -91,7 +91,10 @@ pub fn spawn(name: &str, args: &[String]) -> Proc {
     Proc(
         Command::new(bin(name))
             .args(args)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("STRATA_TEST_LOG").unwrap_or("warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -241,10 +244,89 @@ impl RestartableMaster {
         }
     }
 
+    /// One of several HA masters of `cluster` electing through `etcd`
+    /// (`http://HOST:PORT`); no `--state-dir`.
+    pub fn ha(etcd: &str, cluster: &str, extra: &[&str]) -> Self {
+        let (p, a) = (free_port(), free_port());
+        let mut args: Vec<String> = [
+            "--listen",
+            &format!("127.0.0.1:{p}"),
+            "--admin-addr",
+            &format!("127.0.0.1:{a}"),
+            "--etcd",
+            etcd,
+            "--cluster-id",
+            cluster,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        RestartableMaster {
+            args,
+            addr: format!("127.0.0.1:{p}"),
+            admin: format!("127.0.0.1:{a}").parse().unwrap(),
+        }
+    }
+
     /// Starts it and waits until it is ready.
     pub async fn start(&self) -> Proc {
         let p = spawn("strata-master", &self.args);
         wait_ready(self.admin).await;
         p
     }
+
+    /// Starts it and waits until it answers /health (a follower is never
+    /// ready).
+    pub async fn start_live(&self) -> Proc {
+        let p = spawn("strata-master", &self.args);
+        for _ in 0..500 {
+            if let Ok(r) = reqwest::get(format!("http://{}/health", self.admin)).await {
+                if r.status().is_success() {
+                    return p;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("{} never answered /health", self.admin);
+    }
+
+    /// Whether it leads and serves (`/ready` 200). A paused process does
+    /// not answer: bounded.
+    pub async fn is_ready(&self) -> bool {
+        let get = reqwest::get(format!("http://{}/ready", self.admin));
+        tokio::time::timeout(Duration::from_millis(500), get)
+            .await
+            .is_ok_and(|r| r.is_ok_and(|r| r.status().is_success()))
+    }
+
+    /// Its `/api/v1/leader` answer (None if it does not answer in time).
+    pub async fn leader_view(&self) -> Option<serde_json::Value> {
+        let get = async {
+            reqwest::get(format!("http://{}/api/v1/leader", self.admin))
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()
+        };
+        tokio::time::timeout(Duration::from_millis(500), get)
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
+/// The index of the master that leads and serves, waiting up to `within`.
+pub async fn wait_leader(masters: &[&RestartableMaster], within: Duration) -> Option<usize> {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < within {
+        for (i, m) in masters.iter().enumerate() {
+            if m.is_ready().await {
+                return Some(i);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
 }

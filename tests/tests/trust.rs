@@ -32,6 +32,7 @@ fn register_req(node_id: &str, data_addr: &str) -> pb::RegisterNodeRequest {
         }],
         instance: "intruder".into(),
         instance_proof: strata_common::auth::new_instance_proof(),
+        held_objects: 0,
     }
 }
 

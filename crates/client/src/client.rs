@@ -108,6 +108,11 @@ impl Client {
     /// present, `NoSpace` when the cluster cannot make room.
     pub async fn put(&self, key: &str, data: &[u8], opts: &PutOptions) -> Result<()> {
         let crc = crc32c::crc32c(data);
+        // A PutEnd whose answer was lost (the master died or lost its
+        // leadership) may have committed: a retry that then finds the key
+        // checks whether it holds these very bytes.
+        let unsure = std::sync::atomic::AtomicBool::new(false);
+        let unsure = &unsure;
         self.cfg
             .backoff
             .run(|| async {
@@ -119,13 +124,16 @@ impl Client {
                     soft_pin: opts.soft_pin,
                     hard_pin: opts.hard_pin,
                 };
-                let replicas = self
-                    .m()
-                    .put_start(req)
-                    .await
-                    .map_err(Error::from)?
-                    .into_inner()
-                    .replicas;
+                let replicas = match self.m().put_start(req).await.map_err(Error::from) {
+                    Ok(r) => r.into_inner().replicas,
+                    Err(e)
+                        if e.code == Code::AlreadyExists
+                            && unsure.load(std::sync::atomic::Ordering::Relaxed) =>
+                    {
+                        return self.same_object(key, data.len() as u64, crc, e).await;
+                    }
+                    Err(e) => return Err(e),
+                };
                 if let Err(e) = self.write_replicas(&replicas, data).await {
                     let _ = self
                         .m()
@@ -133,18 +141,39 @@ impl Client {
                             key: key.to_string(),
                         })
                         .await;
-                    return Err(e);
+                    // A grant refused by its node came from a leader that
+                    // was deposed meanwhile (the node re-registered with a
+                    // newer term's key): a new grant will do.
+                    return Err(if e.code == Code::PermissionDenied {
+                        e.retry_later()
+                    } else {
+                        e
+                    });
                 }
-                self.m()
+                let end = self
+                    .m()
                     .put_end(pb::PutEndRequest {
                         key: key.to_string(),
                         crc32c: crc,
                     })
                     .await
-                    .map_err(Error::from)?;
-                Ok(())
+                    .map_err(Error::from);
+                if end.as_ref().is_err_and(|e| e.retryable()) {
+                    unsure.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                end.map(|_| ())
             })
             .await
+    }
+
+    /// After an ambiguous PutEnd: the key exists; is it our put?
+    async fn same_object(&self, key: &str, size: u64, crc: u32, exists: Error) -> Result<()> {
+        let r = self.replicas(key).await?;
+        if r.size == size && r.crc32c == crc {
+            Ok(())
+        } else {
+            Err(exists)
+        }
     }
 
     async fn write_replicas(&self, replicas: &[pb::Replica], data: &[u8]) -> Result<()> {

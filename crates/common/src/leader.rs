@@ -232,6 +232,11 @@ impl Route {
             .map_err(|e| Error::invalid(format!("bad master address {addr:?}: {e}")))?
             .connect_timeout(Duration::from_secs(3))
             .timeout(Duration::from_secs(30))
+            // A master that hangs (paused, partitioned) fails its calls in
+            // a few seconds, not at the 30 s call timeout.
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(2))
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true)
             .connect_lazy();
         chans.insert(addr.to_string(), ch.clone());
@@ -269,9 +274,14 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for LeaderChannel 
             let as_status = |e: Error| -> BoxError { Box::new(tonic::Status::from(e)) };
             let addr = route.pick().await.map_err(as_status)?;
             let mut ch = route.channel(&addr).map_err(as_status)?;
+            // A master that cannot be reached is worth another try (the
+            // next address, or the leader etcd names by then): retryable.
+            let unreachable = |e: &dyn std::fmt::Display| {
+                as_status(Error::unavailable(format!("master {addr}: {e}")))
+            };
             if let Err(e) = futures::future::poll_fn(|cx| ch.poll_ready(cx)).await {
                 route.forget(&addr);
-                return Err(e.into());
+                return Err(unreachable(&error_chain(&e)));
             }
             match ch.call(req).await {
                 Ok(resp) => {
@@ -293,11 +303,23 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for LeaderChannel 
                 }
                 Err(e) => {
                     route.forget(&addr);
-                    Err(e.into())
+                    Err(unreachable(&error_chain(&e)))
                 }
             }
         })
     }
+}
+
+/// An error and its sources, for a message that says what failed.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 #[cfg(test)]

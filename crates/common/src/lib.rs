@@ -14,6 +14,8 @@ pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 pub mod term;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod time;
 pub mod units;
 

@@ -11,6 +11,7 @@ pub mod durable;
 pub mod election;
 pub mod eviction;
 pub mod master;
+pub mod members;
 pub mod metrics;
 pub mod objects;
 pub mod offload;
@@ -311,14 +312,22 @@ async fn housekeeping(m: Arc<Master>, shutdown: CancellationToken) {
             _ = iv.tick() => {}
         }
         let m2 = m.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            m2.expire_nodes(strata_common::time::unix_ms());
+        let dead = tokio::task::spawn_blocking(move || {
+            let dead = m2.expire_nodes(strata_common::time::unix_ms());
             m2.reclaim_expired_puts(Instant::now());
             m2.expire_offload_tasks(strata_common::time::unix_ms());
             m2.reassign_orphaned_tasks(strata_common::time::unix_ms());
             m2.expire_promotions(strata_common::time::unix_ms());
+            dead
         })
-        .await;
+        .await
+        .unwrap_or_default();
+        for id in dead {
+            // A later master should not wait for it.
+            if let Err(e) = members::forget(m.kv.as_ref(), &id).await {
+                tracing::warn!(node = id, error = %e, "could not forget a lost node durably");
+            }
+        }
     }
 }
 

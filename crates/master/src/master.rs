@@ -57,6 +57,9 @@ pub struct Master {
     pub(crate) started: Instant,
     /// It found its durable state from an earlier run.
     pub(crate) restarted: bool,
+    /// The nodes it waits for before taking writes (when restarted).
+    pub(crate) members: crate::members::Members,
+    pub(crate) kv: Arc<dyn DurableKv>,
     /// In-flight puts in deadline order (the timeout is constant, so FIFO).
     pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
     pub(crate) evict_wakeup: tokio::sync::Notify,
@@ -175,7 +178,12 @@ impl Master {
             policy.on_evict() && cfg.ssd_admission == crate::config::SsdAdmission::Auto,
             metrics.admission.clone(),
         );
-        let owners = OwnerRegistry::new(kv, cfg.node_ttl.as_millis() as u64);
+        let members = if restarted {
+            crate::members::Members::load(kv.as_ref()).await?
+        } else {
+            Default::default()
+        };
+        let owners = OwnerRegistry::new(kv.clone(), cfg.node_ttl.as_millis() as u64);
         let pinger = TcpTransport::new(TcpTransportConfig {
             connect_timeout: std::time::Duration::from_secs(1),
             io_timeout: std::time::Duration::from_secs(1),
@@ -195,6 +203,8 @@ impl Master {
             next_generation: AtomicU64::new(unix_ms() << 16),
             started: Instant::now(),
             restarted,
+            members,
+            kv,
             pending_puts: Mutex::new(VecDeque::new()),
             evict_wakeup: tokio::sync::Notify::new(),
             space: Default::default(),
@@ -613,7 +623,7 @@ impl Master {
             let Some(obj) = shard.get_mut(key) else {
                 drop(shard);
                 self.admission.lookup_miss(key);
-                return Err(Error::not_found(format!("key {key:?} not found")));
+                return Err(self.absent(key));
             };
             if !obj.is_complete() {
                 return Err(Error::new(
@@ -701,11 +711,15 @@ impl Master {
 
     pub fn exists(&self, key: &str) -> Result<bool> {
         validate_key(key)?;
-        Ok(self
+        let found = self
             .objects
             .shard(key)
             .get(key)
-            .is_some_and(|o| o.is_complete()))
+            .is_some_and(|o| o.is_complete());
+        if !found && !self.accepting_writes() {
+            return Err(self.absent(key));
+        }
+        Ok(found)
     }
 
     // ---------------- remove ----------------
@@ -715,9 +729,7 @@ impl Master {
         let now = unix_ms();
         let obj = {
             let mut shard = self.objects.shard(key);
-            let obj = shard
-                .get(key)
-                .ok_or_else(|| Error::not_found(format!("key {key:?} not found")))?;
+            let obj = shard.get(key).ok_or_else(|| self.absent(key))?;
             if !force && !obj.is_complete() {
                 return Err(Error::new(
                     Code::NotReady,
@@ -1005,6 +1017,10 @@ impl Master {
             }
         }
         self.nodes.write().insert(req.node_id.clone(), node);
+        if req.held_objects == 0 || !self.rebuilding() {
+            // Nothing to report: this node is accounted for.
+            self.members.reported(&req.node_id);
+        }
         tracing::info!(
             node = req.node_id,
             addr = req.data_addr,

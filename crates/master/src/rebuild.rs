@@ -49,35 +49,57 @@ impl Master {
         self.started.elapsed() < window(self.cfg.node_ttl)
     }
 
-    /// How long a restarted master takes no writes: its nodes notice the
-    /// restart within a heartbeat interval (`--node-ttl`/4), then register
-    /// and report; a put before that could take a range a not-yet-reported
-    /// object holds.
-    fn write_gate(&self) -> Duration {
-        if self.restarted {
-            self.cfg.node_ttl / 2
-        } else {
-            Duration::ZERO
-        }
+    /// Longest a restarted master waits for the nodes it remembers: a live
+    /// node heartbeats well within `--node-ttl`, so one that has not come
+    /// back by then is lost (and forgotten when it expires).
+    fn gate_bound(&self) -> Duration {
+        self.cfg.node_ttl
     }
 
-    /// Whether puts are taken (and `/ready` says so).
+    /// Whether puts are taken (and `/ready` says so): a restarted master
+    /// (or a new leader) waits until every node it remembers re-registered
+    /// and reported what it holds, since a put before that could take a
+    /// range a not-yet-reported object holds.
     pub fn accepting_writes(&self) -> bool {
-        self.started.elapsed() >= self.write_gate()
+        !self.restarted
+            || self.members.missing() == 0
+            || self.started.elapsed() >= self.gate_bound()
     }
 
     pub(crate) fn check_accepting_writes(&self) -> Result<()> {
-        let left = self.write_gate().saturating_sub(self.started.elapsed());
-        if left.is_zero() {
+        if self.accepting_writes() {
             return Ok(());
         }
+        let left = self.gate_bound().saturating_sub(self.started.elapsed());
         Err(Error::new(
             Code::NotReady,
             format!(
-                "the master restarted and rebuilds its metadata from its store nodes for another {} ms; retry",
+                "the master rebuilds its metadata from its store nodes ({} have not reported yet; at most another {} ms); retry",
+                self.members.missing(),
                 left.as_millis()
             ),
         ))
+    }
+
+    /// Remembers a registered node durably, so a later master waits for it.
+    pub async fn remember_node(&self, node: &str) {
+        if let Err(e) = crate::members::remember(self.kv.as_ref(), node).await {
+            tracing::warn!(node, error = %e, "could not remember a store node durably");
+        }
+    }
+
+    /// A key this master does not know: not found, unless it is still
+    /// rebuilding (then a member may yet report it: retry).
+    pub(crate) fn absent(&self, key: &str) -> Error {
+        if self.accepting_writes() {
+            return Error::not_found(format!("key {key:?} not found"));
+        }
+        Error::new(
+            Code::NotReady,
+            format!(
+                "key {key:?} is not known yet: the master is rebuilding its metadata from its members; retry"
+            ),
+        )
     }
 
     /// Adopts the objects a store node reports it still holds.
@@ -137,10 +159,14 @@ impl Master {
                 .with_label_values(&[label])
                 .inc();
         }
+        if req.last {
+            self.members.reported(&req.node_id);
+        }
         tracing::info!(
             node = req.node_id,
             adopted = out.adopted,
             refused = out.refused,
+            last = req.last,
             "adopted objects a store node still holds"
         );
         Ok(out)

@@ -389,10 +389,14 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::RegisterNodeResponse>, Status> {
         let t0 = Instant::now();
         let req = req.into_inner();
+        let id = req.node_id.clone();
         let r = match self.master.check_node_takeover(&req).await {
             Ok(()) => self.blocking(move |m| m.register_node(req)).await,
             Err(e) => Err(e),
         };
+        if r.is_ok() {
+            self.master.remember_node(&id).await;
+        }
         self.done("register_node", t0, r)
     }
 

@@ -30,6 +30,7 @@ pub(crate) fn master_with(
             }],
             instance: format!("i{i}"),
             instance_proof: NODE_PROOF.to_vec(),
+            held_objects: 0,
         })
         .unwrap();
     }
@@ -402,6 +403,7 @@ fn member_keys_are_per_process() {
             }],
             instance: "i".into(),
             instance_proof: proof.to_vec(),
+            held_objects: 0,
         })
         .unwrap()
         .grant_key
@@ -435,6 +437,7 @@ fn node_reports_are_adopted_only_when_consistent() {
             incarnation: node.incarnation,
             instance_proof: NODE_PROOF.to_vec(),
             objects,
+            last: true,
         })
     };
     let r = report(vec![
@@ -459,6 +462,7 @@ fn node_reports_are_adopted_only_when_consistent() {
         incarnation: node.incarnation + 1,
         instance_proof: NODE_PROOF.to_vec(),
         objects: vec![obj("z", 65536, 10, 1)],
+        last: true,
     });
     assert_eq!(stale.unwrap_err().code, Code::PermissionDenied);
     assert!(!m.exists("z").unwrap());
@@ -483,6 +487,7 @@ fn only_a_young_master_asks_nodes_for_their_objects() {
             }],
             instance: "i".into(),
             instance_proof: NODE_PROOF.to_vec(),
+            held_objects: 0,
         })
         .unwrap()
     };
@@ -496,28 +501,70 @@ fn only_a_young_master_asks_nodes_for_their_objects() {
 }
 
 /// A master that finds its durable state from an earlier run takes no
-/// writes (and is not ready) until its nodes had time to report; a new one
-/// takes them at once.
+/// writes (and is not ready) until every node it remembers re-registered and
+/// sent its last report batch, or `--node-ttl` passed; a new one takes them
+/// at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_master_takes_writes_only_after_its_nodes_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let with_state = |c: &mut MasterConfig| {
-        c.state_dir = Some(dir.path().to_path_buf());
-        c.node_ttl = Duration::from_millis(200);
+    let ttl = |t: Duration| {
+        let d = dir.path().to_path_buf();
+        move |c: &mut MasterConfig| {
+            c.state_dir = Some(d.clone());
+            c.node_ttl = t;
+        }
     };
-    let first = master_with(1, 1 << 20, with_state);
-    assert!(first.accepting_writes());
+    let first = master_with(1, 1 << 20, ttl(Duration::from_secs(60)));
+    assert!(first.accepting_writes(), "nothing to wait for");
+    first.remember_node("n0").await;
     first.put_start(spec("a", 100, 1)).unwrap();
     drop(first);
-    let again = master_with(1, 1 << 20, with_state);
-    assert!(!again.accepting_writes(), "not ready while nodes report");
+    let again = master_with(0, 1 << 20, ttl(Duration::from_secs(60)));
+    assert!(!again.accepting_writes(), "not ready while n0 is missing");
     let e = again.put_start(spec("b", 100, 1)).unwrap_err();
     assert_eq!(e.code, Code::NotReady);
     assert!(e.retryable(), "{e}");
+    assert!(e.message.contains("1 have not reported"), "{e}");
+    // n0 comes back holding one object: still waiting for its report.
+    let r = again
+        .register_node(pb::RegisterNodeRequest {
+            node_id: "n0".into(),
+            data_addr: "127.0.0.1:9000".into(),
+            segments: vec![pb::SegmentSpec {
+                local_id: 0,
+                size: 1 << 20,
+            }],
+            instance: "i0".into(),
+            instance_proof: NODE_PROOF.to_vec(),
+            held_objects: 1,
+        })
+        .unwrap();
+    assert!(!again.accepting_writes(), "its report is still to come");
+    let report = |last| pb::ReportNodeObjectsRequest {
+        node_id: "n0".into(),
+        incarnation: r.incarnation,
+        instance_proof: NODE_PROOF.to_vec(),
+        objects: vec![pb::NodeObject {
+            key: if last { "a2" } else { "a1" }.into(),
+            local_segment: 0,
+            offset: if last { 4096 } else { 0 },
+            length: 100,
+            crc32c: 1,
+        }],
+        last,
+    };
+    again.adopt_node_objects(&report(false)).unwrap();
+    assert!(!again.accepting_writes(), "not the last batch");
+    again.adopt_node_objects(&report(true)).unwrap();
+    assert!(again.accepting_writes(), "every remembered node reported");
+    again.put_start(spec("b", 100, 1)).unwrap();
+    drop(again);
+    // A node that never comes back holds the gate for --node-ttl at most.
+    let third = master_with(0, 1 << 20, ttl(Duration::from_millis(200)));
+    assert!(!third.accepting_writes());
     let t0 = Instant::now();
-    while !again.accepting_writes() {
+    while !third.accepting_writes() {
         assert!(t0.elapsed() < Duration::from_secs(5));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    again.put_start(spec("b", 100, 1)).unwrap();
 }

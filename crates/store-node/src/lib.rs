@@ -271,12 +271,16 @@ impl Agent {
     /// objects (their memory is free space to the master), never bytes.
     async fn report_objects(&mut self, incarnation: u64, held: Vec<pb::NodeObject>) {
         let (mut adopted, mut refused) = (0, 0);
-        for chunk in held.chunks(REPORT_BATCH) {
+        let batches = held.len().div_ceil(REPORT_BATCH);
+        for (i, chunk) in held.chunks(REPORT_BATCH).enumerate() {
             let req = pb::ReportNodeObjectsRequest {
                 node_id: self.node_id.clone(),
                 incarnation,
                 instance_proof: self.proof.clone(),
                 objects: chunk.to_vec(),
+                // The master takes writes once every node it remembers
+                // sent its last batch.
+                last: i + 1 == batches,
             };
             match self.client.report_node_objects(req).await {
                 Ok(r) => {
@@ -298,11 +302,13 @@ impl Agent {
         );
     }
     async fn register(&mut self) -> Result<(u64, Duration)> {
+        let held = self.held_objects();
         let req = pb::RegisterNodeRequest {
             node_id: self.node_id.clone(),
             data_addr: self.advertise.clone(),
             instance: self.instance.clone(),
             instance_proof: self.proof.clone(),
+            held_objects: held.len() as u64,
             segments: self
                 .sizes
                 .iter()
@@ -333,7 +339,6 @@ impl Agent {
             .copied()
             .zip(self.segments.iter().cloned())
             .collect();
-        let held = self.held_objects();
         self.records.reset();
         self.table.install(key, map);
         self.segment_ids = resp.segment_ids.clone();

@@ -100,78 +100,7 @@ async fn file() -> (Arc<dyn DurableKv>, tempfile::TempDir) {
     (Arc::new(FileKv::open(d.path()).unwrap()), d)
 }
 
-/// A real single-node etcd on loopback (Debian's `etcd-server`, installed by
-/// `scripts/install-deps.sh`), killed when dropped.
-pub(crate) struct EtcdServer {
-    child: std::process::Child,
-    pub endpoint: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for EtcdServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl EtcdServer {
-    pub(crate) async fn start() -> EtcdServer {
-        let dir = tempfile::tempdir().unwrap();
-        let (c, p) = (free_port(), free_port());
-        let (client, peer) = (
-            format!("http://127.0.0.1:{c}"),
-            format!("http://127.0.0.1:{p}"),
-        );
-        let child = std::process::Command::new("etcd")
-            .args(["--name", "t", "--data-dir"])
-            .arg(dir.path())
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("t={peer}")])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("etcd (Debian's etcd-server) must be installed: scripts/install-deps.sh");
-        let server = EtcdServer {
-            child,
-            endpoint: client,
-            _dir: dir,
-        };
-        // Serving once a read succeeds; bounded.
-        let t0 = std::time::Instant::now();
-        loop {
-            if let Ok(kv) = EtcdKv::connect(std::slice::from_ref(&server.endpoint), "probe").await {
-                if kv.get("x".into()).await.is_ok() {
-                    return server;
-                }
-            }
-            assert!(
-                t0.elapsed() < std::time::Duration::from_secs(30),
-                "etcd did not start"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    }
-}
+pub(crate) use strata_common::testing::EtcdServer;
 
 async fn etcd() -> (Arc<dyn DurableKv>, EtcdServer) {
     let server = EtcdServer::start().await;

@@ -1,0 +1,361 @@
+//! High availability with real processes: masters elected through a real
+//! etcd (Debian's etcd-server), SIGKILLed, SIGTERMed and SIGSTOPped under a
+//! put/get load; etcd itself stalled; a single master restarted under load.
+
+use std::time::{Duration, Instant};
+use strata_client::{Client, ClientConfig, PutOptions};
+use strata_common::testing::EtcdServer;
+use strata_common::Code;
+use strata_proto as pb;
+use strata_proto::master_client::MasterClient;
+use strata_tests::load::Load;
+use strata_tests::procs::{start_agent, start_node_admin, wait_leader, Proc, RestartableMaster};
+use strata_tests::{http_get, payload};
+use strata_transport::Transport;
+
+/// The election TTL of these tests (a dead leader is replaced within it).
+const TTL: Duration = Duration::from_secs(3);
+const HA_FLAGS: &[&str] = &["--election-ttl", "3s", "--node-ttl", "2s"];
+
+struct Ha {
+    etcd: EtcdServer,
+    cluster: String,
+    masters: Vec<RestartableMaster>,
+    procs: Vec<Option<Proc>>,
+}
+
+impl Ha {
+    async fn start(n: usize, cluster: &str) -> Ha {
+        let etcd = EtcdServer::start().await;
+        let masters: Vec<_> = (0..n)
+            .map(|_| RestartableMaster::ha(&etcd.endpoint, cluster, HA_FLAGS))
+            .collect();
+        let mut procs = Vec::new();
+        for m in &masters {
+            procs.push(Some(m.start_live().await));
+        }
+        Ha {
+            etcd,
+            cluster: cluster.into(),
+            masters,
+            procs,
+        }
+    }
+
+    /// Every master's address, comma-separated (a `--master` list).
+    fn list(&self) -> String {
+        let v: Vec<_> = self.masters.iter().map(|m| m.addr.clone()).collect();
+        v.join(",")
+    }
+
+    fn etcd_url(&self) -> String {
+        format!("etcd://{}/{}", self.etcd.host_port(), self.cluster)
+    }
+
+    /// The serving leader among the masters still running.
+    async fn leader(&self, within: Duration) -> Option<usize> {
+        let live: Vec<(usize, &RestartableMaster)> = self
+            .masters
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.procs[*i].is_some())
+            .collect();
+        let refs: Vec<&RestartableMaster> = live.iter().map(|(_, m)| *m).collect();
+        wait_leader(&refs, within).await.map(|j| live[j].0)
+    }
+
+    fn proc(&self, i: usize) -> &Proc {
+        self.procs[i].as_ref().expect("running")
+    }
+}
+
+fn assert_only_retryable(errors: &[strata_common::Error]) {
+    for e in errors {
+        assert!(e.retryable(), "the load saw a non-retryable error: {e}");
+    }
+}
+
+/// Three masters, one leader; the leader is SIGKILLed under a put/get load
+/// from three clients: a new leader serves within 2× the TTL, every
+/// acknowledged put reads back byte-identical, and the only errors the load
+/// saw were retryable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_and_loses_nothing() {
+    let mut ha = Ha::start(3, "kill").await;
+    let leader = ha.leader(Duration::from_secs(30)).await.expect("a leader");
+    // Members find the leader through etcd; clients through the list.
+    let (_n1, _, _) = start_node_admin(&ha.etcd_url(), "n1", &[]).await;
+    let (_n2, _, _) = start_node_admin(&ha.list(), "n2", &[]).await;
+    let load = Load::start(&ha.list(), 3, "k").await;
+    load.progress(60, Duration::from_secs(30)).await;
+    let t_kill = Instant::now();
+    ha.procs[leader] = None; // SIGKILL
+    let next = ha.leader(TTL * 4).await.expect("a new leader");
+    assert_ne!(next, leader);
+    load.progress(60, Duration::from_secs(30)).await;
+    let stats = load.stop().await;
+    let first = stats.first_put_after(t_kill).expect("puts after the kill");
+    assert!(
+        first - t_kill < TTL * 2,
+        "first put on the new leader {:?} after the kill (TTL {TTL:?})",
+        first - t_kill
+    );
+    assert_only_retryable(&stats.errors);
+    let cl = Client::connect(ClientConfig::new(ha.list())).await.unwrap();
+    stats.verify(&cl).await;
+    assert!(stats.acked.len() >= 120, "{} puts", stats.acked.len());
+    // The survivors tell the truth about who leads.
+    let v = ha.masters[next].leader_view().await.unwrap();
+    assert_eq!(v["is_leader"], true, "{v}");
+    let other = (0..3).find(|&i| i != leader && i != next).unwrap();
+    let w = ha.masters[other].leader_view().await.unwrap();
+    assert_eq!(w["is_leader"], false, "{w}");
+    assert_eq!(w["leader"], serde_json::json!(ha.masters[next].addr), "{w}");
+    assert!(v["term"].as_u64() > Some(1), "a newer term: {v}");
+}
+
+/// A graceful stop resigns: the successor takes over well inside the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_leader_hands_over_inside_the_ttl() {
+    let mut ha = Ha::start(2, "term").await;
+    let leader = ha.leader(Duration::from_secs(30)).await.expect("a leader");
+    let other = 1 - leader;
+    let t0 = Instant::now();
+    ha.proc(leader).signal("-TERM");
+    let t0_ok = loop {
+        let v = ha.masters[other].leader_view().await;
+        if v.is_some_and(|v| v["is_leader"] == true) {
+            break t0.elapsed();
+        }
+        assert!(t0.elapsed() < TTL * 2, "no takeover");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(t0_ok < TTL / 2, "takeover took {t0_ok:?} (TTL {TTL:?})");
+    let mut p = ha.procs[leader].take().unwrap();
+    assert_eq!(p.exit_code(Duration::from_secs(10)).await, Some(0));
+}
+
+/// A leader paused (SIGSTOP) past its TTL is replaced; when it wakes up it
+/// serves nothing, and a grant it signed before is refused by the node that
+/// re-registered with the new leader (fencing by term).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_that_wakes_up_cannot_act() {
+    let ha = Ha::start(2, "stop").await;
+    let leader = ha.leader(Duration::from_secs(30)).await.expect("a leader");
+    let (_n1, _, _) = start_node_admin(&ha.etcd_url(), "n1", &[]).await;
+    let old_addr = ha.masters[leader].addr.clone();
+    let mut old = MasterClient::new(strata_common::grpc::master_channel(&old_addr, None).unwrap());
+    // A grant from the leader, before its pause.
+    let stale = old
+        .put_start(pb::PutStartRequest {
+            key: "stale".into(),
+            size: 4096,
+            replica_num: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .replicas;
+    let range = strata_transport::remote_range(&stale[0]).unwrap();
+    ha.proc(leader).signal("-STOP");
+    let next = ha.leader(TTL * 4).await.expect("a new leader");
+    assert_ne!(next, leader);
+    // A put through the new leader: the node has re-registered with it.
+    let cl = Client::connect(ClientConfig::new(ha.list())).await.unwrap();
+    cl.put("fresh", &payload(1, 4096), &PutOptions::default())
+        .await
+        .unwrap();
+    let tcp = strata_transport::tcp::TcpTransport::new(Default::default());
+    let e = tcp
+        .write(&range, 0, &payload(2, 4096))
+        .await
+        .expect_err("a deposed leader's grant was honoured");
+    assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    ha.proc(leader).signal("-CONT");
+    // Awake, it answers "not leader" (naming the new one) and is not ready.
+    let e: strata_common::Error =
+        MasterClient::new(strata_common::grpc::master_channel(&old_addr, None).unwrap())
+            .put_start(pb::PutStartRequest {
+                key: "after-wake".into(),
+                size: 4096,
+                replica_num: 1,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err()
+            .into();
+    assert_eq!(e.code, Code::NotLeader, "{e}");
+    assert!(!ha.masters[leader].is_ready().await);
+    assert!(
+        ha.masters[next].is_ready().await,
+        "the new leader still leads"
+    );
+    assert!(cl.get("fresh").await.unwrap() == payload(1, 4096));
+    assert_eq!(cl.get("stale").await.unwrap_err().code, Code::NotFound);
+}
+
+/// etcd stalls (SIGSTOP) past the TTL: the leader stops serving; once etcd
+/// is back the cluster recovers on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_etcd_stops_the_leader_and_the_cluster_recovers() {
+    let ha = Ha::start(2, "stall").await;
+    ha.leader(Duration::from_secs(30)).await.expect("a leader");
+    let (_n1, _, _) = start_node_admin(&ha.list(), "n1", &[]).await;
+    let cl = Client::connect(ClientConfig::new(ha.list())).await.unwrap();
+    cl.put("before", &payload(1, 8192), &PutOptions::default())
+        .await
+        .unwrap();
+    ha.etcd.signal("-STOP");
+    let t0 = Instant::now();
+    // Within the TTL nobody serves: the leader's keep-alive failed.
+    loop {
+        let mut any = false;
+        for m in &ha.masters {
+            any |= m.is_ready().await;
+        }
+        if !any {
+            break;
+        }
+        assert!(
+            t0.elapsed() < TTL,
+            "a master kept serving with etcd stalled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Past the TTL, then etcd is back.
+    while t0.elapsed() < TTL + Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ha.etcd.signal("-CONT");
+    ha.leader(Duration::from_secs(30))
+        .await
+        .expect("a leader again without manual action");
+    cl.put("after", &payload(2, 8192), &PutOptions::default())
+        .await
+        .unwrap();
+    assert!(cl.get("before").await.unwrap() == payload(1, 8192));
+    assert!(cl.get("after").await.unwrap() == payload(2, 8192));
+}
+
+/// Two agents with one new handle register through two masters while they
+/// elect a leader: one owner id for the handle, one agent owns it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_racing_for_one_handle_get_one_owner_id() {
+    let etcd = EtcdServer::start().await;
+    let ms: Vec<_> = (0..2)
+        .map(|_| RestartableMaster::ha(&etcd.endpoint, "race", HA_FLAGS))
+        .collect();
+    let _p: Vec<Proc> = vec![ms[0].start_live().await, ms[1].start_live().await];
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut a1, h1) = start_agent(&ms[0].addr, "race/0", d1.path(), &[], false).await;
+    let (mut a2, h2) = start_agent(&ms[1].addr, "race/0", d2.path(), &[], false).await;
+    let refs: Vec<&RestartableMaster> = ms.iter().collect();
+    let l = wait_leader(&refs, Duration::from_secs(30))
+        .await
+        .expect("a leader");
+    // One of them owns the handle; the other is refused (a live owner).
+    let t0 = Instant::now();
+    let owners = loop {
+        let (_, body) = http_get(ms[l].admin, "/api/v1/owners").await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let owners: Vec<serde_json::Value> = v["owners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o["handle"] == "race/0")
+            .cloned()
+            .collect();
+        if owners.iter().any(|o| o["live"] == true) {
+            break owners;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no owner registered: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    let id = owners[0]["owner_id"].as_u64().unwrap();
+    let kv = strata_common::leader::etcd_client(std::slice::from_ref(&etcd.endpoint))
+        .await
+        .unwrap();
+    let r = kv
+        .kv_client()
+        .get("/strata/race/kv/owners/handle/race/0", None)
+        .await
+        .unwrap();
+    assert_eq!(r.kvs()[0].value_str().unwrap(), id.to_string());
+    // Exactly one agent serves; the loser exits with an error.
+    let ready = |a: std::net::SocketAddr| async move {
+        reqwest::get(format!("http://{a}/ready"))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    };
+    let t0 = Instant::now();
+    loop {
+        let (r1, r2) = (ready(h1).await, ready(h2).await);
+        let (x1, x2) = (
+            a1.0.try_wait().unwrap().is_some(),
+            a2.0.try_wait().unwrap().is_some(),
+        );
+        if (r1 && x2) || (r2 && x1) {
+            break;
+        }
+        assert!(!(r1 && r2), "two agents serve one handle");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "ready {r1} {r2}, exited {x1} {x2}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The single master (with `--state-dir`) SIGKILLed and restarted under a
+/// put/get load: every acknowledged object, in DRAM and on SSD, reads back
+/// byte-identical, and an SSD-only object is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_master_restart_under_load_keeps_every_acknowledged_object() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = RestartableMaster::new(
+        state.path(),
+        &["--node-ttl", "2s", "--offload-policy", "eager"],
+    );
+    let master = m.start().await;
+    let (_node, _, _) = start_node_admin(&m.addr, "n1", &["--capacity", "32MiB"]).await;
+    let (_agent, _) = start_agent(&m.addr, "h/0", dir.path(), &[], true).await;
+    let cl = Client::connect(ClientConfig::new(&m.addr)).await.unwrap();
+    cl.put("ssd-only", &payload(7, 100_000), &PutOptions::default())
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        let (_, body) = http_get(m.admin, "/api/v1/keys/ssd-only").await;
+        if body.contains("\"ssd\"") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "offloaded: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = cl
+        .master_client()
+        .evict_memory(pb::EvictMemoryRequest {
+            keys: vec!["ssd-only".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.results[0].code, 0, "{}", r.results[0].message);
+    let load = Load::start(&m.addr, 3, "r").await;
+    load.progress(60, Duration::from_secs(30)).await;
+    drop(master); // SIGKILL
+    let _master = m.start().await;
+    load.progress(60, Duration::from_secs(30)).await;
+    let stats = load.stop().await;
+    assert_only_retryable(&stats.errors);
+    stats.verify(&cl).await;
+    assert!(cl.get("ssd-only").await.unwrap() == payload(7, 100_000));
+    let (_, body) = http_get(m.admin, "/api/v1/keys/ssd-only").await;
+    assert!(!body.contains("\"memory\""), "served from SSD: {body}");
+}
