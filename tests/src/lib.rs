@@ -70,3 +70,30 @@ pub fn drained(c: &LocalCluster) -> bool {
     let (q, a) = c.master.queue_counts();
     q == 0 && a == 0 && c.master.total_pins() == 0
 }
+
+/// Waits (bounded) until `key` has an SSD copy, then evicts its DRAM copy:
+/// an SSD-only object (the client needs the admin role when credentials
+/// are on).
+pub async fn make_ssd_only(cl: &strata_client::Client, admin: std::net::SocketAddr, key: &str) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let (_, body) = http_get(admin, &format!("/api/v1/keys/{key}")).await;
+        if body.contains("\"ssd\"") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "{key} offloaded: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let r = cl
+        .master_client()
+        .evict_memory(strata_proto::EvictMemoryRequest {
+            keys: vec![key.to_string()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.results[0].code, 0, "{}", r.results[0].message);
+}

@@ -224,44 +224,28 @@ pub struct RestartableMaster {
 
 impl RestartableMaster {
     pub fn new(state: &std::path::Path, extra: &[&str]) -> Self {
-        let (p, a) = (free_port(), free_port());
-        let mut args: Vec<String> = [
-            "--listen",
-            &format!("127.0.0.1:{p}"),
-            "--admin-addr",
-            &format!("127.0.0.1:{a}"),
-            "--state-dir",
-            state.to_str().unwrap(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(extra.iter().map(|s| s.to_string()));
-        RestartableMaster {
-            args,
-            addr: format!("127.0.0.1:{p}"),
-            admin: format!("127.0.0.1:{a}").parse().unwrap(),
-        }
+        let mut flags = vec!["--state-dir", state.to_str().unwrap()];
+        flags.extend(extra);
+        Self::on_free_ports(&flags)
     }
 
     /// One of several HA masters of `cluster` electing through `etcd`
     /// (`http://HOST:PORT`); no `--state-dir`.
     pub fn ha(etcd: &str, cluster: &str, extra: &[&str]) -> Self {
+        let mut flags = vec!["--etcd", etcd, "--cluster-id", cluster];
+        flags.extend(extra);
+        Self::on_free_ports(&flags)
+    }
+
+    fn on_free_ports(flags: &[&str]) -> Self {
         let (p, a) = (free_port(), free_port());
-        let mut args: Vec<String> = [
-            "--listen",
-            &format!("127.0.0.1:{p}"),
-            "--admin-addr",
-            &format!("127.0.0.1:{a}"),
-            "--etcd",
-            etcd,
-            "--cluster-id",
-            cluster,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut args: Vec<String> = vec![
+            "--listen".into(),
+            format!("127.0.0.1:{p}"),
+            "--admin-addr".into(),
+            format!("127.0.0.1:{a}"),
+        ];
+        args.extend(flags.iter().map(|s| s.to_string()));
         RestartableMaster {
             args,
             addr: format!("127.0.0.1:{p}"),

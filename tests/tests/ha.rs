@@ -329,24 +329,7 @@ async fn a_single_master_restart_under_load_keeps_every_acknowledged_object() {
     cl.put("ssd-only", &payload(7, 100_000), &PutOptions::default())
         .await
         .unwrap();
-    let t0 = Instant::now();
-    loop {
-        let (_, body) = http_get(m.admin, "/api/v1/keys/ssd-only").await;
-        if body.contains("\"ssd\"") {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(20), "offloaded: {body}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let r = cl
-        .master_client()
-        .evict_memory(pb::EvictMemoryRequest {
-            keys: vec!["ssd-only".into()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.results[0].code, 0, "{}", r.results[0].message);
+    strata_tests::make_ssd_only(&cl, m.admin, "ssd-only").await;
     let load = Load::start(&m.addr, 3, "r").await;
     load.progress(60, Duration::from_secs(30)).await;
     drop(master); // SIGKILL

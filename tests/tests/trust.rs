@@ -336,25 +336,8 @@ async fn ssd_reads_survive_a_master_restart() {
     cl.put("ssd-only", &payload(4, 100_000), &PutOptions::default())
         .await
         .unwrap();
-    let t0 = std::time::Instant::now();
-    loop {
-        let v = json(admin_addr, "/api/v1/keys/ssd-only").await;
-        if v.to_string().contains("\"ssd\"") {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(20), "offloaded: {v}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     // SSD-only from here on: the node's DRAM copy would survive the restart.
-    let r = cl
-        .master_client()
-        .evict_memory(pb::EvictMemoryRequest {
-            keys: vec!["ssd-only".into()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.results[0].code, 0, "{}", r.results[0].message);
+    strata_tests::make_ssd_only(&cl, admin_addr, "ssd-only").await;
     drop(master); // SIGKILL
     let _master = m.start().await;
     // The agent re-registers and re-reports its copy.
