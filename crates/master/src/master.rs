@@ -548,6 +548,12 @@ impl Master {
             .map(|s| s.capacity)
             .max();
         match largest {
+            // A young master's nodes may still be registering: retry.
+            None if self.rebuilding() => Err(Error::new(
+                Code::NoSpace,
+                "no store node has registered any memory yet (the master started moments ago); retry",
+            )
+            .retry_later()),
             None => Err(Error::new(
                 Code::NoSpace,
                 "no store node has registered any memory yet; start strata-store-node",

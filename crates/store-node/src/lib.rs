@@ -426,6 +426,13 @@ impl Agent {
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "heartbeat failed");
+                        // Not the leader (the channel follows the one it
+                        // named) or unreachable (the next one is tried):
+                        // try again soon, so a new leader hears from us
+                        // and stops waiting for our report.
+                        if e.code == strata_common::Code::NotLeader || e.retryable() {
+                            wait = wait.min(Duration::from_millis(50));
+                        }
                     }
                 }
                 tokio::select! {

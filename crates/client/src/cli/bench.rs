@@ -3,8 +3,10 @@
 //! Redis on loopback, all in one run, with the ratios printed.
 
 mod baselines;
+mod failover;
 mod offload;
 mod pressure;
+mod rebuild;
 mod replay;
 mod report;
 mod scan;
@@ -31,6 +33,12 @@ pub enum BenchMode {
     /// What a put costs when DRAM is full of objects not yet on SSD (the
     /// copy it waits for)
     Pressure(pressure::PressureArgs),
+    /// Rebuild time and master memory per object after a failover or
+    /// restart, for growing numbers of objects
+    Rebuild(rebuild::RebuildArgs),
+    /// Puts' pause when the leader is killed or stopped (real processes,
+    /// real etcd), against the election TTL
+    Failover(failover::FailoverArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -202,6 +210,8 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         Some(BenchMode::Scan(a)) => return scan::run(a).await,
         Some(BenchMode::Replay(a)) => return replay::run(a).await,
         Some(BenchMode::Pressure(a)) => return pressure::run(a).await,
+        Some(BenchMode::Rebuild(a)) => return rebuild::run(a).await,
+        Some(BenchMode::Failover(a)) => return failover::run(a).await,
         None => {}
     }
     anyhow::ensure!(
