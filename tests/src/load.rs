@@ -21,9 +21,18 @@ pub struct LoadStats {
 }
 
 impl LoadStats {
-    /// The first acknowledged put after `t`.
-    pub fn first_put_after(&self, t: Instant) -> Option<Instant> {
-        self.put_times.iter().copied().filter(|&p| p > t).min()
+    /// The longest gap between acknowledged puts from `t` on (the gap
+    /// from `t` to the first one included).
+    pub fn longest_pause_after(&self, t: Instant) -> Duration {
+        let mut after: Vec<Instant> = self.put_times.iter().copied().filter(|&p| p > t).collect();
+        after.sort();
+        let mut prev = t;
+        let mut worst = Duration::ZERO;
+        for p in after {
+            worst = worst.max(p - prev);
+            prev = p;
+        }
+        worst
     }
 
     /// Every acknowledged put reads back byte-identical.

@@ -94,11 +94,12 @@ async fn a_killed_leader_is_replaced_and_loses_nothing() {
     assert_ne!(next, leader);
     load.progress(60, Duration::from_secs(30)).await;
     let stats = load.stop().await;
-    let first = stats.first_put_after(t_kill).expect("puts after the kill");
+    // The pause: the longest gap between acknowledged puts from the kill on
+    // (so a put the old leader answered as it died does not count).
+    let pause = stats.longest_pause_after(t_kill);
     assert!(
-        first - t_kill < TTL * 2,
-        "first put on the new leader {:?} after the kill (TTL {TTL:?})",
-        first - t_kill
+        pause < TTL * 2,
+        "puts paused {pause:?} after the kill (TTL {TTL:?})"
     );
     assert_only_retryable(&stats.errors);
     let cl = Client::connect(ClientConfig::new(ha.list())).await.unwrap();
@@ -130,7 +131,7 @@ async fn a_stopped_leader_hands_over_inside_the_ttl() {
         assert!(t0.elapsed() < TTL * 2, "no takeover");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    assert!(t0_ok < TTL / 2, "takeover took {t0_ok:?} (TTL {TTL:?})");
+    assert!(t0_ok < TTL * 2 / 3, "takeover took {t0_ok:?} (TTL {TTL:?})");
     let mut p = ha.procs[leader].take().unwrap();
     assert_eq!(p.exit_code(Duration::from_secs(10)).await, Some(0));
 }
@@ -172,6 +173,9 @@ async fn a_paused_leader_that_wakes_up_cannot_act() {
         .await
         .expect_err("a deposed leader's grant was honoured");
     assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    // Refused for its key (derived per term), not only because the range
+    // was reused meanwhile.
+    assert!(e.message.contains("signature does not verify"), "{e}");
     ha.proc(leader).signal("-CONT");
     // Awake, it answers "not leader" (naming the new one) and is not ready.
     let e: strata_common::Error =

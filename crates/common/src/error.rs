@@ -301,6 +301,7 @@ mod tests {
         let rec = crate::leader::LeaderRecord {
             addr: "10.0.0.7:7400".into(),
             term: 4,
+            instance: String::new(),
         };
         let back: Error = tonic::Status::from(Error::not_leader(Some(&rec))).into();
         assert_eq!(back.code, Code::NotLeader);

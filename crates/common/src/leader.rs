@@ -25,6 +25,10 @@ pub struct LeaderRecord {
     /// gRPC address members and clients dial.
     pub addr: String,
     pub term: u64,
+    /// The leading process (random per process): two masters given the
+    /// same address never take each other's record for their own.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instance: String,
 }
 
 /// etcd key of a cluster's leader record (attached to the leader's lease).
@@ -289,6 +293,10 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for LeaderChannel 
                     if let Some(leader) = h.get(LEADER_HEADER).and_then(|v| v.to_str().ok()) {
                         if leader != addr {
                             route.follow(leader);
+                        } else {
+                            // It names itself but does not serve (it just
+                            // stepped down): look again next time.
+                            route.forget(&addr);
                         }
                     } else if h
                         .get(crate::error::CODE_HEADER)

@@ -35,8 +35,12 @@ impl Master {
         (self.cfg.node_ttl / 2).min(Duration::from_secs(2))
     }
 
-    /// Waits until every node acknowledged its commits (bounded).
-    pub(crate) async fn await_synced(&self, u: Unsynced) {
+    /// Waits until every node acknowledged its commits. A node that does
+    /// not within the bound, or a term that ends meanwhile, makes the
+    /// answer a retryable error rather than an acknowledgement the next
+    /// master might not honour: the client's retry finds the key (if a node
+    /// has it) and checks it holds its bytes.
+    pub(crate) async fn await_synced(&self, u: Unsynced) -> Result<()> {
         let deadline = Instant::now() + self.sync_wait();
         for (node, seq) in u.0 {
             loop {
@@ -46,22 +50,25 @@ impl Master {
                 if node.acked_seq() >= seq {
                     break;
                 }
-                let gave_up = tokio::select! {
-                    _ = acked => false,
-                    _ = tokio::time::sleep_until(deadline.into()) => true,
-                    _ = self.closing().cancelled() => true,
+                let why = tokio::select! {
+                    _ = acked => continue,
+                    _ = tokio::time::sleep_until(deadline.into()) => "did not confirm it in time",
+                    _ = self.closing().cancelled() => "is no longer reachable through this master (its term ended)",
                 };
-                if gave_up {
-                    self.metrics.unsynced_commits.inc();
-                    tracing::warn!(
-                        node = node.node_id,
-                        seq,
-                        "a commit did not reach its store node in time; acknowledged anyway"
-                    );
-                    break;
-                }
+                self.metrics.unsynced_commits.inc();
+                tracing::warn!(
+                    node = node.node_id,
+                    seq,
+                    why,
+                    "a commit is not confirmed by its store node"
+                );
+                return Err(strata_common::Error::unavailable(format!(
+                    "the commit is not confirmed: store node {} {why}; retry (the put may have been committed)",
+                    node.node_id
+                )));
             }
         }
+        Ok(())
     }
 
     /// A node heartbeat that, with nothing to deliver, waits up to

@@ -95,7 +95,7 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
         let kv = Master::local_kv_of(&cfg)?;
         // Terms keep growing across restarts, so members fence a master
         // that came back as well as a deposed leader.
-        let term = durable::increment(kv.as_ref(), "term").await?;
+        let term = durable::advance_term(kv.as_ref()).await?;
         (
             Arc::new(MemElection::new(term - 1, cfg.election_ttl)),
             DurableSource::Local(kv),

@@ -191,7 +191,7 @@ impl MasterMetrics {
             },
             unsynced_commits: c(
                 "strata_master_unsynced_commits_total",
-                "Puts acknowledged before their store node confirmed the commit (the node did not answer in time)",
+                "PutEnds answered with a retryable error because a store node did not confirm the commit (in time, or before the term ended)",
             ),
             is_leader: g(
                 "strata_master_is_leader",

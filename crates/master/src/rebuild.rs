@@ -82,10 +82,16 @@ impl Master {
     }
 
     /// Remembers a registered node durably, so a later master waits for it.
-    pub async fn remember_node(&self, node: &str) {
-        if let Err(e) = crate::members::remember(self.kv.as_ref(), node).await {
-            tracing::warn!(node, error = %e, "could not remember a store node durably");
-        }
+    /// A registration whose node is not remembered fails (retryably): a
+    /// later master would not wait for that node's report.
+    pub async fn remember_node(&self, node: &str) -> Result<()> {
+        crate::members::remember(self.kv.as_ref(), node)
+            .await
+            .map_err(|e| {
+                Error::unavailable(format!(
+                    "could not record store node {node:?} in the durable state ({e}); retry"
+                ))
+            })
     }
 
     /// A key this master does not know: not found, unless it is still

@@ -163,10 +163,11 @@ impl MasterRpc for MasterService {
         let t0 = Instant::now();
         let r = req.get_ref();
         let r = match self.master.put_end_unsynced(&r.key, r.crc32c) {
-            Ok(u) => {
-                self.master.await_synced(u).await;
-                Ok(pb::PutEndResponse {})
-            }
+            Ok(u) => self
+                .master
+                .await_synced(u)
+                .await
+                .map(|()| pb::PutEndResponse {}),
             Err(e) => Err(e),
         };
         self.done("put_end", t0, r)
@@ -239,10 +240,7 @@ impl MasterRpc for MasterService {
             })
             .await;
         let r = match r {
-            Ok((resp, all)) => {
-                self.master.await_synced(all).await;
-                Ok(resp)
-            }
+            Ok((resp, all)) => self.master.await_synced(all).await.map(|()| resp),
             Err(e) => Err(e),
         };
         self.done("batch_put_end", t0, r)
@@ -394,9 +392,10 @@ impl MasterRpc for MasterService {
             Ok(()) => self.blocking(move |m| m.register_node(req)).await,
             Err(e) => Err(e),
         };
-        if r.is_ok() {
-            self.master.remember_node(&id).await;
-        }
+        let r = match r {
+            Ok(resp) => self.master.remember_node(&id).await.map(|()| resp),
+            Err(e) => Err(e),
+        };
         self.done("register_node", t0, r)
     }
 

@@ -46,12 +46,20 @@ impl Serving {
 
     /// The serving master, or `NotLeader` naming who leads.
     pub fn current(&self) -> Result<Arc<Master>> {
+        self.current_term().map(|(m, _)| m)
+    }
+
+    fn current_term(&self) -> Result<(Arc<Master>, Leadership)> {
         if let Some(t) = self.term.read().as_ref() {
             if t.leadership.is_valid() {
-                return Ok(t.master.clone());
+                return Ok((t.master.clone(), t.leadership.clone()));
             }
         }
-        Err(Error::not_leader(self.leader.read().as_ref()))
+        Err(self.not_leader())
+    }
+
+    fn not_leader(&self) -> Error {
+        Error::not_leader(self.leader.read().as_ref())
     }
 
     /// The term's master even while its leadership is in doubt (tests and
@@ -73,6 +81,7 @@ impl Serving {
         *self.leader.write() = Some(LeaderRecord {
             addr: self.advertise.clone(),
             term: leadership.term,
+            instance: String::new(),
         });
         self.metrics.term.set(leadership.term as i64);
         *self.term.write() = Some(Term { master, leadership });
@@ -157,12 +166,23 @@ where
     }
 
     fn call(&mut self, req: http::Request<LimitedBody<B>>) -> Self::Future {
-        match self.serving.current() {
-            Ok(master) => {
+        match self.serving.current_term() {
+            Ok((master, leadership)) => {
                 let mut svc = MasterServer::new(crate::service::MasterService { master })
                     .max_decoding_message_size(crate::service::MAX_REQUEST)
                     .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE);
-                Box::pin(async move { tower_service::Service::call(&mut svc, req).await })
+                let serving = self.serving.clone();
+                Box::pin(async move {
+                    let resp = tower_service::Service::call(&mut svc, req).await;
+                    // Leadership may have ended while the call ran (a pause,
+                    // a lost keep-alive): its answer (grants, a commit) is not
+                    // the cluster's. Retryable; a put's retry checks its key.
+                    if !leadership.is_valid() {
+                        let st: tonic::Status = serving.not_leader().into();
+                        return Ok(st.into_http());
+                    }
+                    resp
+                })
             }
             Err(e) => {
                 let st: tonic::Status = e.into();

@@ -516,7 +516,7 @@ async fn a_restarted_master_takes_writes_only_after_its_nodes_reported() {
     };
     let first = master_with(1, 1 << 20, ttl(Duration::from_secs(60)));
     assert!(first.accepting_writes(), "nothing to wait for");
-    first.remember_node("n0").await;
+    first.remember_node("n0").await.unwrap();
     first.put_start(spec("a", 100, 1)).unwrap();
     drop(first);
     let again = master_with(0, 1 << 20, ttl(Duration::from_secs(60)));
@@ -567,4 +567,43 @@ async fn a_restarted_master_takes_writes_only_after_its_nodes_reported() {
         assert!(t0.elapsed() < Duration::from_secs(5));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// A PutEnd is answered only once the node holding the object confirmed the
+/// commit (its heartbeat acknowledged the log entry); a node that does not
+/// within the bound, or a term that ends, makes it a retryable error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_end_waits_for_the_node_to_confirm_the_commit() {
+    let m = master_with(1, 1 << 20, |c| c.node_ttl = Duration::from_millis(400));
+    let node = m.nodes.read().get("n0").cloned().unwrap();
+    m.put_start(spec("a", 100, 1)).unwrap();
+    let u = m.put_end_unsynced("a", 7).unwrap();
+    let m2 = m.clone();
+    let mut wait = tokio::spawn(async move { m2.await_synced(u).await });
+    // Not before the node's acknowledgement (the log holds the commit).
+    let seq = node.log_page(0).unwrap().last().unwrap().seq;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut wait)
+            .await
+            .is_err(),
+        "answered before the node confirmed"
+    );
+    node.ack(seq);
+    wait.await.unwrap().unwrap();
+    // Never confirmed: a retryable error once the bound (node_ttl/2) passes.
+    m.put_start(spec("b", 100, 1)).unwrap();
+    let u = m.put_end_unsynced("b", 7).unwrap();
+    let e = m.await_synced(u).await.unwrap_err();
+    assert!(e.retryable(), "{e}");
+    assert_eq!(m.metrics.unsynced_commits.get(), 1);
+    // The term ends while waiting: at once, retryable.
+    m.put_start(spec("c", 100, 1)).unwrap();
+    let u = m.put_end_unsynced("c", 7).unwrap();
+    m.stop_waiting();
+    let t0 = Instant::now();
+    let e = m.await_synced(u).await.unwrap_err();
+    assert!(
+        e.retryable() && t0.elapsed() < Duration::from_millis(200),
+        "{e}"
+    );
 }

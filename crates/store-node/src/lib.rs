@@ -435,9 +435,11 @@ impl Agent {
                         }
                     }
                 }
-                tokio::select! {
-                    _ = shutdown.cancelled() => break 'outer,
-                    _ = tokio::time::sleep_until(t0 + wait) => {}
+                if !wait.is_zero() {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break 'outer,
+                        _ = tokio::time::sleep_until(t0 + wait) => {}
+                    }
                 }
             }
         }

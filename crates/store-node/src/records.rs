@@ -15,6 +15,9 @@ struct Inner {
     applied_seq: u64,
     /// (segment id, offset) → committed object.
     by_range: HashMap<(u64, u64), CommittedObject>,
+    /// Sum of their lengths, kept as they change (read every heartbeat,
+    /// which follows every commit).
+    bytes: u64,
 }
 
 impl ObjectRecords {
@@ -28,10 +31,15 @@ impl ObjectRecords {
             }
             match &e.op {
                 Some(Op::Commit(c)) => {
-                    g.by_range.insert((c.segment_id, c.offset), c.clone());
+                    g.bytes += c.length;
+                    if let Some(old) = g.by_range.insert((c.segment_id, c.offset), c.clone()) {
+                        g.bytes -= old.length;
+                    }
                 }
                 Some(Op::Free(f)) => {
-                    g.by_range.remove(&(f.segment_id, f.offset));
+                    if let Some(old) = g.by_range.remove(&(f.segment_id, f.offset)) {
+                        g.bytes -= old.length;
+                    }
                 }
                 None => {}
             }
@@ -53,7 +61,7 @@ impl ObjectRecords {
     }
 
     pub fn bytes(&self) -> u64 {
-        self.inner.lock().by_range.values().map(|c| c.length).sum()
+        self.inner.lock().bytes
     }
 
     pub fn snapshot(&self) -> Vec<CommittedObject> {
@@ -67,5 +75,6 @@ impl ObjectRecords {
         let mut g = self.inner.lock();
         g.applied_seq = 0;
         g.by_range.clear();
+        g.bytes = 0;
     }
 }

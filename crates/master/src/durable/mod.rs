@@ -63,6 +63,31 @@ pub async fn increment(kv: &dyn DurableKv, key: &str) -> Result<u64> {
     )))
 }
 
+/// Takes the single master's next term (`election::next_term` of the last
+/// one) and keeps it durably.
+pub async fn advance_term(kv: &dyn DurableKv) -> Result<u64> {
+    const KEY: &str = "term";
+    for _ in 0..1000 {
+        let cur = kv.get(KEY.to_string()).await?;
+        let last: u64 = match &cur {
+            None => 0,
+            Some(v) => v.parse().map_err(|_| {
+                strata_common::Error::internal(format!("durable {KEY} holds {v:?}, not a number"))
+            })?,
+        };
+        let next = crate::election::next_term(last);
+        if kv
+            .compare_and_set(KEY.to_string(), cur, next.to_string())
+            .await?
+        {
+            return Ok(next);
+        }
+    }
+    Err(strata_common::Error::unavailable(
+        "the term is too contended",
+    ))
+}
+
 /// Returns the value at `key`, creating it with `make()` if absent; when
 /// several callers race, all get the single value that won.
 pub async fn get_or_create<F, Fut>(kv: &dyn DurableKv, key: &str, make: F) -> Result<String>

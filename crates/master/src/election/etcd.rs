@@ -17,6 +17,8 @@ pub struct EtcdElection {
     client: Client,
     cluster: String,
     ttl: Duration,
+    /// This process, in the records it writes.
+    instance: String,
 }
 
 fn etcd_err(what: &str, e: etcd_client::Error) -> Error {
@@ -35,6 +37,7 @@ impl EtcdElection {
             client,
             cluster: cluster.to_string(),
             ttl,
+            instance: format!("{:016x}", rand::random::<u64>()),
         })
     }
 
@@ -85,8 +88,9 @@ impl EtcdElection {
                 )
             }
         };
-        let term = last + 1;
+        let term = super::next_term(last);
         let mut leases = self.client.lease_client();
+        let granted = std::time::Instant::now();
         let lease = leases
             .grant(ttl_secs(self.ttl), None)
             .await
@@ -95,6 +99,7 @@ impl EtcdElection {
         let rec = serde_json::to_string(&LeaderRecord {
             addr: addr.to_string(),
             term,
+            instance: self.instance.clone(),
         })
         .map_err(|e| Error::internal(e.to_string()))?;
         let txn = Txn::new()
@@ -117,13 +122,18 @@ impl EtcdElection {
             let _ = leases.revoke(lease).await;
             return Ok(None);
         }
-        let (keeper, stream) = leases
-            .keep_alive(lease)
-            .await
-            .map_err(|e| etcd_err("keep-alive", e))?;
+        let (keeper, stream) = match leases.keep_alive(lease).await {
+            Ok(k) => k,
+            Err(e) => {
+                // Won but cannot keep it: give it back at once.
+                let _ = leases.revoke(lease).await;
+                return Err(etcd_err("keep-alive", e));
+            }
+        };
         Ok(Some(Leadership::keep(
             term,
             self.ttl,
+            granted,
             EtcdLease {
                 client: self.client.clone(),
                 key: lk,

@@ -48,6 +48,7 @@ impl MemElectionCore {
         }
         self.term += 1;
         self.next_lease += 1;
+        // (In-process re-wins count up by one; `next_term` seeds the first.)
         self.held = Some(Held {
             addr: addr.to_string(),
             lease: self.next_lease,
@@ -78,6 +79,7 @@ impl MemElectionCore {
         self.live(now_ms).map(|h| LeaderRecord {
             addr: h.addr.clone(),
             term: h.term,
+            instance: String::new(),
         })
     }
 
@@ -162,7 +164,7 @@ impl Election for MemElection {
                         e: self.clone(),
                         lease,
                     };
-                    return Ok(Leadership::keep(term, self.ttl, lease));
+                    return Ok(Leadership::keep(term, self.ttl, Instant::now(), lease));
                 }
                 tokio::select! {
                     _ = cancel.cancelled() => {

@@ -70,9 +70,16 @@ struct Held {
 impl Leadership {
     /// Starts keeping `lease` alive: renewals every `ttl`/3, each with a
     /// deadline of `ttl`/3; the first that fails or times out ends the
-    /// leadership.
-    pub(crate) fn keep(term: u64, ttl: Duration, mut lease: impl Lease) -> Leadership {
-        let base = Instant::now();
+    /// leadership. `granted` is when the lease was asked for (before the
+    /// store could have started its clock), so the first validity window
+    /// cannot outlast the lease either.
+    pub(crate) fn keep(
+        term: u64,
+        ttl: Duration,
+        granted: Instant,
+        mut lease: impl Lease,
+    ) -> Leadership {
+        let base = granted;
         let margin = ttl / 3;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>(1);
         let lost = CancellationToken::new();
@@ -147,4 +154,12 @@ impl Leadership {
 /// a graceful handover takes a fraction of the TTL.
 pub(crate) fn poll_interval(ttl: Duration) -> Duration {
     (ttl / 10).clamp(Duration::from_millis(20), Duration::from_millis(500))
+}
+
+/// The term after `last`: one more, and never below the wall clock in
+/// milliseconds, so terms keep growing even when the durable state that
+/// counted them is lost (a master without `--state-dir`, a new etcd), and
+/// members that saw an old term still accept the new one.
+pub fn next_term(last: u64) -> u64 {
+    (last + 1).max(strata_common::time::unix_ms())
 }

@@ -86,8 +86,13 @@ proptest! {
                     }
                 }
                 Op::Write(i) => {
-                    if c[i].lease.is_some() && core.write_allowed(c[i].term) {
-                        prop_assert_eq!(c[i].term, core.term(), "a write from an old term");
+                    // Only the holder of the newest term handed out writes;
+                    // a deposed one (whatever it believes) is fenced.
+                    if core.write_allowed(c[i].term) && c[i].lease.is_some() {
+                        prop_assert_eq!(c[i].term, last_term, "a write from an old term");
+                    }
+                    if c[i].lease.is_some() && c[i].term < last_term {
+                        prop_assert!(!core.write_allowed(c[i].term), "a deposed leader wrote");
                     }
                 }
             }
