@@ -261,7 +261,10 @@ impl Lead {
                     if first.take().is_some() || shutdown.is_cancelled() {
                         return;
                     }
-                    tokio::time::sleep(ctx.cfg.election_ttl).await;
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(ctx.cfg.election_ttl) => {}
+                    }
                     continue;
                 }
             };

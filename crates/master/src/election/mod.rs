@@ -89,7 +89,8 @@ impl Leadership {
             let why = loop {
                 tokio::select! {
                     done = rx.recv() => {
-                        lease.resign().await;
+                        // Bounded: with etcd down, shutdown must not hang.
+                        let _ = tokio::time::timeout(margin, lease.resign()).await;
                         lost2.cancel();
                         if let Some(done) = done {
                             let _ = done.send(());
