@@ -97,6 +97,7 @@ impl NodeEntry {
         offset: u64,
         length: u64,
         crc: u32,
+        generation: u64,
     ) -> u64 {
         self.push(object_log_entry::Op::Commit(CommittedObject {
             key: key.to_string(),
@@ -104,6 +105,7 @@ impl NodeEntry {
             offset,
             length,
             crc32c: crc,
+            generation,
         }))
     }
 

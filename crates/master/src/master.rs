@@ -441,10 +441,10 @@ impl Master {
         obj.last_access_ms = unix_ms();
         let mut unsynced = crate::commit_sync::Unsynced::default();
         for r in &obj.replicas {
-            let seq = r
-                .seg
-                .node
-                .log_commit(key, r.seg.id, r.offset, obj.size, crc32c);
+            let seq =
+                r.seg
+                    .node
+                    .log_commit(key, r.seg.id, r.offset, obj.size, crc32c, r.generation);
             unsynced.push(r.seg.node.clone(), seq);
         }
         Ok((obj.size, unsynced))

@@ -32,6 +32,14 @@ enum Refusal {
     Removed,
 }
 
+/// What adopting one reported object did.
+enum Adopted {
+    /// A new object, or another replica of the same bytes.
+    Added,
+    /// A newer commit of the key than the one adopted before, which goes.
+    ReplacedOlder(Object),
+}
+
 impl Refusal {
     fn label(self) -> &'static str {
         match self {
@@ -151,8 +159,19 @@ impl Master {
                 None => Err(Refusal::Malformed),
             };
             let label = match outcome {
-                Ok(()) => {
+                Ok(Adopted::Added) => {
                     out.adopted += 1;
+                    "adopted"
+                }
+                Ok(Adopted::ReplacedOlder(old)) => {
+                    // The older version's ranges are freed; their nodes
+                    // forget them through the object log.
+                    old.release();
+                    out.adopted += 1;
+                    self.metrics
+                        .rebuilt_objects
+                        .with_label_values(&["older_version_dropped"])
+                        .inc();
                     "adopted"
                 }
                 Err(why) => {
@@ -182,7 +201,7 @@ impl Master {
         &self,
         o: &pb::NodeObject,
         seg: std::sync::Arc<crate::cluster::SegmentEntry>,
-    ) -> std::result::Result<(), Refusal> {
+    ) -> std::result::Result<Adopted, Refusal> {
         if validate_key(&o.key).is_err() || o.length == 0 || !o.offset.is_multiple_of(ALIGN) {
             return Err(Refusal::Malformed);
         }
@@ -193,11 +212,18 @@ impl Master {
         if !seg.reserve(o.offset, len) {
             return Err(Refusal::RangeInUse);
         }
+        // The commit's own generation (grants for the range keep fencing
+        // as before); a fresh one if the node did not say.
+        let generation = if o.generation > 0 {
+            o.generation
+        } else {
+            self.next_generation.fetch_add(1, Ordering::Relaxed)
+        };
         let replica = Replica {
             seg: seg.clone(),
             offset: o.offset,
             alloc_len: len,
-            generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
+            generation,
         };
         let adopted = {
             let mut shard = self.objects.shard(&o.key);
@@ -208,7 +234,7 @@ impl Master {
                         Object::committed(o.length, o.crc32c, vec![replica], Vec::new()),
                     );
                     self.metrics.keys.inc();
-                    Ok(())
+                    Ok(Adopted::Added)
                 }
                 // Another replica of the same bytes (a second node's copy).
                 Some(x)
@@ -218,17 +244,34 @@ impl Master {
                         && x.replicas.iter().all(|r| r.seg.id != seg.id) =>
                 {
                     x.replicas.push(replica);
-                    Ok(())
+                    Ok(Adopted::Added)
+                }
+                // Another version: the newest commit wins. Only between
+                // DRAM copies whose generations are known (an SSD copy's is
+                // not), and never under a pin.
+                Some(x)
+                    if x.is_complete()
+                        && (x.size, x.crc32c) != (o.length, o.crc32c)
+                        && x.ssd.is_empty()
+                        && x.pins == 0
+                        && o.generation > 0
+                        && x.replicas.iter().all(|r| r.generation < o.generation) =>
+                {
+                    let old = std::mem::replace(
+                        x,
+                        Object::committed(o.length, o.crc32c, vec![replica], Vec::new()),
+                    );
+                    Ok(Adopted::ReplacedOlder(old))
                 }
                 Some(_) => Err(replica),
             }
         };
         match adopted {
-            Ok(()) => {
+            Ok(a) => {
                 // The node's records come back through its object log.
                 seg.node
-                    .log_commit(&o.key, seg.id, o.offset, o.length, o.crc32c);
-                Ok(())
+                    .log_commit(&o.key, seg.id, o.offset, o.length, o.crc32c, generation);
+                Ok(a)
             }
             Err(r) => {
                 r.seg.free(r.offset, r.alloc_len);

@@ -430,6 +430,7 @@ fn node_reports_are_adopted_only_when_consistent() {
         offset,
         length,
         crc32c: crc,
+        generation: 0,
     };
     let report = |objects: Vec<pb::NodeObject>| {
         m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
@@ -550,6 +551,7 @@ async fn a_restarted_master_takes_writes_only_after_its_nodes_reported() {
             offset: if last { 4096 } else { 0 },
             length: 100,
             crc32c: 1,
+            generation: 0,
         }],
         last,
     };
@@ -606,4 +608,47 @@ async fn put_end_waits_for_the_node_to_confirm_the_commit() {
         e.retryable() && t0.elapsed() < Duration::from_millis(200),
         "{e}"
     );
+}
+
+/// Two nodes report different versions of one key (a put, a removal whose
+/// frees did not reach the first node, a new put elsewhere): the newest
+/// commit (highest allocation generation) is kept whichever node reports
+/// first; the older one's range is freed and counted.
+#[test]
+fn the_newest_commit_of_a_key_wins_the_rebuild() {
+    for newer_first in [false, true] {
+        let m = master_with(2, 1 << 20, |_| {});
+        let report = |node: &str, crc: u32, generation: u64| {
+            let n = m.nodes.read().get(node).cloned().unwrap();
+            m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
+                node_id: node.into(),
+                incarnation: n.incarnation,
+                instance_proof: NODE_PROOF.to_vec(),
+                objects: vec![pb::NodeObject {
+                    key: "k".into(),
+                    local_segment: 0,
+                    offset: 0,
+                    length: 100,
+                    crc32c: crc,
+                    generation,
+                }],
+                last: true,
+            })
+            .unwrap()
+        };
+        let (first, second) = if newer_first {
+            (report("n1", 2, 9), report("n0", 1, 5))
+        } else {
+            (report("n0", 1, 5), report("n1", 2, 9))
+        };
+        assert_eq!(first.adopted, 1);
+        assert_eq!(
+            (second.adopted, second.refused),
+            if newer_first { (0, 1) } else { (1, 0) },
+            "newer first: {newer_first}"
+        );
+        let r = m.get_replicas("k").unwrap();
+        assert_eq!((r.crc32c, r.replicas.len()), (2, 1), "the newer version");
+        assert_eq!(m.allocated_bytes(), 128, "the older range is free");
+    }
 }

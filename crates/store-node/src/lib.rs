@@ -261,6 +261,7 @@ impl Agent {
                     offset: c.offset,
                     length: c.length,
                     crc32c: c.crc32c,
+                    generation: c.generation,
                 })
             })
             .collect()

@@ -173,9 +173,14 @@ impl Master {
                             && o.crc32c == f.crc32c =>
                     {
                         for r in &f.replicas {
-                            r.seg
-                                .node
-                                .log_commit(&f.key, r.seg.id, r.offset, o.size, o.crc32c);
+                            r.seg.node.log_commit(
+                                &f.key,
+                                r.seg.id,
+                                r.offset,
+                                o.size,
+                                o.crc32c,
+                                r.generation,
+                            );
                         }
                         o.replicas = f.replicas;
                         o.last_access_ms = unix_ms();

@@ -43,6 +43,7 @@ fn batch(start: u64, n: u64) -> Vec<pb::NodeObject> {
             offset: i * OBJECT,
             length: OBJECT,
             crc32c: i as u32,
+            generation: i + 1,
         })
         .collect()
 }
