@@ -168,7 +168,15 @@ impl Client {
 
     /// After an ambiguous PutEnd: the key exists; is it our put?
     async fn same_object(&self, key: &str, size: u64, crc: u32, exists: Error) -> Result<()> {
-        let r = self.replicas(key).await?;
+        // One call: the put's own backoff retries (not a second one inside).
+        let r = self
+            .m()
+            .get_replicas(pb::GetReplicasRequest {
+                key: key.to_string(),
+            })
+            .await
+            .map_err(Error::from)?
+            .into_inner();
         if r.size == size && r.crc32c == crc {
             Ok(())
         } else {
