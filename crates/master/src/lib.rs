@@ -157,21 +157,17 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
             sd.cancel();
         }
     });
-    let single = mode == "single-master";
-    let first_term = lead(
-        LeadCtx {
-            cfg,
-            serving: serving.clone(),
-            election,
-            durable,
-            advertise: advertise.clone(),
-        },
-        shutdown.clone(),
-    );
-    if single {
+    let ctx = LeadCtx {
+        cfg,
+        serving: serving.clone(),
+        election,
+        durable,
+        advertise: advertise.clone(),
+    };
+    if mode == "single-master" {
         // The single master leads at once: serve before returning.
         let (tx, rx) = tokio::sync::oneshot::channel();
-        tasks.spawn(first_term.notify(tx));
+        tasks.spawn(lead(ctx, shutdown.clone(), Some(tx)));
         let _ = rx.await;
         if serving.master().is_none() {
             return Err(Error::internal(
@@ -179,7 +175,7 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
             ));
         }
     } else {
-        tasks.spawn(first_term.run());
+        tasks.spawn(lead(ctx, shutdown.clone(), None));
     }
     tracing::info!(%grpc_addr, %admin_addr, %advertise, mode, "strata-master started");
     Ok(MasterHandle {
@@ -207,53 +203,33 @@ struct LeadCtx {
 }
 
 /// The campaign loop: campaign, serve a term while it lasts, step down, and
-/// campaign again, until shutdown (which resigns).
-struct Lead {
+/// campaign again, until shutdown (which resigns). `first` hears when the
+/// first term serves (dropped unanswered if it cannot start).
+async fn lead(
     ctx: LeadCtx,
     shutdown: CancellationToken,
-}
-
-fn lead(ctx: LeadCtx, shutdown: CancellationToken) -> Lead {
-    Lead { ctx, shutdown }
-}
-
-impl Lead {
-    async fn run(self) {
-        self.run_notifying(None).await
-    }
-
-    async fn notify(self, tx: tokio::sync::oneshot::Sender<()>) {
-        self.run_notifying(Some(tx)).await
-    }
-
-    async fn run_notifying(self, mut first: Option<tokio::sync::oneshot::Sender<()>>) {
-        let Lead { ctx, shutdown } = self;
-        let poll = (ctx.cfg.election_ttl / 10).max(std::time::Duration::from_millis(50));
-        loop {
-            let watch = shutdown.child_token();
-            tokio::spawn(serving::watch_leader(
-                ctx.serving.clone(),
-                ctx.election.clone(),
-                poll,
-                watch.clone(),
-            ));
-            let won = ctx.election.campaign(&ctx.advertise, &shutdown).await;
-            watch.cancel();
-            let leadership = match won {
-                Ok(l) => l,
-                Err(_) => return, // cancelled: shutting down
-            };
-            let term = leadership.term;
-            let kv = ctx.durable.for_term(term);
-            let t0 = Instant::now();
-            let master = match Master::for_term(
-                ctx.cfg.clone(),
-                kv,
-                ctx.serving.metrics.clone(),
-                term,
-            )
-            .await
-            {
+    mut first: Option<tokio::sync::oneshot::Sender<()>>,
+) {
+    let poll = (ctx.cfg.election_ttl / 10).max(std::time::Duration::from_millis(50));
+    loop {
+        let watch = shutdown.child_token();
+        tokio::spawn(serving::watch_leader(
+            ctx.serving.clone(),
+            ctx.election.clone(),
+            poll,
+            watch.clone(),
+        ));
+        let won = ctx.election.campaign(&ctx.advertise, &shutdown).await;
+        watch.cancel();
+        let leadership = match won {
+            Ok(l) => l,
+            Err(_) => return, // cancelled: shutting down
+        };
+        let term = leadership.term;
+        let kv = ctx.durable.for_term(term);
+        let t0 = Instant::now();
+        let master =
+            match Master::for_term(ctx.cfg.clone(), kv, ctx.serving.metrics.clone(), term).await {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::error!(term, error = %e, "cannot start a term; resigning");
@@ -268,37 +244,36 @@ impl Lead {
                     continue;
                 }
             };
-            tracing::info!(
-                term,
-                advertise = %ctx.advertise,
-                setup_ms = t0.elapsed().as_millis() as u64,
-                "leading: members re-register and report what they hold"
-            );
-            let term_stop = shutdown.child_token();
-            let mut tasks = JoinSet::new();
-            tasks.spawn(housekeeping(master.clone(), term_stop.clone()));
-            tasks.spawn(evictor(master.clone(), term_stop.clone()));
-            ctx.serving.begin(master.clone(), leadership.clone());
-            if let Some(tx) = first.take() {
-                let _ = tx.send(());
-            }
-            let lost = leadership.lost();
-            tokio::select! {
-                _ = lost.cancelled() => {}
-                _ = shutdown.cancelled() => {}
-            }
-            ctx.serving.end();
-            term_stop.cancel();
-            // Puts waiting for DRAM answer at once (retryable).
-            master.stop_waiting();
-            while tasks.join_next().await.is_some() {}
-            if shutdown.is_cancelled() {
-                leadership.resign().await;
-                tracing::info!(term, "resigned leadership");
-                return;
-            }
-            tracing::warn!(term, "stepped down; campaigning again");
+        tracing::info!(
+            term,
+            advertise = %ctx.advertise,
+            setup_ms = t0.elapsed().as_millis() as u64,
+            "leading: members re-register and report what they hold"
+        );
+        let term_stop = shutdown.child_token();
+        let mut tasks = JoinSet::new();
+        tasks.spawn(housekeeping(master.clone(), term_stop.clone()));
+        tasks.spawn(evictor(master.clone(), term_stop.clone()));
+        ctx.serving.begin(master.clone(), leadership.clone());
+        if let Some(tx) = first.take() {
+            let _ = tx.send(());
         }
+        let lost = leadership.lost();
+        tokio::select! {
+            _ = lost.cancelled() => {}
+            _ = shutdown.cancelled() => {}
+        }
+        ctx.serving.end();
+        term_stop.cancel();
+        // Puts waiting for DRAM answer at once (retryable).
+        master.stop_waiting();
+        while tasks.join_next().await.is_some() {}
+        if shutdown.is_cancelled() {
+            leadership.resign().await;
+            tracing::info!(term, "resigned leadership");
+            return;
+        }
+        tracing::warn!(term, "stepped down; campaigning again");
     }
 }
 
