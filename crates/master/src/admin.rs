@@ -97,14 +97,14 @@ impl Master {
             "size": o.size,
             "crc32c": o.crc32c,
             "state": state,
-            "replicas": o.replicas.iter().map(|r| json!({
+            "replicas": o.replicas().iter().map(|r| json!({
                 "kind": "memory",
                 "node": r.seg.node.node_id,
                 "data_addr": r.seg.node.data_addr,
                 "segment_id": r.seg.id,
                 "offset": r.offset,
                 "state": state,
-            })).chain(o.ssd.iter().map(|r| json!({
+            })).chain(o.ssd().iter().map(|r| json!({
                 "kind": "ssd",
                 "owner_id": r.owner_id,
                 "bucket_id": r.bucket_id,

@@ -50,9 +50,13 @@ impl std::str::FromStr for OffloadPolicy {
             "eager" => Ok(OffloadPolicy::Eager),
             "on-evict" => Ok(OffloadPolicy::OnEvict),
             _ => match s.strip_prefix("reads:").map(str::parse::<u32>) {
-                Some(Ok(n)) if n > 0 => Ok(OffloadPolicy::Reads(n)),
+                // Objects count reads in 16 bits (they are kept small).
+                Some(Ok(n)) if (1..=u32::from(u16::MAX)).contains(&n) => {
+                    Ok(OffloadPolicy::Reads(n))
+                }
                 _ => Err(format!(
-                    "unknown offload policy {s:?}; use eager, on-evict or reads:N with N >= 1"
+                    "unknown offload policy {s:?}; use eager, on-evict or reads:N with N from 1 to {}",
+                    u16::MAX
                 )),
             },
         }
@@ -475,6 +479,12 @@ mod tests {
             "reads:3".parse::<OffloadPolicy>(),
             Ok(OffloadPolicy::Reads(3))
         );
+        assert_eq!(
+            "reads:65535".parse::<OffloadPolicy>(),
+            Ok(OffloadPolicy::Reads(65535))
+        );
+        let e = "reads:65536".parse::<OffloadPolicy>().unwrap_err();
+        assert!(e.contains("1 to 65535"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("m.toml");
         std::fs::write(&f, "no-such-key = 1\n").unwrap();

@@ -96,7 +96,7 @@ impl Master {
                     match s.get_mut(&key) {
                         Some(o) if !o.evictable(now) => Fate::Skip,
                         // An object with an SSD copy keeps living there.
-                        Some(o) if !o.ssd.is_empty() => Fate::Free(o.take_memory(), None),
+                        Some(o) if !o.ssd().is_empty() => Fate::Free(o.take_memory(), None),
                         Some(o) if queued.is_some() || o.offload_then_free => {
                             Fate::Pending(alloc_bytes(o))
                         }
@@ -190,7 +190,7 @@ impl Master {
         let gone = {
             let mut s = self.objects.shard(key);
             match s.get(key) {
-                Some(o) if o.evictable(now) && o.ssd.is_empty() => s.remove(key),
+                Some(o) if o.evictable(now) && o.ssd().is_empty() => s.remove(key),
                 _ => None,
             }
         };
@@ -211,7 +211,7 @@ impl Master {
         let freed = self.drop_if_evictable(key, why);
         if freed == 0 {
             if let Some(o) = self.objects.shard(key).get_mut(key) {
-                if o.ssd.is_empty() {
+                if o.ssd().is_empty() {
                     o.offload_then_free = false;
                 }
             }
@@ -226,7 +226,7 @@ impl Master {
         let mem = {
             let mut s = self.objects.shard(key);
             match s.get_mut(key) {
-                Some(o) if o.offload_then_free && o.evictable(now) && !o.ssd.is_empty() => {
+                Some(o) if o.offload_then_free && o.evictable(now) && !o.ssd().is_empty() => {
                     Some(o.take_memory())
                 }
                 _ => None,
@@ -248,10 +248,10 @@ impl Master {
             for (k, o) in s.iter().filter(|(_, o)| o.evictable(now)) {
                 let rank = (o.soft_pin, o.last_access_ms);
                 if heap.len() < n {
-                    heap.push((rank.0, rank.1, k.clone()));
+                    heap.push((rank.0, rank.1, k.to_string()));
                 } else if heap.peek().is_some_and(|t| rank < (t.0, t.1)) {
                     heap.pop();
-                    heap.push((rank.0, rank.1, k.clone()));
+                    heap.push((rank.0, rank.1, k.to_string()));
                 }
             }
         }
@@ -281,5 +281,5 @@ impl Master {
 }
 
 fn alloc_bytes(o: &Object) -> u64 {
-    o.replicas.iter().map(|r| r.alloc_len).sum()
+    o.replicas().iter().map(|r| r.alloc_len).sum()
 }

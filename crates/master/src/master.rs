@@ -369,25 +369,10 @@ impl Master {
                 self.space.notify();
                 return Err(e);
             }
-            shard.insert(
-                spec.key.clone(),
-                Object {
-                    size: spec.size,
-                    crc32c: 0,
-                    replicas,
-                    ssd: Vec::new(),
-                    pins: 0,
-                    state: ObjState::Processing { put_id, deadline },
-                    lease_until_ms: 0,
-                    last_access_ms: now,
-                    soft_pin: spec.soft_pin,
-                    hard_pin: spec.hard_pin,
-                    reads: 0,
-                    offload_then_free: false,
-                    offloaded: false,
-                    offload_failed: false,
-                },
-            );
+            let mut obj = Object::processing(spec.size, replicas, put_id, deadline, now);
+            obj.soft_pin = spec.soft_pin;
+            obj.hard_pin = spec.hard_pin;
+            shard.insert(&spec.key, obj);
         }
         self.metrics.keys.inc();
         self.pending_puts
@@ -437,10 +422,10 @@ impl Master {
             ));
         }
         obj.crc32c = crc32c;
-        obj.state = ObjState::Complete;
+        obj.complete();
         obj.last_access_ms = unix_ms();
         let mut unsynced = crate::commit_sync::Unsynced::default();
-        for r in &obj.replicas {
+        for r in obj.replicas() {
             let seq =
                 r.seg
                     .node
@@ -470,7 +455,7 @@ impl Master {
         };
         if let Some(o) = obj {
             self.metrics.keys.dec();
-            self.forget_ssd(key, &o.ssd);
+            self.forget_ssd(key, o.ssd());
             o.release();
             self.space.notify();
         }
@@ -641,21 +626,21 @@ impl Master {
                 .lease_until_ms
                 .max(now + self.cfg.lease_ttl.as_millis() as u64);
             obj.last_access_ms = now;
-            if !obj.replicas.is_empty() {
+            if !obj.replicas().is_empty() {
                 obj.reads = obj.reads.saturating_add(1);
             }
-            let ssd = obj.ssd.clone();
+            let ssd = obj.ssd().to_vec();
             (
                 obj.size,
                 obj.crc32c,
-                obj.replicas.clone(),
+                obj.replicas().to_vec(),
                 ssd,
                 obj.lease_until_ms,
                 obj.reads,
             )
         };
         if !replicas.is_empty() {
-            self.admit_on_read(key, size, reads, !ssd.is_empty());
+            self.admit_on_read(key, size, u32::from(reads), !ssd.is_empty());
         } else {
             self.admission.lookup_miss(key);
             if let Some(r) = ssd.first() {
@@ -690,7 +675,7 @@ impl Master {
         let complete = o.is_complete();
         let now = unix_ms();
         let mut replicas: Vec<pb::Replica> = o
-            .replicas
+            .replicas()
             .iter()
             .map(|r| pb::Replica {
                 grant: None,
@@ -698,7 +683,7 @@ impl Master {
             })
             .collect();
         replicas.extend(
-            o.ssd
+            o.ssd()
                 .iter()
                 .filter_map(|r| self.ssd_view(r, 0, now))
                 .map(|r| pb::Replica { grant: None, ..r }),
@@ -764,7 +749,7 @@ impl Master {
         if let Some(o) = obj {
             self.metrics.keys.dec();
             self.tombstone(&[(key, &o)]);
-            self.forget_ssd(key, &o.ssd);
+            self.forget_ssd(key, o.ssd());
             o.release();
             self.space.notify();
         }
@@ -776,7 +761,7 @@ impl Master {
     fn tombstone(&self, removed: &[(&str, &Object)]) {
         let t: Vec<(String, u64, u32)> = removed
             .iter()
-            .filter(|(_, o)| o.is_complete() && (o.offloaded || !o.ssd.is_empty()))
+            .filter(|(_, o)| o.is_complete() && (o.offloaded || !o.ssd().is_empty()))
             .map(|(k, o)| (k.to_string(), o.size, o.crc32c))
             .collect();
         if let Err(e) = self.tombstones.record(&t) {
@@ -799,7 +784,7 @@ impl Master {
                     .iter()
                     .filter_map(|(k, o)| {
                         if o.is_complete() && (force || (!o.leased(now) && o.pins == 0)) {
-                            Some(k.clone())
+                            Some(k.to_string())
                         } else {
                             skipped += 1;
                             None
@@ -815,7 +800,7 @@ impl Master {
             let refs: Vec<(&str, &Object)> = victims.iter().map(|(k, o)| (k.as_str(), o)).collect();
             self.tombstone(&refs);
             for (k, o) in victims {
-                self.forget_ssd(&k, &o.ssd);
+                self.forget_ssd(&k, o.ssd());
                 o.release();
             }
         }
@@ -834,11 +819,11 @@ impl Master {
             let s = shard.lock();
             all.extend(
                 s.iter()
-                    .filter(|(k, _)| k.starts_with(prefix) && k.as_str() > start_after)
+                    .filter(|(k, _)| k.starts_with(prefix) && *k > start_after)
                     .map(|(k, o)| pb::ObjectSummary {
-                        key: k.clone(),
+                        key: k.to_string(),
                         size: o.size,
-                        replicas: o.replicas.len() as u32,
+                        replicas: o.replicas().len() as u32,
                         complete: o.is_complete(),
                     }),
             );
@@ -888,7 +873,7 @@ impl Master {
             let Some((_, key, put_id)) = next else { break };
             let obj = {
                 let mut shard = self.objects.shard(&key);
-                let stale = matches!(shard.get(&key).map(|o| o.state),
+                let stale = matches!(shard.get(&key).map(|o| o.state()),
                     Some(ObjState::Processing { put_id: p, .. }) if p == put_id);
                 if stale {
                     shard.remove(&key)
@@ -1168,10 +1153,8 @@ impl Master {
         for shard in self.objects.shards() {
             let mut s = shard.lock();
             s.retain(|_, o| {
-                let before = o.replicas.len();
-                o.replicas.retain(|r| r.seg.is_mounted());
-                lost += (before - o.replicas.len()) as u64;
-                if o.replicas.is_empty() && o.ssd.is_empty() {
+                lost += o.retain_replicas(|r| r.seg.is_mounted()) as u64;
+                if o.replicas().is_empty() && o.ssd().is_empty() {
                     gone += 1;
                     false
                 } else {

@@ -230,7 +230,7 @@ impl Master {
             match shard.get_mut(&o.key) {
                 None => {
                     shard.insert(
-                        o.key.clone(),
+                        &o.key,
                         Object::committed(o.length, o.crc32c, vec![replica], Vec::new()),
                     );
                     self.metrics.keys.inc();
@@ -241,9 +241,9 @@ impl Master {
                     if x.is_complete()
                         && x.size == o.length
                         && x.crc32c == o.crc32c
-                        && x.replicas.iter().all(|r| r.seg.id != seg.id) =>
+                        && x.replicas().iter().all(|r| r.seg.id != seg.id) =>
                 {
-                    x.replicas.push(replica);
+                    x.push_replica(replica);
                     Ok(Adopted::Added)
                 }
                 // Another version: the newest commit wins. Only between
@@ -252,10 +252,10 @@ impl Master {
                 Some(x)
                     if x.is_complete()
                         && (x.size, x.crc32c) != (o.length, o.crc32c)
-                        && x.ssd.is_empty()
+                        && x.ssd().is_empty()
                         && x.pins == 0
                         && o.generation > 0
-                        && x.replicas.iter().all(|r| r.generation < o.generation) =>
+                        && x.replicas().iter().all(|r| r.generation < o.generation) =>
                 {
                     let old = std::mem::replace(
                         x,

@@ -101,12 +101,12 @@ impl Master {
             let source = {
                 let mut shard = self.objects.shard(&t.key);
                 match shard.get_mut(&t.key) {
-                    Some(o) if o.is_complete() && !o.replicas.is_empty() => {
+                    Some(o) if o.is_complete() && !o.replicas().is_empty() => {
                         o.pins += 1;
                         // From now on an SSD copy may exist somewhere: its
                         // removal leaves a tombstone.
                         o.offloaded = true;
-                        Some((o.replicas[0].clone(), o.size, o.crc32c))
+                        Some((o.replicas()[0].clone(), o.size, o.crc32c))
                     }
                     _ => None,
                 }
@@ -272,9 +272,9 @@ impl Master {
                 }
                 // An owner holds one copy; its latest report of where wins
                 // (compaction moves objects between buckets).
-                match o.ssd.iter_mut().find(|s| s.owner_id == r.owner_id) {
+                match o.ssd_mut().iter_mut().find(|s| s.owner_id == r.owner_id) {
                     Some(s) => *s = r,
-                    None => o.ssd.push(r),
+                    None => o.push_ssd(r),
                 }
                 // Its removal must leave a tombstone from now on.
                 o.offloaded = true;
@@ -291,10 +291,7 @@ impl Master {
                     false
                 }
                 Some((size, crc)) => {
-                    shard.insert(
-                        key.to_string(),
-                        crate::objects::Object::ssd_only(size, crc, r),
-                    );
+                    shard.insert(key, crate::objects::Object::ssd_only(size, crc, r));
                     self.metrics.keys.inc();
                     true
                 }
@@ -411,8 +408,8 @@ impl Master {
         let mut gone = 0i64;
         for shard in self.objects.shards() {
             shard.lock().retain(|_, o| {
-                o.ssd.retain(|r| r.owner_id != owner);
-                let keep = !o.replicas.is_empty() || !o.ssd.is_empty() || !o.is_complete();
+                o.retain_ssd(|r| r.owner_id != owner);
+                let keep = !o.replicas().is_empty() || !o.ssd().is_empty() || !o.is_complete();
                 gone += i64::from(!keep);
                 keep
             });
@@ -429,7 +426,7 @@ impl Master {
             let o = shard
                 .get_mut(key)
                 .ok_or_else(|| Error::not_found(format!("key {key:?} not found")))?;
-            if o.ssd.is_empty() {
+            if o.ssd().is_empty() {
                 return Err(Error::new(
                     Code::NotReady,
                     format!("key {key:?} has no SSD replica yet"),

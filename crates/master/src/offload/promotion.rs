@@ -91,8 +91,8 @@ impl Master {
         for key in keys {
             // Still SSD-only, and held by this owner?
             let src = self.objects.shard(&key).get(&key).and_then(|o| {
-                let s = o.ssd.iter().find(|s| s.owner_id == owner)?;
-                (o.is_complete() && o.replicas.is_empty()).then_some((o.size, o.crc32c, *s))
+                let s = o.ssd().iter().find(|s| s.owner_id == owner)?;
+                (o.is_complete() && o.replicas().is_empty()).then_some((o.size, o.crc32c, *s))
             });
             let placed = src.map(|(size, crc, s)| (size, crc, s, self.allocate(size, 1, None)));
             let (size, crc, s, replicas) = match placed {
@@ -168,7 +168,7 @@ impl Master {
                 match shard.get_mut(&f.key) {
                     Some(o)
                         if o.is_complete()
-                            && o.replicas.is_empty()
+                            && o.replicas().is_empty()
                             && o.size == f.size
                             && o.crc32c == f.crc32c =>
                     {
@@ -182,7 +182,7 @@ impl Master {
                                 r.generation,
                             );
                         }
-                        o.replicas = f.replicas;
+                        o.set_replicas(f.replicas);
                         o.last_access_ms = unix_ms();
                         None
                     }

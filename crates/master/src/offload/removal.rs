@@ -63,11 +63,10 @@ impl Master {
         let (mut dropped, mut gone) = (0u64, 0i64);
         for shard in self.objects.shards() {
             shard.lock().retain(|_, o| {
-                let before = o.ssd.len();
-                o.ssd
-                    .retain(|r| r.owner_id != req.owner_id || !doomed.contains(&r.bucket_id));
-                dropped += (before - o.ssd.len()) as u64;
-                let keep = !o.replicas.is_empty() || !o.ssd.is_empty() || !o.is_complete();
+                dropped += o
+                    .retain_ssd(|r| r.owner_id != req.owner_id || !doomed.contains(&r.bucket_id))
+                    as u64;
+                let keep = !o.replicas().is_empty() || !o.ssd().is_empty() || !o.is_complete();
                 gone += i64::from(!keep);
                 keep
             });

@@ -104,7 +104,7 @@ fn on_ssd(m: &Master, key: &str) -> bool {
     m.objects
         .shard(key)
         .get(key)
-        .is_some_and(|o| !o.ssd.is_empty())
+        .is_some_and(|o| !o.ssd().is_empty())
 }
 
 #[tokio::test]
@@ -168,7 +168,7 @@ async fn on_evict_offloads_victims_before_freeing_and_drops_what_ssd_cannot_take
         assert!(on_ssd(&m, k), "{k} has its SSD copy");
         let o = m.objects.shard(k);
         assert!(
-            o.get(k).unwrap().replicas.is_empty(),
+            o.get(k).unwrap().replicas().is_empty(),
             "{k}'s DRAM was freed"
         );
     }
@@ -374,7 +374,7 @@ async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
         relocation,
     };
     m.report_inventory(report(true)).await.unwrap();
-    let live = m.objects.shard("live").get("live").unwrap().ssd.clone();
+    let live = m.objects.shard("live").get("live").unwrap().ssd().to_vec();
     assert_eq!(live.len(), 1, "one copy per owner");
     assert_eq!(
         (live[0].bucket_id, live[0].offset),

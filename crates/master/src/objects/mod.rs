@@ -1,0 +1,427 @@
+//! The object table: key → object metadata, sharded so one hot key never
+//! serialises the rest.
+
+use crate::cluster::SegmentEntry;
+use parking_lot::{Mutex, MutexGuard};
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::Instant;
+
+mod shard;
+pub use shard::Shard;
+
+const SHARDS: usize = 64;
+
+/// One copy of an object's bytes in a DRAM segment.
+#[derive(Clone)]
+pub struct Replica {
+    pub seg: Arc<SegmentEntry>,
+    pub offset: u64,
+    /// Bytes reserved in the allocator (the size rounded up).
+    pub alloc_len: u64,
+    /// The allocation's generation, carried in its grants.
+    pub generation: u64,
+}
+
+/// A copy of an object's bytes in an SSD owner's bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SsdReplica {
+    pub owner_id: u64,
+    pub bucket_id: u64,
+    pub offset: u64,
+    pub length: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjState {
+    /// PutStart granted space; bytes are being written until `deadline`.
+    Processing { put_id: u64, deadline: Instant },
+    /// PutEnd made the object visible.
+    Complete,
+}
+
+/// Where an object's only copy is, when it has exactly one (most objects):
+/// kept inline, with no allocation.
+enum Home {
+    None,
+    Dram(Replica),
+    Ssd(SsdReplica),
+}
+
+/// What few objects need: several copies, or a put in progress.
+#[derive(Default)]
+struct Spill {
+    replicas: Vec<Replica>,
+    ssd: Vec<SsdReplica>,
+    pending: Option<(u64, Instant)>,
+}
+
+/// One object's metadata. The master holds one per cached object, so its
+/// size is watched (`object_stays_small`): copies are reached through
+/// methods because a lone copy is stored inline and several in `spill`.
+pub struct Object {
+    pub size: u64,
+    pub lease_until_ms: u64,
+    pub last_access_ms: u64,
+    home: Home,
+    spill: Option<Box<Spill>>,
+    pub crc32c: u32,
+    /// Offload tasks copying a DRAM replica right now: no eviction or free.
+    pub pins: u32,
+    /// Demand reads served while the object was in DRAM (`reads:N`),
+    /// saturating.
+    pub reads: u16,
+    pub soft_pin: bool,
+    pub hard_pin: bool,
+    /// Eviction queued it for offload (`on-evict`): its DRAM is freed once
+    /// the SSD copy exists, or the object is dropped if the copy fails.
+    pub offload_then_free: bool,
+    /// An offload task was handed out for it (or it came from an SSD
+    /// inventory): an SSD copy may exist, so its removal is tombstoned.
+    pub offloaded: bool,
+    /// Its copy to SSD failed for good: eviction drops it rather than
+    /// making writers wait for a copy that will not come.
+    pub offload_failed: bool,
+}
+
+impl Object {
+    fn new(size: u64, crc32c: u32, now_ms: u64) -> Object {
+        Object {
+            size,
+            lease_until_ms: 0,
+            last_access_ms: now_ms,
+            home: Home::None,
+            spill: None,
+            crc32c,
+            pins: 0,
+            reads: 0,
+            soft_pin: false,
+            hard_pin: false,
+            offload_then_free: false,
+            offloaded: false,
+            offload_failed: false,
+        }
+    }
+
+    /// An object being written: its space is granted, its bytes are not in.
+    pub fn processing(
+        size: u64,
+        replicas: Vec<Replica>,
+        put_id: u64,
+        deadline: Instant,
+        now_ms: u64,
+    ) -> Object {
+        let mut o = Object::new(size, 0, now_ms);
+        o.place(replicas, Vec::new());
+        o.spill.get_or_insert_with(Default::default).pending = Some((put_id, deadline));
+        o
+    }
+
+    /// A committed object known only from an SSD owner's inventory.
+    pub fn ssd_only(size: u64, crc32c: u32, r: SsdReplica) -> Object {
+        Object {
+            offloaded: true,
+            ..Object::committed(size, crc32c, Vec::new(), vec![r])
+        }
+    }
+
+    /// A committed object rebuilt from what members hold (no pin, lease or
+    /// history).
+    pub fn committed(
+        size: u64,
+        crc32c: u32,
+        replicas: Vec<Replica>,
+        ssd: Vec<SsdReplica>,
+    ) -> Object {
+        let mut o = Object::new(size, crc32c, strata_common::time::unix_ms());
+        o.place(replicas, ssd);
+        o
+    }
+
+    pub fn state(&self) -> ObjState {
+        match self.spill.as_ref().and_then(|s| s.pending) {
+            Some((put_id, deadline)) => ObjState::Processing { put_id, deadline },
+            None => ObjState::Complete,
+        }
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.spill.as_ref().is_none_or(|s| s.pending.is_none())
+    }
+
+    /// PutEnd: the object becomes visible.
+    pub fn complete(&mut self) {
+        if let Some(s) = self.spill.as_mut() {
+            s.pending = None;
+        }
+        self.tidy();
+    }
+
+    /// DRAM replicas.
+    pub fn replicas(&self) -> &[Replica] {
+        match (&self.home, &self.spill) {
+            (Home::Dram(r), _) => std::slice::from_ref(r),
+            (_, Some(s)) => &s.replicas,
+            _ => &[],
+        }
+    }
+
+    /// SSD copies.
+    pub fn ssd(&self) -> &[SsdReplica] {
+        match (&self.home, &self.spill) {
+            (Home::Ssd(r), _) => std::slice::from_ref(r),
+            (_, Some(s)) => &s.ssd,
+            _ => &[],
+        }
+    }
+
+    pub fn ssd_mut(&mut self) -> &mut [SsdReplica] {
+        match (&mut self.home, &mut self.spill) {
+            (Home::Ssd(r), _) => std::slice::from_mut(r),
+            (_, Some(s)) => &mut s.ssd,
+            _ => &mut [],
+        }
+    }
+
+    /// Moves every copy out (the object keeps none until `place`).
+    fn locations(&mut self) -> (Vec<Replica>, Vec<SsdReplica>) {
+        let (mut replicas, mut ssd) = match self.spill.as_mut() {
+            Some(s) => (std::mem::take(&mut s.replicas), std::mem::take(&mut s.ssd)),
+            None => (Vec::new(), Vec::new()),
+        };
+        match std::mem::replace(&mut self.home, Home::None) {
+            Home::None => {}
+            Home::Dram(r) => replicas.insert(0, r),
+            Home::Ssd(r) => ssd.insert(0, r),
+        }
+        (replicas, ssd)
+    }
+
+    /// Stores copies taken out by `locations`: a lone one inline, several
+    /// in the spill.
+    fn place(&mut self, mut replicas: Vec<Replica>, mut ssd: Vec<SsdReplica>) {
+        match (replicas.len(), ssd.len()) {
+            (0, 0) => {}
+            (1, 0) => self.home = replicas.pop().map_or(Home::None, Home::Dram),
+            (0, 1) => self.home = ssd.pop().map_or(Home::None, Home::Ssd),
+            _ => {
+                let s = self.spill.get_or_insert_with(Default::default);
+                s.replicas = replicas;
+                s.ssd = ssd;
+            }
+        }
+        self.tidy();
+    }
+
+    fn tidy(&mut self) {
+        if self
+            .spill
+            .as_ref()
+            .is_some_and(|s| s.replicas.is_empty() && s.ssd.is_empty() && s.pending.is_none())
+        {
+            self.spill = None;
+        }
+    }
+
+    pub fn push_replica(&mut self, r: Replica) {
+        let (mut replicas, ssd) = self.locations();
+        replicas.push(r);
+        self.place(replicas, ssd);
+    }
+
+    pub fn push_ssd(&mut self, r: SsdReplica) {
+        let (replicas, mut ssd) = self.locations();
+        ssd.push(r);
+        self.place(replicas, ssd);
+    }
+
+    /// Keeps the DRAM replicas `keep` returns true for; returns how many
+    /// went.
+    pub fn retain_replicas(&mut self, mut keep: impl FnMut(&Replica) -> bool) -> usize {
+        // Most objects: no spill, at most one copy inline (table-wide scans
+        // run this for every object, so no allocation here).
+        if self.spill.is_none() {
+            return match &self.home {
+                Home::Dram(r) if !keep(r) => {
+                    self.home = Home::None;
+                    1
+                }
+                _ => 0,
+            };
+        }
+        let (mut replicas, ssd) = self.locations();
+        let before = replicas.len();
+        replicas.retain(keep);
+        let gone = before - replicas.len();
+        self.place(replicas, ssd);
+        gone
+    }
+
+    /// Keeps the SSD copies `keep` returns true for; returns how many went.
+    pub fn retain_ssd(&mut self, mut keep: impl FnMut(&SsdReplica) -> bool) -> usize {
+        if self.spill.is_none() {
+            return match &self.home {
+                Home::Ssd(r) if !keep(r) => {
+                    self.home = Home::None;
+                    1
+                }
+                _ => 0,
+            };
+        }
+        let (replicas, mut ssd) = self.locations();
+        let before = ssd.len();
+        ssd.retain(keep);
+        let gone = before - ssd.len();
+        self.place(replicas, ssd);
+        gone
+    }
+
+    /// Replaces the DRAM replicas.
+    pub fn set_replicas(&mut self, new: Vec<Replica>) -> Vec<Replica> {
+        let (old, ssd) = self.locations();
+        self.place(new, ssd);
+        old
+    }
+
+    /// Moves the DRAM replicas out (to be released), keeping the object.
+    pub fn take_memory(&mut self) -> Object {
+        self.offload_then_free = false;
+        let mut gone = Object::new(self.size, self.crc32c, 0);
+        let replicas = self.set_replicas(Vec::new());
+        gone.place(replicas, Vec::new());
+        gone
+    }
+
+    pub fn leased(&self, now_ms: u64) -> bool {
+        self.lease_until_ms > now_ms
+    }
+    /// Eviction may take its DRAM: committed, unleased, not hard-pinned,
+    /// not being offloaded, and holding DRAM at all.
+    pub fn evictable(&self, now_ms: u64) -> bool {
+        self.is_complete()
+            && !self.leased(now_ms)
+            && !self.hard_pin
+            && self.pins == 0
+            && !self.replicas().is_empty()
+    }
+
+    /// Frees every replica's space, telling nodes about committed ranges.
+    pub fn release(mut self) -> u64 {
+        let committed = self.is_complete();
+        let mut freed = 0;
+        for r in self.locations().0 {
+            r.seg.free(r.offset, r.alloc_len);
+            if committed {
+                r.seg
+                    .node
+                    .log_free(r.seg.id, r.offset, r.alloc_len, r.generation);
+            }
+            freed += r.alloc_len;
+        }
+        freed
+    }
+}
+
+pub struct ObjectTable {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Default for ObjectTable {
+    fn default() -> Self {
+        ObjectTable {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            hasher: Default::default(),
+        }
+    }
+}
+
+impl ObjectTable {
+    pub fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+        let i = self.hasher.hash_one(key) as usize % self.shards.len();
+        self.shards[i].lock()
+    }
+
+    pub fn shards(&self) -> impl Iterator<Item = &Mutex<Shard>> {
+        self.shards.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shards.iter().all(|s| s.lock().is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The master holds one `Object` per cached object: a field that grows
+    /// it shows up as gigabytes at tens of millions of keys (the rebuild
+    /// bench measures the whole cost per object).
+    #[test]
+    fn object_stays_small() {
+        assert!(
+            std::mem::size_of::<Object>() <= 88,
+            "Object is {} bytes",
+            std::mem::size_of::<Object>()
+        );
+        assert_eq!(
+            std::mem::size_of::<Option<Object>>(),
+            std::mem::size_of::<Object>()
+        );
+    }
+
+    fn ssd(owner_id: u64) -> SsdReplica {
+        SsdReplica {
+            owner_id,
+            bucket_id: 1,
+            offset: 0,
+            length: 10,
+        }
+    }
+
+    #[test]
+    fn copies_move_between_inline_and_spill() {
+        let mut o = Object::ssd_only(10, 1, ssd(1));
+        assert!(o.spill.is_none(), "a lone copy is inline");
+        o.push_ssd(ssd(2));
+        assert_eq!(
+            o.ssd().iter().map(|r| r.owner_id).collect::<Vec<_>>(),
+            [1, 2]
+        );
+        o.ssd_mut()[1].bucket_id = 9;
+        assert_eq!(o.retain_ssd(|r| r.owner_id == 2), 1);
+        assert_eq!(
+            o.ssd(),
+            [SsdReplica {
+                bucket_id: 9,
+                ..ssd(2)
+            }]
+        );
+        assert!(o.spill.is_none(), "back inline once alone");
+        assert_eq!(o.retain_ssd(|_| false), 1);
+        assert!(o.ssd().is_empty() && o.replicas().is_empty());
+        assert!(o.is_complete());
+    }
+
+    #[test]
+    fn a_pending_put_completes() {
+        let deadline = Instant::now();
+        let mut o = Object::processing(10, Vec::new(), 7, deadline, 1);
+        assert_eq!(
+            o.state(),
+            ObjState::Processing {
+                put_id: 7,
+                deadline
+            }
+        );
+        assert!(!o.is_complete());
+        o.complete();
+        assert_eq!(o.state(), ObjState::Complete);
+        assert!(o.spill.is_none());
+    }
+}
