@@ -343,7 +343,8 @@ async fn two_agents_racing_for_one_handle_get_one_owner_id() {
 
 /// The single master (with `--state-dir`) SIGKILLed and restarted under a
 /// put/get load: every acknowledged object, in DRAM and on SSD, reads back
-/// byte-identical, and an SSD-only object is still served.
+/// byte-identical, an SSD-only object is still served, and a key removed
+/// right before the crash stays removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_master_restart_under_load_keeps_every_acknowledged_object() {
     let state = tempfile::tempdir().unwrap();
@@ -362,6 +363,12 @@ async fn a_single_master_restart_under_load_keeps_every_acknowledged_object() {
     strata_tests::make_ssd_only(&cl, m.admin, "ssd-only").await;
     let load = Load::start(&m.addr, 3, "r").await;
     load.progress(60, Duration::from_secs(30)).await;
+    // A removal acknowledged just before the crash stays removed: its node
+    // confirmed the free, so the rebuild does not bring it back.
+    cl.put("gone", &payload(8, 50_000), &PutOptions::default())
+        .await
+        .unwrap();
+    cl.remove("gone", true).await.unwrap();
     drop(master); // SIGKILL
     let _master = m.start().await;
     load.progress(60, Duration::from_secs(30)).await;
@@ -369,6 +376,7 @@ async fn a_single_master_restart_under_load_keeps_every_acknowledged_object() {
     assert_only_retryable(&stats.errors);
     stats.verify(&cl).await;
     assert!(cl.get("ssd-only").await.unwrap() == payload(7, 100_000));
+    assert!(!cl.exists("gone").await.unwrap(), "a removed key came back");
     let (_, body) = http_get(m.admin, "/api/v1/keys/ssd-only").await;
     assert!(!body.contains("\"memory\""), "served from SSD: {body}");
 }

@@ -548,25 +548,55 @@ impl Client {
     }
 
     pub async fn exists(&self, key: &str) -> Result<bool> {
-        let r = self
-            .m()
-            .exists(pb::ExistsRequest {
-                key: key.to_string(),
+        self.cfg
+            .backoff
+            .run(|| async {
+                let r = self
+                    .m()
+                    .exists(pb::ExistsRequest {
+                        key: key.to_string(),
+                    })
+                    .await;
+                Ok(r.map_err(Error::from)?.into_inner().exists)
             })
-            .await;
-        Ok(r.map_err(Error::from)?.into_inner().exists)
+            .await
     }
 
     /// Removes `key`; refused while a reader holds a lease unless `force`.
+    /// Retried through a failover: a retry that finds the key gone after
+    /// an attempt whose outcome is unknown counts as removed.
     pub async fn remove(&self, key: &str, force: bool) -> Result<()> {
-        self.m()
-            .remove(pb::RemoveRequest {
-                key: key.to_string(),
-                force,
+        let ambiguous = std::sync::atomic::AtomicBool::new(false);
+        let ambiguous = &ambiguous;
+        self.cfg
+            .backoff
+            .run(|| async {
+                let r = self
+                    .m()
+                    .remove(pb::RemoveRequest {
+                        key: key.to_string(),
+                        force,
+                    })
+                    .await
+                    .map_err(Error::from);
+                match r {
+                    Ok(_) => Ok(()),
+                    Err(e)
+                        if e.code == Code::NotFound
+                            && ambiguous.load(std::sync::atomic::Ordering::Relaxed) =>
+                    {
+                        Ok(())
+                    }
+                    Err(e) => {
+                        // Not a follower's refusal: the call may have run.
+                        if e.retryable() && e.code != Code::NotLeader {
+                            ambiguous.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        Err(e)
+                    }
+                }
             })
             .await
-            .map_err(Error::from)?;
-        Ok(())
     }
 
     /// Removes every committed object (leased ones unless `force`).

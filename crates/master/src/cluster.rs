@@ -109,13 +109,14 @@ impl NodeEntry {
         }))
     }
 
-    pub fn log_free(&self, segment_id: u64, offset: u64, length: u64, generation: u64) {
+    /// Records a freed range for the node; returns its log sequence number.
+    pub fn log_free(&self, segment_id: u64, offset: u64, length: u64, generation: u64) -> u64 {
         self.push(object_log_entry::Op::Free(FreedRange {
             segment_id,
             offset,
             length,
             generation,
-        }));
+        }))
     }
 
     /// The node applied the log up to `seq` (a heartbeat said so).

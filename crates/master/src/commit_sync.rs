@@ -40,7 +40,7 @@ impl Master {
     /// answer a retryable error rather than an acknowledgement the next
     /// master might not honour: the client's retry finds the key (if a node
     /// has it) and checks it holds its bytes.
-    pub(crate) async fn await_synced(&self, u: Unsynced) -> Result<()> {
+    pub(crate) async fn await_synced(&self, u: Unsynced, what: &str) -> Result<()> {
         let deadline = Instant::now() + self.sync_wait();
         for (node, seq) in u.0 {
             loop {
@@ -60,10 +60,11 @@ impl Master {
                     node = node.node_id,
                     seq,
                     why,
-                    "a commit is not confirmed by its store node"
+                    what,
+                    "not confirmed by its store node"
                 );
                 return Err(strata_common::Error::unavailable(format!(
-                    "the commit is not confirmed: store node {} {why}; retry (the put may have been committed)",
+                    "the {what} is not confirmed: store node {} {why}; retry (it may have taken effect)",
                     node.node_id
                 )));
             }

@@ -716,6 +716,18 @@ impl Master {
     // ---------------- remove ----------------
 
     pub fn remove(&self, key: &str, force: bool) -> Result<()> {
+        self.remove_unsynced(key, force).map(|_| ())
+    }
+
+    /// Removes a key; the frees reach its nodes' records with their next
+    /// heartbeat, and the caller waits for that as a PutEnd does (a master
+    /// that dies right after must not leave the removed object in the
+    /// records its successor rebuilds from).
+    pub(crate) fn remove_unsynced(
+        &self,
+        key: &str,
+        force: bool,
+    ) -> Result<crate::commit_sync::Unsynced> {
         validate_key(key)?;
         let now = unix_ms();
         let obj = {
@@ -750,10 +762,11 @@ impl Master {
             self.metrics.keys.dec();
             self.tombstone(&[(key, &o)]);
             self.forget_ssd(key, o.ssd());
-            o.release();
+            let (_, unsynced) = o.release_unsynced();
             self.space.notify();
+            return Ok(unsynced);
         }
-        Ok(())
+        Ok(Default::default())
     }
 
     /// Records durable tombstones for removed objects that may have SSD

@@ -165,7 +165,7 @@ impl MasterRpc for MasterService {
         let r = match self.master.put_end_unsynced(&r.key, r.crc32c) {
             Ok(u) => self
                 .master
-                .await_synced(u)
+                .await_synced(u, "commit")
                 .await
                 .map(|()| pb::PutEndResponse {}),
             Err(e) => Err(e),
@@ -240,7 +240,7 @@ impl MasterRpc for MasterService {
             })
             .await;
         let r = match r {
-            Ok((resp, all)) => self.master.await_synced(all).await.map(|()| resp),
+            Ok((resp, all)) => self.master.await_synced(all, "commit").await.map(|()| resp),
             Err(e) => Err(e),
         };
         self.done("batch_put_end", t0, r)
@@ -320,9 +320,17 @@ impl MasterRpc for MasterService {
             // Off the async workers: a removal may fsync its tombstone.
             Ok(()) => {
                 let r = req.into_inner();
-                self.blocking(move |m| m.remove(&r.key, r.force))
+                match self
+                    .blocking(move |m| m.remove_unsynced(&r.key, r.force))
                     .await
-                    .map(|_| pb::RemoveResponse {})
+                {
+                    Ok(u) => self
+                        .master
+                        .await_synced(u, "removal")
+                        .await
+                        .map(|()| pb::RemoveResponse {}),
+                    Err(e) => Err(e),
+                }
             }
             Err(e) => Err(e),
         };

@@ -581,7 +581,7 @@ async fn put_end_waits_for_the_node_to_confirm_the_commit() {
     m.put_start(spec("a", 100, 1)).unwrap();
     let u = m.put_end_unsynced("a", 7).unwrap();
     let m2 = m.clone();
-    let mut wait = tokio::spawn(async move { m2.await_synced(u).await });
+    let mut wait = tokio::spawn(async move { m2.await_synced(u, "commit").await });
     // Not before the node's acknowledgement (the log holds the commit).
     let seq = node.log_page(0).unwrap().last().unwrap().seq;
     assert!(
@@ -595,7 +595,7 @@ async fn put_end_waits_for_the_node_to_confirm_the_commit() {
     // Never confirmed: a retryable error once the bound (node_ttl/2) passes.
     m.put_start(spec("b", 100, 1)).unwrap();
     let u = m.put_end_unsynced("b", 7).unwrap();
-    let e = m.await_synced(u).await.unwrap_err();
+    let e = m.await_synced(u, "commit").await.unwrap_err();
     assert!(e.retryable(), "{e}");
     assert_eq!(m.metrics.unsynced_commits.get(), 1);
     // The term ends while waiting: at once, retryable.
@@ -603,11 +603,43 @@ async fn put_end_waits_for_the_node_to_confirm_the_commit() {
     let u = m.put_end_unsynced("c", 7).unwrap();
     m.stop_waiting();
     let t0 = Instant::now();
-    let e = m.await_synced(u).await.unwrap_err();
+    let e = m.await_synced(u, "commit").await.unwrap_err();
     assert!(
         e.retryable() && t0.elapsed() < Duration::from_millis(200),
         "{e}"
     );
+}
+
+/// A removal is answered only once the node holding the object confirmed
+/// the free, so a master dying right after does not leave the object in the
+/// records its successor rebuilds from; unconfirmed, it is a retryable error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remove_waits_for_the_node_to_confirm_the_free() {
+    let m = master_with(1, 1 << 20, |c| c.node_ttl = Duration::from_millis(400));
+    let node = m.nodes.read().get("n0").cloned().unwrap();
+    m.put_start(spec("a", 100, 1)).unwrap();
+    m.put_end("a", 7).unwrap();
+    let u = m.remove_unsynced("a", false).unwrap();
+    let free = node.log_page(0).unwrap().last().cloned().unwrap();
+    assert!(
+        matches!(free.op, Some(pb::object_log_entry::Op::Free(_))),
+        "{free:?}"
+    );
+    let m2 = m.clone();
+    let mut wait = tokio::spawn(async move { m2.await_synced(u, "removal").await });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut wait)
+            .await
+            .is_err(),
+        "answered before the node confirmed"
+    );
+    node.ack(free.seq);
+    wait.await.unwrap().unwrap();
+    m.put_start(spec("b", 100, 1)).unwrap();
+    m.put_end("b", 7).unwrap();
+    let u = m.remove_unsynced("b", false).unwrap();
+    let e = m.await_synced(u, "removal").await.unwrap_err();
+    assert!(e.retryable() && e.message.contains("removal"), "{e}");
 }
 
 /// Two nodes report different versions of one key (a put, a removal whose

@@ -2,6 +2,7 @@
 //! serialises the rest.
 
 use crate::cluster::SegmentEntry;
+use crate::commit_sync::Unsynced;
 use parking_lot::{Mutex, MutexGuard};
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -306,19 +307,27 @@ impl Object {
     }
 
     /// Frees every replica's space, telling nodes about committed ranges.
-    pub fn release(mut self) -> u64 {
+    pub fn release(self) -> u64 {
+        self.release_unsynced().0
+    }
+
+    /// `release`, also returning the nodes' log entries for the frees (a
+    /// removal waits for them: `commit_sync.rs`).
+    pub fn release_unsynced(mut self) -> (u64, Unsynced) {
         let committed = self.is_complete();
-        let mut freed = 0;
+        let (mut freed, mut unsynced) = (0, Unsynced::default());
         for r in self.locations().0 {
             r.seg.free(r.offset, r.alloc_len);
             if committed {
-                r.seg
+                let seq = r
+                    .seg
                     .node
                     .log_free(r.seg.id, r.offset, r.alloc_len, r.generation);
+                unsynced.push(r.seg.node.clone(), seq);
             }
             freed += r.alloc_len;
         }
-        freed
+        (freed, unsynced)
     }
 }
 
