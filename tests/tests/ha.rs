@@ -82,8 +82,9 @@ fn assert_only_retryable(errors: &[strata_common::Error]) {
 
 /// Three masters, one leader; the leader is SIGKILLed under a put/get load
 /// from three clients: a new leader serves within 2× the TTL, every
-/// acknowledged put reads back byte-identical (an SSD-only one too), and the
-/// only errors the load saw were retryable.
+/// acknowledged put reads back byte-identical (an SSD-only one too), a key
+/// removed just before stays removed, and the only errors the load saw were
+/// retryable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leader_is_replaced_and_loses_nothing() {
     let mut ha = Ha::start_with(3, "kill", &["--offload-policy", "eager"]).await;
@@ -99,8 +100,15 @@ async fn a_killed_leader_is_replaced_and_loses_nothing() {
         .await
         .unwrap();
     strata_tests::make_ssd_only(&cl, ha.masters[leader].admin, "on-ssd").await;
+    // And one removed just before the kill: its removal was confirmed by
+    // the agent, so the new leader does not adopt it from the inventory.
+    cl.put("removed", &payload(10, 50_000), &PutOptions::default())
+        .await
+        .unwrap();
+    strata_tests::make_ssd_only(&cl, ha.masters[leader].admin, "removed").await;
     let load = Load::start(&ha.list(), 3, "k").await;
     load.progress(60, Duration::from_secs(30)).await;
+    cl.remove("removed", true).await.unwrap();
     let t_kill = Instant::now();
     ha.procs[leader] = None; // SIGKILL
     let next = ha.leader(TTL * 4).await.expect("a new leader");
@@ -119,6 +127,10 @@ async fn a_killed_leader_is_replaced_and_loses_nothing() {
     assert!(stats.acked.len() >= 120, "{} puts", stats.acked.len());
     // The agent re-registered with the new leader and re-reported.
     assert!(cl.get("on-ssd").await.unwrap() == payload(9, 50_000));
+    assert!(
+        !cl.exists("removed").await.unwrap(),
+        "a removed key came back"
+    );
     // The CLI finds the leader through etcd too.
     let out = std::process::Command::new(strata_tests::bin("strata"))
         .args(["--master", &ha.etcd_url(), "stat"])

@@ -1,6 +1,7 @@
 //! Store nodes and their mounted segments, as the master sees them.
 
 use crate::allocator::RangeAllocator;
+use crate::commit_sync::Acks;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,13 +38,11 @@ pub struct NodeEntry {
     pub segment_ids: Vec<u64>,
     pub last_heartbeat_ms: AtomicU64,
     log: Mutex<NodeLog>,
-    /// Highest log entry the node says it applied (its heartbeats).
-    acked_seq: AtomicU64,
+    /// Highest log entry the node says it applied (its heartbeats); PutEnds
+    /// and removals wait on it.
+    pub(crate) acks: Arc<Acks>,
     /// The log grew: a long-polling heartbeat answers at once.
     pub(crate) log_grew: tokio::sync::Notify,
-    /// `acked_seq` advanced: PutEnds waiting for their commit to reach the
-    /// node go on.
-    pub(crate) acked: tokio::sync::Notify,
 }
 
 /// What the node must learn about the objects it holds: commits and frees, in
@@ -58,6 +57,7 @@ struct NodeLog {
 
 impl NodeEntry {
     pub fn new(id: NodeIdentity, incarnation: u64, segment_ids: Vec<u64>, now_ms: u64) -> Self {
+        let id_for_acks = id.node_id.clone();
         NodeEntry {
             node_id: id.node_id,
             data_addr: id.data_addr,
@@ -71,9 +71,8 @@ impl NodeEntry {
                 next_seq: 1,
                 entries: VecDeque::new(),
             }),
-            acked_seq: AtomicU64::new(0),
+            acks: Arc::new(Acks::new(format!("store node {}", id_for_acks))),
             log_grew: tokio::sync::Notify::new(),
-            acked: tokio::sync::Notify::new(),
         }
     }
 
@@ -121,13 +120,11 @@ impl NodeEntry {
 
     /// The node applied the log up to `seq` (a heartbeat said so).
     pub fn ack(&self, seq: u64) {
-        if self.acked_seq.fetch_max(seq, Ordering::AcqRel) < seq {
-            self.acked.notify_waiters();
-        }
+        self.acks.ack(seq);
     }
 
     pub fn acked_seq(&self) -> u64 {
-        self.acked_seq.load(Ordering::Acquire)
+        self.acks.acked()
     }
 
     /// Drops what the node has applied and returns the next page. A node

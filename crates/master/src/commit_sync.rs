@@ -4,22 +4,54 @@
 //! with it, since a new master rebuilds from what the nodes report
 //! (`rebuild.rs`). Nodes long-poll their heartbeats, so a commit reaches
 //! them at once and their next heartbeat acknowledges it: about one extra
-//! round trip per PutEnd (or per batch).
+//! round trip per PutEnd (or per batch). A removal waits the same way for
+//! its frees, and for SSD owners to drop their copies (`offload/removal.rs`),
+//! so that no restart or failover brings a removed object back.
 
-use crate::cluster::NodeEntry;
 use crate::master::Master;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_common::Result;
 use strata_proto as pb;
 
-/// Commits waiting for their nodes: (node, log sequence number).
+/// How far one member (a store node's object log, an SSD owner's drops)
+/// confirmed what the master sent it.
+pub struct Acks {
+    /// For logs and errors: "store node n0", "SSD owner 3".
+    pub(crate) who: String,
+    seq: AtomicU64,
+    changed: tokio::sync::Notify,
+}
+
+impl Acks {
+    pub(crate) fn new(who: String) -> Acks {
+        Acks {
+            who,
+            seq: AtomicU64::new(0),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The member applied everything up to `seq`.
+    pub(crate) fn ack(&self, seq: u64) {
+        if self.seq.fetch_max(seq, Ordering::AcqRel) < seq {
+            self.changed.notify_waiters();
+        }
+    }
+
+    pub(crate) fn acked(&self) -> u64 {
+        self.seq.load(Ordering::Acquire)
+    }
+}
+
+/// Changes waiting for their members: (member, sequence number).
 #[derive(Default)]
-pub struct Unsynced(Vec<(Arc<NodeEntry>, u64)>);
+pub struct Unsynced(Vec<(Arc<Acks>, u64)>);
 
 impl Unsynced {
-    pub(crate) fn push(&mut self, node: Arc<NodeEntry>, seq: u64) {
-        self.0.push((node, seq));
+    pub(crate) fn push(&mut self, acks: Arc<Acks>, seq: u64) {
+        self.0.push((acks, seq));
     }
 
     pub(crate) fn extend(&mut self, other: Unsynced) {
@@ -42,12 +74,12 @@ impl Master {
     /// has it) and checks it holds its bytes.
     pub(crate) async fn await_synced(&self, u: Unsynced, what: &str) -> Result<()> {
         let deadline = Instant::now() + self.sync_wait();
-        for (node, seq) in u.0 {
+        for (member, seq) in u.0 {
             loop {
-                let acked = node.acked.notified();
+                let acked = member.changed.notified();
                 tokio::pin!(acked);
                 acked.as_mut().enable();
-                if node.acked_seq() >= seq {
+                if member.acked() >= seq {
                     break;
                 }
                 let why = tokio::select! {
@@ -57,15 +89,15 @@ impl Master {
                 };
                 self.metrics.unsynced_commits.inc();
                 tracing::warn!(
-                    node = node.node_id,
+                    member = member.who,
                     seq,
                     why,
                     what,
-                    "not confirmed by its store node"
+                    "not confirmed by a member"
                 );
                 return Err(strata_common::Error::unavailable(format!(
-                    "the {what} is not confirmed: store node {} {why}; retry (it may have taken effect)",
-                    node.node_id
+                    "the {what} is not confirmed: {} {why}; retry (it may have taken effect)",
+                    member.who
                 )));
             }
         }

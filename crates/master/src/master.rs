@@ -78,7 +78,8 @@ pub struct Master {
     pinger: TcpTransport,
     /// Per owner: SSD copies it should forget (removed keys, stale copies),
     /// delivered with its next heartbeats.
-    pub(crate) ssd_drops: Mutex<HashMap<u64, Vec<pb::SsdObject>>>,
+    /// Removals SSD owners must apply (`offload/removal.rs`).
+    pub(crate) drops: crate::offload::removal::Drops,
     /// SSD hits waiting to be copied back into DRAM (`--promote-on-hit`).
     pub(crate) promotions: Mutex<crate::offload::promotion::Promotions>,
     /// Removed objects whose SSD copies must never be adopted again.
@@ -215,7 +216,7 @@ impl Master {
             policy,
             admission,
             pinger,
-            ssd_drops: Mutex::new(HashMap::new()),
+            drops: crate::offload::removal::Drops::new(term),
             promotions: Mutex::new(Default::default()),
             tombstones,
         }))
@@ -430,7 +431,7 @@ impl Master {
                 r.seg
                     .node
                     .log_commit(key, r.seg.id, r.offset, obj.size, crc32c, r.generation);
-            unsynced.push(r.seg.node.clone(), seq);
+            unsynced.push(r.seg.node.acks.clone(), seq);
         }
         Ok((obj.size, unsynced))
     }
@@ -761,8 +762,8 @@ impl Master {
         if let Some(o) = obj {
             self.metrics.keys.dec();
             self.tombstone(&[(key, &o)]);
-            self.forget_ssd(key, o.ssd());
-            let (_, unsynced) = o.release_unsynced();
+            let mut unsynced = self.forget_ssd(key, o.ssd());
+            unsynced.extend(o.release_unsynced().1);
             self.space.notify();
             return Ok(unsynced);
         }
@@ -1140,11 +1141,13 @@ impl Master {
         } else {
             Vec::new()
         };
+        let (drops, drops_through) = self.drops.take(req);
         Ok(pb::OwnerHeartbeatResponse {
             tasks,
-            drops: self.take_ssd_drops(req.owner_id),
+            drops,
             promotions,
             term: self.term,
+            drops_through,
         })
     }
 

@@ -269,10 +269,11 @@ impl Evictor {
         freed
     }
 
-    /// Forgets objects the master says were removed from Strata.
-    pub async fn apply_drops(&self, drops: Vec<pb::SsdObject>) {
+    /// Forgets objects the master says were removed from Strata. False if
+    /// the index could not record it (the master sends them again).
+    pub async fn apply_drops(&self, drops: Vec<pb::SsdObject>) -> bool {
         if drops.is_empty() {
-            return;
+            return true;
         }
         let store = self.store.clone();
         let removed = tokio::task::spawn_blocking(move || {
@@ -280,13 +281,17 @@ impl Evictor {
                 .iter()
                 .map(|d| (d.key.as_str(), d.bucket_id, d.offset))
                 .collect();
-            store.remove_objects(&items).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "cannot record removed SSD objects; their bytes go when their bucket is evicted");
-                0
-            }) as u64
+            store.remove_objects(&items).map_err(|e| {
+                tracing::warn!(error = %e, "cannot record removed SSD objects; the master sends them again");
+            })
         })
-        .await
-        .unwrap_or(0);
-        self.metrics.removed_objects.inc_by(removed);
+        .await;
+        match removed {
+            Ok(Ok(n)) => {
+                self.metrics.removed_objects.inc_by(n as u64);
+                true
+            }
+            _ => false,
+        }
     }
 }

@@ -522,6 +522,9 @@ async fn run_loop(
     poll: Duration,
     shutdown: &CancellationToken,
 ) -> Result<()> {
+    // Drops applied: (the master's term, its sequence number), confirmed
+    // with the next heartbeat.
+    let mut drops_applied = (0u64, 0u64);
     loop {
         if let Err(e) = evictor.pass(&mut session.client, &who, 0).await {
             tracing::warn!(error = %e, "bucket eviction pass failed");
@@ -552,6 +555,9 @@ async fn run_loop(
             // offloads (a put waits for the DRAM they free) arrive at once,
             // the rest at the usual cadence. With no room, answer at once.
             wait_ms: if room { poll.as_millis() as u32 } else { 0 },
+            acks_drops: true,
+            drops_term: drops_applied.0,
+            drops_applied: drops_applied.1,
         };
         let t0 = tokio::time::Instant::now();
         let mut wait = poll;
@@ -567,7 +573,12 @@ async fn run_loop(
         match reply {
             Ok(r) => {
                 m.heartbeats.inc();
-                evictor.apply_drops(r.drops).await;
+                let had_drops = !r.drops.is_empty();
+                if evictor.apply_drops(r.drops).await && had_drops {
+                    // Confirm at once: a removal waits for it.
+                    drops_applied = (r.term, r.drops_through);
+                    wait = Duration::ZERO;
+                }
                 if !r.promotions.is_empty() {
                     let results = promoter.process(&r.promotions).await;
                     if let Err(e) = session

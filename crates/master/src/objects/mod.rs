@@ -323,7 +323,7 @@ impl Object {
                     .seg
                     .node
                     .log_free(r.seg.id, r.offset, r.alloc_len, r.generation);
-                unsynced.push(r.seg.node.clone(), seq);
+                unsynced.push(r.seg.node.acks.clone(), seq);
             }
             freed += r.alloc_len;
         }

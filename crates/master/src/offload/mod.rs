@@ -6,7 +6,7 @@ pub mod owners;
 pub mod policy;
 pub(crate) mod promotion;
 pub mod queue;
-mod removal;
+pub(crate) mod removal;
 #[cfg(test)]
 mod tests;
 

@@ -385,7 +385,13 @@ async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
         !m.exists("gone").unwrap(),
         "a relocation never revives a removed key"
     );
-    let drops = m.take_ssd_drops(owner);
+    let drops = m
+        .drops
+        .take(&pb::OwnerHeartbeatRequest {
+            owner_id: owner,
+            ..Default::default()
+        })
+        .0;
     assert!(
         drops.iter().any(|d| d.key == "gone" && d.bucket_id == 7),
         "the owner is told to drop the moved copy: {drops:?}"
@@ -612,4 +618,76 @@ async fn a_waiting_put_answers_at_shutdown() {
     assert!(e.retryable());
     assert_eq!(m.space.waiting(), 0);
     assert_eq!(m.allocated_bytes(), allocated);
+}
+
+/// The store node of `master_with` confirms everything it was sent.
+fn node_confirms_all(m: &Master) {
+    let node = m.nodes.read().get("n0").cloned().unwrap();
+    if let Some(last) = node.log_page(0).unwrap().last() {
+        node.ack(last.seq);
+    }
+}
+
+/// A removal waits for the SSD owner to confirm it dropped its copy (a new
+/// leader would otherwise adopt the copy from the owner's inventory again).
+/// Drops are resent until confirmed; a confirmation from another term, or of
+/// more than was sent, counts for nothing; an older agent's drops count as
+/// done once sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_waits_for_the_owner_to_drop_its_copy() {
+    let (m, owner, epoch) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.9).await;
+    let hb = |applied: u64, term: u64, acks_drops: bool| {
+        m.owner_heartbeat(&pb::OwnerHeartbeatRequest {
+            instance_proof: PROOF.to_vec(),
+            owner_id: owner,
+            epoch,
+            capacity_bytes: 1 << 30,
+            acks_drops,
+            drops_applied: applied,
+            drops_term: term,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    put(&m, "a", 100);
+    persist_all(&m, owner, epoch).await;
+    let u = m.remove_unsynced("a", false).unwrap();
+    node_confirms_all(&m);
+    let m2 = m.clone();
+    let mut wait = tokio::spawn(async move { m2.await_synced(u, "removal").await });
+    let r = hb(0, 0, true);
+    assert_eq!(r.drops.len(), 1, "{r:?}");
+    let through = r.drops_through;
+    assert!(through > 0);
+    assert_eq!(hb(0, 0, true).drops.len(), 1, "resent until confirmed");
+    assert_eq!(
+        hb(through, m.term() + 1, true).drops.len(),
+        1,
+        "another term"
+    );
+    assert_eq!(hb(through + 1, m.term(), true).drops.len(), 1, "never sent");
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(50), &mut wait)
+            .await
+            .is_err(),
+        "answered before the owner confirmed"
+    );
+    assert!(hb(through, m.term(), true).drops.is_empty());
+    wait.await.unwrap().unwrap();
+    // Unconfirmed: a retryable error once the bound passes.
+    put(&m, "b", 100);
+    persist_all(&m, owner, epoch).await;
+    let u = m.remove_unsynced("b", false).unwrap();
+    node_confirms_all(&m);
+    let e = m.await_synced(u, "removal").await.unwrap_err();
+    assert!(e.retryable() && e.message.contains("SSD owner"), "{e}");
+    // An older agent that does not confirm: each drop once, done when sent.
+    put(&m, "c", 100);
+    persist_all(&m, owner, epoch).await;
+    let u = m.remove_unsynced("c", false).unwrap();
+    node_confirms_all(&m);
+    // (b's drop already went with persist_all's heartbeat, an older one's.)
+    assert_eq!(hb(0, 0, false).drops.len(), 1);
+    assert!(hb(0, 0, false).drops.is_empty());
+    m.await_synced(u, "removal").await.unwrap();
 }
