@@ -59,8 +59,8 @@ fn seed_of(c: usize, i: usize) -> u64 {
 
 impl Load {
     /// `clients` clients of `master`, each putting keys `{prefix}-{c}-{i}`
-    /// (4 to 64 KiB) and reading back earlier ones, until stopped (or 20,000
-    /// puts each).
+    /// (4 to 64 KiB; every fifth round a batch of four) and reading back
+    /// earlier ones, until stopped (or 20,000 rounds each).
     pub async fn start(master: &str, clients: usize, prefix: &str) -> Load {
         let stop = CancellationToken::new();
         let acked = Arc::new(AtomicUsize::new(0));
@@ -79,16 +79,41 @@ impl Load {
                         seed_of(c, i),
                         4096 + (i * 7919) % (60 << 10),
                     );
-                    match cl
-                        .put(&k, &payload(seed, len), &PutOptions::default())
-                        .await
-                    {
-                        Ok(()) => {
-                            s.acked.push((k, seed, len));
-                            s.put_times.push(Instant::now());
-                            count.fetch_add(1, Ordering::Relaxed);
+                    // Every fifth round a batch of four (retried per item
+                    // through a failover, as single puts are).
+                    let batch: Vec<(String, u64, usize)> = if i % 5 == 4 {
+                        (0..4u64)
+                            .map(|j| (format!("{k}-b{j}"), seed ^ (j + 1) << 60, len / 2))
+                            .collect()
+                    } else {
+                        vec![(k, seed, len)]
+                    };
+                    let data: Vec<Vec<u8>> = batch
+                        .iter()
+                        .map(|(_, seed, len)| payload(*seed, *len))
+                        .collect();
+                    let results = if batch.len() == 1 {
+                        vec![cl.put(&batch[0].0, &data[0], &PutOptions::default()).await]
+                    } else {
+                        let items: Vec<(&str, &[u8])> = batch
+                            .iter()
+                            .zip(&data)
+                            .map(|((k, _, _), d)| (k.as_str(), d.as_slice()))
+                            .collect();
+                        match cl.batch_put(&items, &PutOptions::default()).await {
+                            Ok(r) => r,
+                            Err(e) => vec![Err(e)],
                         }
-                        Err(e) => s.errors.push(e),
+                    };
+                    for (r, item) in results.into_iter().zip(batch) {
+                        match r {
+                            Ok(()) => {
+                                s.acked.push(item);
+                                s.put_times.push(Instant::now());
+                                count.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => s.errors.push(e),
+                        }
                     }
                     if let Some((k, seed, len)) =
                         s.acked.get(i * 31 % s.acked.len().max(1)).cloned()

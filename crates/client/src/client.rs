@@ -282,12 +282,75 @@ impl Client {
     }
 
     /// Puts many objects with one PutStart and one PutEnd round trip.
-    /// Returns one result per item, in order.
+    /// Returns one result per item, in order. Items that fail retryably (a
+    /// failover) are put again, with backoff, up to the client's deadline;
+    /// one whose PutEnd answer was lost counts as put if the key then holds
+    /// its bytes (as for [`Client::put`]).
     pub async fn batch_put(
         &self,
         items: &[(&str, &[u8])],
         opts: &PutOptions,
     ) -> Result<Vec<Result<()>>> {
+        let b = self.cfg.backoff;
+        let t0 = tokio::time::Instant::now();
+        let mut out: Vec<Option<Result<()>>> = vec![None; items.len()];
+        // Per item: a PutEnd whose outcome is unknown.
+        let mut unsure = vec![false; items.len()];
+        for attempt in 0..b.attempts.max(1) {
+            let pending: Vec<usize> = (0..items.len()).filter(|&i| out[i].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            let delay = b.delay(attempt);
+            let last_try = attempt + 1 >= b.attempts || t0.elapsed() + delay >= b.deadline;
+            let round: Vec<(&str, &[u8])> = pending.iter().map(|&i| items[i]).collect();
+            match self.batch_put_round(&round, opts).await {
+                Ok(results) => {
+                    for (&i, (r, ended)) in pending.iter().zip(results) {
+                        let (key, data) = items[i];
+                        let r = match r {
+                            Err(e) if e.code == Code::AlreadyExists && unsure[i] => {
+                                let crc = crc32c::crc32c(data);
+                                self.same_object(key, data.len() as u64, crc, e).await
+                            }
+                            r => r,
+                        };
+                        out[i] = match r {
+                            Err(e) if e.retryable() && !last_try => {
+                                unsure[i] |= ended;
+                                None
+                            }
+                            r => Some(r),
+                        };
+                    }
+                }
+                // Nothing of this round started (the batch PutStart failed).
+                Err(e) if e.retryable() && !last_try => {}
+                Err(e) if pending.len() == items.len() => return Err(e),
+                Err(e) => {
+                    for &i in &pending {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+            if out.iter().any(Option::is_none) {
+                tracing::debug!(attempt, "retrying part of a batch put");
+                tokio::time::sleep(delay).await;
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::unavailable("batch put gave up retrying"))))
+            .collect())
+    }
+
+    /// One attempt at a batch put: per item, its result and whether it got
+    /// as far as PutEnd (a lost answer there leaves the outcome unknown).
+    async fn batch_put_round(
+        &self,
+        items: &[(&str, &[u8])],
+        opts: &PutOptions,
+    ) -> Result<Vec<(Result<()>, bool)>> {
         let req = pb::BatchPutStartRequest {
             items: items
                 .iter()
@@ -317,7 +380,14 @@ impl Client {
         for ((_, data), st) in items.iter().zip(started) {
             futs.push(async move {
                 from_status(st.status)?;
-                self.write_replicas(&st.replicas, data).await
+                self.write_replicas(&st.replicas, data)
+                    .await
+                    .map_err(|e| match e.code {
+                        // A grant from a leader deposed meanwhile: a new
+                        // grant will do (as for a single put).
+                        Code::PermissionDenied => e.retry_later(),
+                        _ => e,
+                    })
             });
         }
         let writes: Vec<Result<()>> = futures::stream::iter(futs)
@@ -346,7 +416,7 @@ impl Client {
                 Err(_) => {}
             }
         }
-        let mut out = writes;
+        let mut out: Vec<(Result<()>, bool)> = writes.into_iter().map(|w| (w, false)).collect();
         if !revokes.is_empty() {
             let _ = self
                 .m()
@@ -359,11 +429,23 @@ impl Client {
                 .m()
                 .batch_put_end(pb::BatchPutEndRequest { items: reqs })
                 .await
-                .map_err(Error::from)?
-                .into_inner()
-                .results;
-            for (i, st) in idx.into_iter().zip(res) {
-                out[i] = from_status(Some(st));
+                .map_err(Error::from)
+                .map(|r| r.into_inner().results);
+            for (k, i) in idx.into_iter().enumerate() {
+                out[i] = match &res {
+                    Ok(res) => (
+                        res.get(k).cloned().map_or_else(
+                            || {
+                                Err(Error::internal(
+                                    "master answered a batch with the wrong count",
+                                ))
+                            },
+                            |st| from_status(Some(st)),
+                        ),
+                        true,
+                    ),
+                    Err(e) => (Err(e.clone()), true),
+                };
             }
         }
         Ok(out)
