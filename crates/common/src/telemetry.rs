@@ -20,14 +20,46 @@ impl std::str::FromStr for LogFormat {
     }
 }
 
+/// Colour codes only for a person at a terminal: `kubectl logs` and log
+/// pipelines read stderr from a pipe or a file, and `NO_COLOR` turns them
+/// off anywhere (<https://no-color.org>).
+fn colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Installs the global subscriber. `RUST_LOG` overrides `default_level`.
 /// Safe to call more than once (later calls are no-ops).
+///
+/// JSON lines carry stable field names that alerts and runbooks rely on:
+/// `timestamp`, `level`, `target`, `fields.message` and each event's own
+/// fields under `fields`, and the enclosing spans under `spans`.
 pub fn init(format: LogFormat, default_level: &str) {
+    use std::io::IsTerminal;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR"),
+    );
+    let builder = fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Json => builder.json().with_span_list(true).try_init(),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(!colour(false, None), "a pipe or a file gets no escapes");
+        assert!(!colour(true, Some("1".into())), "NO_COLOR");
+        assert!(colour(true, Some("".into())), "an empty NO_COLOR is unset");
+    }
 }
