@@ -223,3 +223,44 @@ async fn bad_flags_exit_2_with_a_clear_message() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--eviction-ratio"));
 }
+
+/// `--check-config` validates and exits without starting: 0 for a valid
+/// configuration (both sides of a bound), 2 with the reason otherwise,
+/// including an unreadable token file.
+#[test]
+fn check_config_validates_without_starting() {
+    for (b, args, ok) in [
+        ("strata-master", vec!["--high-watermark", "1"], true),
+        ("strata-master", vec!["--high-watermark", "1.01"], false),
+        (
+            "strata-master",
+            vec!["--member-token-file", "/nonexistent/token"],
+            false,
+        ),
+        ("strata-store-node", vec!["--capacity", "2GiB"], true),
+        ("strata-store-node", vec!["--capacity", "2XB"], false),
+        (
+            "strata-ssd-agent",
+            vec!["--handle", "node-a/nvme0", "--staging-bytes", "64MiB"],
+            true,
+        ),
+        ("strata-ssd-agent", vec!["--staging-wait", "later"], false),
+    ] {
+        let out = Command::new(bin(b))
+            .arg("--check-config")
+            .args(&args)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        if ok {
+            assert_eq!(out.status.code(), Some(0), "{b} {args:?}: {stderr}");
+            assert!(stdout.contains("configuration OK"), "{b}: {stdout}");
+        } else {
+            assert_eq!(out.status.code(), Some(2), "{b} {args:?} passed: {stdout}");
+            assert!(stderr.contains("error"), "{b} {args:?}: {stderr}");
+        }
+    }
+}

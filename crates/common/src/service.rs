@@ -7,9 +7,13 @@ use std::future::Future;
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
+/// With `check_config`, only validates the configuration (flags,
+/// environment, config file, token files) and exits: 0 valid, 2 not. The
+/// Helm chart's tests run every rendered container's flags through it.
 pub async fn main<C, F, Fut>(
     name: &str,
     log_format: Option<&str>,
+    check_config: bool,
     cfg: crate::Result<C>,
     run: F,
 ) -> ExitCode
@@ -31,6 +35,10 @@ where
             return ExitCode::from(2);
         }
     };
+    if check_config {
+        println!("{name}: configuration OK");
+        return ExitCode::SUCCESS;
+    }
     crate::telemetry::init(format, "info");
     match run(cfg, crate::shutdown::on_signals()).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -205,6 +205,10 @@ pub struct SsdAgentArgs {
     #[arg(long, env = "STRATA_LOG_FORMAT")]
     #[serde(skip)]
     pub log_format: Option<String>,
+    /// Validate the flags, environment, config file and token files, then exit (0 valid, 2 not) without starting
+    #[arg(long)]
+    #[serde(skip)]
+    pub check_config: bool,
 }
 
 impl SsdAgentArgs {

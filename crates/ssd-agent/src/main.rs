@@ -9,6 +9,7 @@ async fn main() -> std::process::ExitCode {
     strata_common::service::main(
         "strata-ssd-agent",
         format.as_deref(),
+        args.check_config,
         args.resolve(),
         strata_ssd_agent::run,
     )

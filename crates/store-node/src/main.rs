@@ -7,6 +7,7 @@ async fn main() -> std::process::ExitCode {
     strata_common::service::main(
         "strata-store-node",
         format.as_deref(),
+        args.check_config,
         args.resolve(),
         strata_store_node::run,
     )
