@@ -343,6 +343,13 @@ async fn damaged_and_foreign_files_are_never_served_or_adopted() {
     std::fs::write(&f0, &b).unwrap();
     let e = cl.get("dmg-0").await.unwrap_err();
     assert_eq!(e.code, Code::Corrupted, "{e}");
+    // Operators see it (the checksum alert fires on this counter).
+    let (_, m) = http_get(c.agents[0].admin_addr, "/metrics").await;
+    let failures = m
+        .lines()
+        .find(|l| l.starts_with("strata_ssd_agent_checksum_failures_total{stage=\"read\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(failures.is_some_and(|n| n >= 1), "{m}");
     c.agents[0].stop().await.unwrap();
     // dmg-1 truncated, dmg-2 header damaged; plus a stray and a foreign file.
     let len = std::fs::metadata(&f1).unwrap().len();

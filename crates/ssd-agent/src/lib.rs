@@ -43,6 +43,10 @@ struct AgentMetrics {
     overhead: IntGauge,
     heartbeats: prometheus::IntCounter,
     outcomes: IntCounterVec,
+    /// Bytes that failed their checksum, by where: `read` (a data-plane
+    /// read of a bucket), `promotion` (copying back to DRAM),
+    /// `offload_source` (a DRAM source handed to this agent).
+    checksum_failures: IntCounterVec,
     staging: staging::StagingMetrics,
     eviction: eviction::EvictionMetrics,
     server: ServerMetrics,
@@ -62,6 +66,15 @@ impl AgentMetrics {
         )
         .expect("valid metric");
         let _ = r.register(Box::new(outcomes.clone()));
+        let checksum_failures = IntCounterVec::new(
+            Opts::new(
+                "strata_ssd_agent_checksum_failures_total",
+                "Objects whose bytes failed their checksum, by stage (read, promotion, offload_source)",
+            ),
+            &["stage"],
+        )
+        .expect("valid metric");
+        let _ = r.register(Box::new(checksum_failures.clone()));
         let wait = Histogram::with_opts(
             HistogramOpts::new(
                 "strata_ssd_agent_staging_wait_seconds",
@@ -104,6 +117,7 @@ impl AgentMetrics {
                 "This owner's damaged or unindexed files moved to quarantine/",
             ),
             outcomes,
+            checksum_failures,
             staging: staging::StagingMetrics {
                 capacity: g(
                     "strata_ssd_agent_staging_capacity_bytes",
@@ -319,7 +333,11 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         .unwrap_or_else(|| data_addr.to_string());
     let staging =
         staging::Staging::new(cfg.staging_bytes, cfg.staging_wait, metrics.staging.clone());
-    let region = Arc::new(region::BucketRegion::new(staging.clone(), instance.clone()));
+    let region = Arc::new(region::BucketRegion::new(
+        staging.clone(),
+        instance.clone(),
+        metrics.checksum_failures.with_label_values(&["read"]),
+    ));
     let mut tasks = JoinSet::new();
     {
         // Reclaims staging lent to remote readers that never gave it back.
@@ -416,6 +434,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         store: store.clone(),
         staging: staging.clone(),
         transport: transport.clone(),
+        checksum_failures: metrics.checksum_failures.with_label_values(&["promotion"]),
     };
     let worker = offload::Worker {
         store: store.clone(),
@@ -423,6 +442,9 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         bucket_keys: cfg.bucket_keys,
         bucket_bytes: cfg.bucket_bytes,
         outcomes: metrics.outcomes.clone(),
+        checksum_failures: metrics
+            .checksum_failures
+            .with_label_values(&["offload_source"]),
     };
     let evictor = eviction::Evictor {
         store: store.clone(),

@@ -80,6 +80,7 @@ pub struct Worker {
     pub bucket_keys: usize,
     pub bucket_bytes: u64,
     pub outcomes: IntCounterVec,
+    pub checksum_failures: prometheus::IntCounter,
 }
 
 fn failed(t: &pb::OffloadTask, why: String, code: strata_common::Code) -> pb::OffloadResult {
@@ -111,6 +112,8 @@ impl Worker {
             .await
             .map_err(|e| unavailable(format!("reading source: {e}")))?;
         if crc != t.crc32c {
+            self.checksum_failures.inc();
+            tracing::error!(key = t.key, "offload source failed its committed checksum");
             return Err((
                 "source bytes fail the committed checksum".into(),
                 Code::Corrupted,

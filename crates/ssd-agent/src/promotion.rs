@@ -17,6 +17,7 @@ pub struct Promoter {
     pub store: Arc<OwnerStore>,
     pub staging: Staging,
     pub transport: Arc<dyn Transport>,
+    pub checksum_failures: prometheus::IntCounter,
 }
 
 impl Promoter {
@@ -65,6 +66,12 @@ impl Promoter {
             at += n;
         }
         if crc != t.crc32c {
+            self.checksum_failures.inc();
+            tracing::error!(
+                key = t.key,
+                bucket = t.bucket_id,
+                "SSD copy failed its checksum on promotion"
+            );
             return Err(Error::new(
                 Code::Corrupted,
                 format!("SSD copy of {:?} failed its checksum; not promoted", t.key),

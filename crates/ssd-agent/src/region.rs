@@ -19,14 +19,20 @@ pub struct BucketRegion {
     state: RwLock<Option<(GrantKey, Arc<OwnerStore>)>>,
     staging: Staging,
     instance: String,
+    checksum_failures: prometheus::IntCounter,
 }
 
 impl BucketRegion {
-    pub fn new(staging: Staging, instance: String) -> Self {
+    pub fn new(
+        staging: Staging,
+        instance: String,
+        checksum_failures: prometheus::IntCounter,
+    ) -> Self {
         BucketRegion {
             state: RwLock::new(None),
             staging,
             instance,
+            checksum_failures,
         }
     }
 
@@ -79,6 +85,7 @@ impl DataRegion for BucketRegion {
                 requested: req.length,
                 expect,
                 crc: 0,
+                checksum_failures: self.checksum_failures.clone(),
                 _read: read,
             })))
         })
@@ -109,6 +116,7 @@ struct SsdRead {
     requested: u64,
     expect: Option<u32>,
     crc: u32,
+    checksum_failures: prometheus::IntCounter,
     _read: BucketReadGuard,
 }
 
@@ -138,6 +146,7 @@ impl ChunkStream for SsdRead {
             }
             if let (0, Some(want)) = (self.remaining, self.expect) {
                 if self.crc != want {
+                    self.checksum_failures.inc();
                     tracing::error!(
                         bucket = self.bucket,
                         offset = self.next - self.requested,
