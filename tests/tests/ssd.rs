@@ -394,5 +394,10 @@ async fn damaged_and_foreign_files_are_never_served_or_adopted() {
         body.contains("\"unknown_files\":1") || body.contains("\"unknown_files\": 1"),
         "{body}"
     );
+    let (_, m) = http_get(c.master_admin, "/metrics").await;
+    assert!(
+        m.contains("strata_master_ssd_owners{state=\"live\"} 1"),
+        "{m}"
+    );
     c.shutdown().await;
 }

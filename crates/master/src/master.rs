@@ -958,6 +958,12 @@ impl Master {
         m.capacity_bytes.set(self.capacity_bytes() as i64);
         m.allocated_bytes.set(self.allocated_bytes() as i64);
         m.nodes.set(self.nodes.read().len() as i64);
+        let owners = self.owners.snapshot();
+        let live = owners.iter().filter(|(_, live)| *live).count();
+        m.ssd_owners.with_label_values(&["live"]).set(live as i64);
+        m.ssd_owners
+            .with_label_values(&["gone"])
+            .set((owners.len() - live) as i64);
         m.segments.set(self.segments.read().len() as i64);
         m.keys.set(self.objects.len() as i64);
         m.tombstones.set(self.tombstones.len() as i64);

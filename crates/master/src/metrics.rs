@@ -28,6 +28,8 @@ pub struct MasterMetrics {
     pub is_leader: IntGauge,
     pub term: IntGauge,
     pub nodes: IntGauge,
+    /// Registered SSD owners by `state`: live (heartbeating) or gone.
+    pub ssd_owners: IntGaugeVec,
     pub segments: IntGauge,
     pub reclaimed_puts: IntCounter,
     pub lost_replicas: IntCounter,
@@ -133,6 +135,17 @@ impl MasterMetrics {
             put_waiters: g(
                 "strata_master_put_waiters",
                 "Puts waiting for DRAM right now",
+            ),
+            ssd_owners: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "strata_master_ssd_owners",
+                        "Registered SSD owners by state (live: heartbeating within --node-ttl; gone)",
+                    ),
+                    &["state"],
+                )
+                .expect("valid metric"),
             ),
             offload_tasks: reg(
                 &r,
