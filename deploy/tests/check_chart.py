@@ -116,10 +116,16 @@ def check_probes(docs, label):
 def validate_docs(docs, label):
     for doc in docs:
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            # A CRD: not in the Kubernetes schemas; check its shape here.
-            assert doc["kind"] == "PodMonitor", doc["kind"]
-            eps = doc["spec"]["podMetricsEndpoints"]
-            assert all(e["port"] == "admin" and e["path"] == "/metrics" for e in eps), eps
+            # CRDs: not in the Kubernetes schemas; check their shape here.
+            if doc["kind"] == "PodMonitor":
+                eps = doc["spec"]["podMetricsEndpoints"]
+                assert all(e["port"] == "admin" and e["path"] == "/metrics" for e in eps), eps
+            elif doc["kind"] == "PrometheusRule":
+                with open(os.path.join(ROOT, "deploy", "prometheus", "rules.yaml")) as f:
+                    want = yaml.safe_load(f)["groups"]
+                assert doc["spec"]["groups"] == want, f"{label}: the PrometheusRule differs from deploy/prometheus/rules.yaml"
+            else:
+                raise AssertionError(f"{label}: unexpected {doc['kind']}")
             continue
         for v in K8S_VERSIONS:
             try:

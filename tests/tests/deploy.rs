@@ -1,6 +1,7 @@
 //! The deployment artefacts under `deploy/`, checked with the real tools:
-//! `helm` (lint, template), the Kubernetes schemas (kubernetes-validate) and
-//! the Strata binaries' own `--check-config`. The checks are Python scripts
+//! `helm` (lint, template), the Kubernetes schemas (kubernetes-validate),
+//! `promtool` (Debian's prometheus package) and the Strata binaries' own
+//! `--check-config` and `--help`. The checks are Python scripts
 //! under `deploy/tests/` (YAML is Python's home ground); these tests run
 //! them so that one command runs everything. `scripts/install-deps.sh`
 //! installs the tools into `$STRATA_TOOLS` (default
@@ -65,4 +66,13 @@ fn helm_chart_renders_valid_manifests_with_flags_the_binaries_accept() {
 #[test]
 fn dockerfile_ships_what_the_chart_runs() {
     run_check("check_dockerfile.py");
+}
+
+/// `promtool check rules` and `promtool test rules` (every alert fired from
+/// synthetic series and quiet below its threshold); every alert's
+/// runbook_url resolves to a runbook; every metric, admin path, command and
+/// flag a runbook names exists.
+#[test]
+fn alerts_fire_in_promtool_and_every_runbook_names_real_things() {
+    run_check("check_alerts.py");
 }
