@@ -176,6 +176,10 @@ def main():
         docs = [d for d in yaml.safe_load_all(r.stdout) if d]
         kinds = sorted({d["kind"] for d in docs})
         validate_docs(docs, label)
+        for d in docs:
+            if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard"):
+                with open(os.path.join(ROOT, "deploy", "grafana", "strata.json")) as f:
+                    assert d["data"]["strata.json"].strip() == f.read().strip(), f"{label}: dashboard ConfigMap differs"
         check_probes(docs, label)
         check_resources(docs, label)
         n = check_flags(docs, token_dir, label)

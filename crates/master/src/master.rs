@@ -615,6 +615,7 @@ impl Master {
             let Some(obj) = shard.get_mut(key) else {
                 drop(shard);
                 self.admission.lookup_miss(key);
+                self.metrics.lookups.with_label_values(&["miss"]).inc();
                 return Err(self.absent(key));
             };
             if !obj.is_complete() {
@@ -640,6 +641,12 @@ impl Master {
                 obj.reads,
             )
         };
+        let tier = match (replicas.is_empty(), ssd.is_empty()) {
+            (false, _) => "dram",
+            (true, false) => "ssd",
+            (true, true) => "miss",
+        };
+        self.metrics.lookups.with_label_values(&[tier]).inc();
         if !replicas.is_empty() {
             self.admit_on_read(key, size, u32::from(reads), !ssd.is_empty());
         } else {

@@ -28,6 +28,10 @@ pub struct MasterMetrics {
     pub is_leader: IntGauge,
     pub term: IntGauge,
     pub nodes: IntGauge,
+    /// Lookups by what answered them: `dram` (a memory replica), `ssd`
+    /// (only an SSD copy), `miss` (no such committed key): the per-tier
+    /// hit rates of the dashboard.
+    pub lookups: IntCounterVec,
     /// Registered SSD owners by `state`: live (heartbeating) or gone.
     pub ssd_owners: IntGaugeVec,
     pub segments: IntGauge,
@@ -135,6 +139,17 @@ impl MasterMetrics {
             put_waiters: g(
                 "strata_master_put_waiters",
                 "Puts waiting for DRAM right now",
+            ),
+            lookups: reg(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "strata_master_lookups_total",
+                        "Key lookups (GetReplicas) by the tier that answered: dram, ssd or miss",
+                    ),
+                    &["tier"],
+                )
+                .expect("valid metric"),
             ),
             ssd_owners: reg(
                 &r,

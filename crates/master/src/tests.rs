@@ -106,6 +106,15 @@ fn get_before_put_end_is_not_ready_and_second_put_refused() {
     let g = m.get_replicas("k").unwrap();
     assert_eq!((g.size, g.crc32c), (100, 7));
     assert!(m.exists("k").unwrap());
+    // Lookups by tier (the dashboard's hit rates); a put in progress counts
+    // as none.
+    let lookups = |t: &str| m.metrics.lookups.with_label_values(&[t]).get();
+    assert_eq!(
+        (lookups("dram"), lookups("ssd"), lookups("miss")),
+        (1, 0, 0)
+    );
+    assert_eq!(m.get_replicas("nope").unwrap_err().code, Code::NotFound);
+    assert_eq!(lookups("miss"), 1);
     assert_eq!(m.put_end("k", 7).unwrap_err().code, Code::AlreadyExists);
 }
 
