@@ -150,7 +150,7 @@ pub struct SsdAgentArgs {
     #[arg(long, env = "STRATA_CONFIG")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// Master gRPC address HOST:PORT [default: 127.0.0.1:7400]
+    /// Master: HOST:PORT, a comma-separated list of masters, or etcd://HOST:PORT[,…]/CLUSTER (follows the leader) [default: 127.0.0.1:7400]
     #[arg(long, env = "STRATA_MASTER")]
     pub master: Option<String>,
     /// Stable identity of this SSD owner, e.g. node-7/nvme0 (required)

@@ -135,7 +135,7 @@ pub struct StoreNodeArgs {
     #[arg(long, env = "STRATA_CONFIG")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// Master gRPC address HOST:PORT [default: 127.0.0.1:7400]
+    /// Master: HOST:PORT, a comma-separated list of masters, or etcd://HOST:PORT[,…]/CLUSTER (follows the leader) [default: 127.0.0.1:7400]
     #[arg(long, env = "STRATA_MASTER")]
     pub master: Option<String>,
     /// Data-plane listen address [default: 127.0.0.1:7500]

@@ -16,7 +16,7 @@ use std::process::ExitCode;
     about = "Strata: a distributed, tiered KV-cache store for LLM inference"
 )]
 pub struct Cli {
-    /// Master address HOST:PORT
+    /// Master: HOST:PORT, a comma-separated list of masters, or etcd://HOST:PORT[,…]/CLUSTER (follows the leader)
     #[arg(
         long,
         env = "STRATA_MASTER",
