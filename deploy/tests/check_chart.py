@@ -87,9 +87,14 @@ def check_resources(docs, label):
                 continue
             cap = next(a for a in c["args"] if a.startswith("--capacity="))
             cap_mib = int(cap.split("=")[1].removesuffix("MiB"))
-            limit = c["resources"]["limits"]["memory"]
-            assert c["resources"]["requests"]["memory"] == limit, f"{label}: Guaranteed memory"
-            assert int(limit.removesuffix("Mi")) > cap_mib, f"{label}: limit {limit} <= capacity {cap}"
+            limits, requests = c["resources"]["limits"], c["resources"]["requests"]
+            assert requests == {**limits, "cpu": requests["cpu"]}, f"{label}: Guaranteed memory"
+            if "--huge-pages=true" in c["args"]:
+                # The pool is huge pages; memory covers the rest.
+                assert limits["hugepages-2Mi"] == f"{cap_mib}Mi", f"{label}: {limits}"
+            else:
+                assert "hugepages-2Mi" not in limits, f"{label}: {limits}"
+                assert int(limits["memory"].removesuffix("Mi")) > cap_mib, f"{label}: limit {limits} <= capacity {cap}"
 
 
 def check_probes(docs, label):
@@ -134,6 +139,35 @@ def validate_docs(docs, label):
                 raise AssertionError(
                     f"{label}: {doc['kind']} {doc['metadata']['name']} invalid for Kubernetes {v}: {e.message} at {list(e.path)}"
                 ) from None
+
+
+def check_members_dial_masters_by_name(docs, label):
+    """Members must reach a master that is not ready yet (a restarted one
+    waits for their reports before it is ready), so they dial the pods
+    through the headless Service, which publishes not-ready addresses."""
+    headless = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-master-headless")]
+    assert headless and headless[0]["spec"].get("publishNotReadyAddresses"), f"{label}: headless master Service"
+    for doc in docs:
+        if doc["kind"] not in WORKLOADS:
+            continue
+        for c in pod_spec(doc)["containers"]:
+            if c.get("command", [""])[0] in ("strata-store-node", "strata-ssd-agent"):
+                master = next(a for a in c["args"] if a.startswith("--master=")).split("=", 1)[1]
+                for addr in master.split(","):
+                    assert "-master-headless." in addr, f"{label}: {c['name']} dials {addr}, not a master pod by name"
+
+
+def check_long_names():
+    """A long release name still gives valid object names."""
+    r = run([HELM, "template", "a-release-name-as-long-as-anyone-would-ever-write-it", CHART,
+             "-f", os.path.join(CHART, "ci", "ha-values.yaml")])
+    assert r.returncode == 0, r.stderr
+    for d in yaml.safe_load_all(r.stdout):
+        if not d:
+            continue
+        name = d["metadata"]["name"]
+        limit = 52 if d["kind"] == "StatefulSet" else 63
+        assert len(name) <= limit, f"{d['kind']} {name}: {len(name)} characters (at most {limit})"
 
 
 def check_bad_values():
@@ -182,11 +216,13 @@ def main():
                     assert d["data"]["strata.json"].strip() == f.read().strip(), f"{label}: dashboard ConfigMap differs"
         check_probes(docs, label)
         check_resources(docs, label)
+        check_members_dial_masters_by_name(docs, label)
         n = check_flags(docs, token_dir, label)
         assert n >= 3, f"{label}: only {n} Strata containers checked"
         print(f"{label}: {len(docs)} manifests valid ({', '.join(kinds)}); {n} containers' flags accepted")
     check_bad_values()
-    print("bad values refused with clear messages")
+    check_long_names()
+    print("bad values refused with clear messages; long release names give valid names")
 
 
 if __name__ == "__main__":

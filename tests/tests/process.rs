@@ -240,6 +240,23 @@ fn check_config_validates_without_starting() {
         ("strata-store-node", vec!["--capacity", "2GiB"], true),
         ("strata-store-node", vec!["--capacity", "2XB"], false),
         (
+            "strata-store-node",
+            vec![
+                "--huge-pages",
+                "true",
+                "--capacity",
+                "4MiB",
+                "--segment-size",
+                "2MiB",
+            ],
+            true,
+        ),
+        (
+            "strata-store-node",
+            vec!["--huge-pages", "true", "--capacity", "3MiB"],
+            false,
+        ),
+        (
             "strata-ssd-agent",
             vec!["--handle", "node-a/nvme0", "--staging-bytes", "64MiB"],
             true,

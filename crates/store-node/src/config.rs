@@ -40,6 +40,8 @@ pub struct StoreNodeConfig {
     pub transport: TransportKind,
     /// Touch all segment memory at start (resident, no faults on the data path).
     pub prefault: bool,
+    /// Segments from the kernel's reserved 2 MiB huge pages.
+    pub huge_pages: bool,
     /// The member token presented to the master.
     pub token: Option<Secret>,
     /// A data-plane peer whose payload or response does not move within
@@ -59,6 +61,7 @@ impl Default for StoreNodeConfig {
             node_id: None,
             transport: TransportKind::Tcp,
             prefault: true,
+            huge_pages: false,
             token: None,
             io_timeout: std::time::Duration::from_secs(30),
         }
@@ -94,6 +97,14 @@ impl StoreNodeConfig {
         if self.capacity / self.segment_size > 1024 {
             return Err(Error::invalid(
                 "--capacity / --segment-size gives more than 1024 segments; raise --segment-size",
+            ));
+        }
+        let huge = strata_transport::region::HUGE_PAGE as u64;
+        if self.huge_pages
+            && (!self.capacity.is_multiple_of(huge) || !self.segment_size.is_multiple_of(huge))
+        {
+            return Err(Error::invalid(
+                "with --huge-pages, --capacity and --segment-size must be multiples of 2MiB",
             ));
         }
         if self.transport == TransportKind::Ucx {
@@ -162,6 +173,9 @@ pub struct StoreNodeArgs {
     /// Make all of --capacity resident at start: true | false [default: true]
     #[arg(long, env = "STRATA_PREFAULT")]
     pub prefault: Option<bool>,
+    /// Back the pool with reserved 2MiB huge pages (sysctl vm.nr_hugepages; Kubernetes: hugepages-2Mi): true | false [default: false]
+    #[arg(long, env = "STRATA_HUGE_PAGES")]
+    pub huge_pages: Option<bool>,
     /// File holding the member token (the master's --member-token-file secret)
     #[arg(long, env = "STRATA_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
@@ -195,6 +209,7 @@ impl StoreNodeArgs {
                     node_id,
                     transport,
                     prefault,
+                    huge_pages,
                     token_file,
                     io_timeout
                 ]
@@ -214,6 +229,7 @@ impl StoreNodeArgs {
                 None => d.transport,
             },
             prefault: self.prefault.unwrap_or(d.prefault),
+            huge_pages: self.huge_pages.unwrap_or(d.huge_pages),
             token: Secret::from_optional_file(self.token_file.as_deref(), "--token-file")?,
             io_timeout: self.io_timeout.map_or(d.io_timeout, |v| v.0),
         };

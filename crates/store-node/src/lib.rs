@@ -121,7 +121,13 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
     let sizes = cfg.segment_sizes();
     let segments: Vec<Arc<Segment>> = sizes
         .iter()
-        .map(|&s| Segment::new(s as usize).map(Arc::new))
+        .map(|&s| {
+            if cfg.huge_pages {
+                Segment::new_huge(s as usize).map(Arc::new)
+            } else {
+                Segment::new(s as usize).map(Arc::new)
+            }
+        })
         .collect::<Result<_>>()?;
     if cfg.prefault {
         let segs = segments.clone();

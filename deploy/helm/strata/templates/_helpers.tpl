@@ -4,13 +4,15 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* At most 40 characters: "<fullname>-master-headless" must stay within
+     the 63 of a Service name, and StatefulSet names within 52. */}}
 {{- define "strata.fullname" -}}
 {{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
 {{- else if contains (include "strata.name" .) .Release.Name -}}
-{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name (include "strata.name" .) | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name (include "strata.name" .) | trunc 40 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
@@ -53,21 +55,24 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* What members and clients pass as --master: every master pod (a
-     follower redirects to the leader), or the one master's Service. */}}
+{{/* What members pass as --master: every master pod by name through the
+     headless Service, ready or not (a follower redirects to the leader; a
+     restarted master is not ready until its members report to it, so they
+     must reach it before it is). */}}
 {{- define "strata.masterAddr" -}}
 {{- $name := printf "%s-master" (include "strata.fullname" .) -}}
 {{- $ns := .Release.Namespace -}}
 {{- $port := int .Values.master.grpcPort -}}
-{{- if include "strata.ha" . -}}
 {{- $addrs := list -}}
 {{- range $i := until (int .Values.master.replicas) -}}
 {{- $addrs = append $addrs (printf "%s-%d.%s-headless.%s.svc:%d" $name $i $name $ns $port) -}}
 {{- end -}}
 {{- join "," $addrs -}}
-{{- else -}}
-{{- printf "%s.%s.svc:%d" $name $ns $port -}}
 {{- end -}}
+
+{{/* What clients dial: the master Service (the ready leader). */}}
+{{- define "strata.clientAddr" -}}
+{{- printf "%s-master.%s.svc:%d" (include "strata.fullname" .) .Release.Namespace (int .Values.master.grpcPort) -}}
 {{- end -}}
 
 {{- define "strata.secretName" -}}
