@@ -326,7 +326,8 @@ impl Client {
                 }
                 // Nothing of this round started (the batch PutStart failed).
                 Err(e) if e.retryable() && !last_try => {}
-                Err(e) if pending.len() == items.len() => return Err(e),
+                // The first attempt: nothing of the batch happened.
+                Err(e) if attempt == 0 => return Err(e),
                 Err(e) => {
                     for &i in &pending {
                         out[i] = Some(Err(e.clone()));
@@ -379,24 +380,30 @@ impl Client {
         let mut futs = Vec::with_capacity(items.len());
         for ((_, data), st) in items.iter().zip(started) {
             futs.push(async move {
-                from_status(st.status)?;
-                self.write_replicas(&st.replicas, data)
+                // Whether this put started: only ours may be revoked (a
+                // refused PutStart may be another writer's key in flight).
+                if let Err(e) = from_status(st.status) {
+                    return (Err(e), false);
+                }
+                let w = self
+                    .write_replicas(&st.replicas, data)
                     .await
                     .map_err(|e| match e.code {
                         // A grant from a leader deposed meanwhile: a new
                         // grant will do (as for a single put).
                         Code::PermissionDenied => e.retry_later(),
                         _ => e,
-                    })
+                    });
+                (w, true)
             });
         }
-        let writes: Vec<Result<()>> = futures::stream::iter(futs)
+        let writes: Vec<(Result<()>, bool)> = futures::stream::iter(futs)
             .buffered(self.cfg.batch_concurrency.max(1))
             .collect()
             .await;
         let mut ends = Vec::new();
         let mut revokes = Vec::new();
-        for (i, w) in writes.iter().enumerate() {
+        for (i, (w, started)) in writes.iter().enumerate() {
             match w {
                 Ok(()) => ends.push((
                     i,
@@ -405,18 +412,12 @@ impl Client {
                         crc32c: crc32c::crc32c(items[i].1),
                     },
                 )),
-                // Only a put that started needs revoking.
-                Err(e)
-                    if e.code != Code::AlreadyExists
-                        && e.code != Code::NoSpace
-                        && e.code != Code::InvalidArgument =>
-                {
-                    revokes.push(items[i].0.to_string())
-                }
+                Err(_) if *started => revokes.push(items[i].0.to_string()),
                 Err(_) => {}
             }
         }
-        let mut out: Vec<(Result<()>, bool)> = writes.into_iter().map(|w| (w, false)).collect();
+        let mut out: Vec<(Result<()>, bool)> =
+            writes.into_iter().map(|(w, _)| (w, false)).collect();
         if !revokes.is_empty() {
             let _ = self
                 .m()

@@ -21,6 +21,9 @@ pub struct Acks {
     /// For logs and errors: "store node n0", "SSD owner 3".
     pub(crate) who: String,
     seq: AtomicU64,
+    /// Everything up to this was discarded unconfirmed (a bounded queue
+    /// overflowed): a later confirmation does not cover it.
+    lost: AtomicU64,
     changed: tokio::sync::Notify,
 }
 
@@ -29,6 +32,7 @@ impl Acks {
         Acks {
             who,
             seq: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
             changed: tokio::sync::Notify::new(),
         }
     }
@@ -42,6 +46,13 @@ impl Acks {
 
     pub(crate) fn acked(&self) -> u64 {
         self.seq.load(Ordering::Acquire)
+    }
+
+    /// Entries up to `seq` will never be confirmed (they were dropped).
+    pub(crate) fn lose(&self, seq: u64) {
+        if self.lost.fetch_max(seq, Ordering::AcqRel) < seq {
+            self.changed.notify_waiters();
+        }
     }
 }
 
@@ -79,13 +90,18 @@ impl Master {
                 let acked = member.changed.notified();
                 tokio::pin!(acked);
                 acked.as_mut().enable();
-                if member.acked() >= seq {
+                let lost = member.lost.load(Ordering::Acquire) >= seq;
+                if !lost && member.acked() >= seq {
                     break;
                 }
-                let why = tokio::select! {
+                let why = if lost {
+                    "was never sent it (its queue overflowed)"
+                } else {
+                    tokio::select! {
                     _ = acked => continue,
                     _ = tokio::time::sleep_until(deadline.into()) => "did not confirm it in time",
                     _ = self.closing().cancelled() => "is no longer reachable through this master (its term ended)",
+                    }
                 };
                 self.metrics.unsynced_commits.inc();
                 tracing::warn!(

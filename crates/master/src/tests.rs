@@ -693,3 +693,23 @@ fn the_newest_commit_of_a_key_wins_the_rebuild() {
         assert_eq!(m.allocated_bytes(), 128, "the older range is free");
     }
 }
+
+/// A change dropped from an overflowing queue is never confirmed, even when
+/// the member confirms later entries (confirmations are a high-water mark):
+/// its waiter gets a retryable error, not a false success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_lost_from_a_full_queue_is_not_confirmed_by_later_ones() {
+    use crate::commit_sync::{Acks, Unsynced};
+    let m = master_with(1, 1 << 20, |_| {});
+    let acks = Arc::new(Acks::new("SSD owner 1".into()));
+    acks.lose(5);
+    acks.ack(10);
+    let waits = |seq: u64| {
+        let mut u = Unsynced::default();
+        u.push(acks.clone(), seq);
+        u
+    };
+    let e = m.await_synced(waits(5), "removal").await.unwrap_err();
+    assert!(e.retryable() && e.message.contains("overflowed"), "{e}");
+    m.await_synced(waits(6), "removal").await.unwrap();
+}

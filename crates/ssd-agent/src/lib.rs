@@ -581,6 +581,14 @@ async fn run_loop(
             drops_term: drops_applied.0,
             drops_applied: drops_applied.1,
         };
+        // The same report, asking for nothing: confirms drops between the
+        // main heartbeats.
+        let confirm = pb::OwnerHeartbeatRequest {
+            max_tasks: 0,
+            accepts_promotions: false,
+            wait_ms: 0,
+            ..req.clone()
+        };
         let t0 = tokio::time::Instant::now();
         let mut wait = poll;
         // A long poll must not hold up shutdown (tasks it would have brought
@@ -595,11 +603,34 @@ async fn run_loop(
         match reply {
             Ok(r) => {
                 m.heartbeats.inc();
-                let had_drops = !r.drops.is_empty();
-                if evictor.apply_drops(r.drops).await && had_drops {
-                    // Confirm at once: a removal waits for it.
-                    drops_applied = (r.term, r.drops_through);
-                    wait = Duration::ZERO;
+                let (mut drops, mut through, mut term) = (r.drops, r.drops_through, r.term);
+                // Apply drops and confirm them at once, before the batch
+                // below (which may take seconds): a removal waits for the
+                // confirmation. Bounded: new drops keep coming only while
+                // keys are being removed.
+                for _ in 0..4 {
+                    if drops.is_empty() || !evictor.apply_drops(drops).await {
+                        break;
+                    }
+                    drops_applied = (term, through);
+                    let ack = pb::OwnerHeartbeatRequest {
+                        drops_term: term,
+                        drops_applied: through,
+                        ..confirm.clone()
+                    };
+                    match session.client.owner_heartbeat(ack).await {
+                        Ok(c) => {
+                            let c = c.into_inner();
+                            if session.fence.admit(c.term).is_err() {
+                                break;
+                            }
+                            (drops, through, term) = (c.drops, c.drops_through, c.term);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %Error::from(e), "could not confirm removals; the next heartbeat will");
+                            break;
+                        }
+                    }
                 }
                 if !r.promotions.is_empty() {
                     let results = promoter.process(&r.promotions).await;

@@ -60,7 +60,11 @@ impl Drops {
                     owner = r.owner_id,
                     "too many SSD drops pending; discarding the oldest"
                 );
-                q.queue.drain(..q.queue.len() / 2);
+                let n = q.queue.len() / 2;
+                if let Some(&(last, _)) = q.queue.get(n.saturating_sub(1)) {
+                    q.acks.lose(last);
+                }
+                q.queue.drain(..n);
             }
             let seq = q.next_seq;
             q.next_seq += 1;
