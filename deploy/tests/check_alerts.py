@@ -15,12 +15,11 @@ Environment: BIN_DIR (the Strata binaries).
 
 import os
 import re
-import subprocess
-import sys
 
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import ROOT, main_of, run
+
 PROM = os.path.join(ROOT, "deploy", "prometheus")
 RUNBOOKS = os.path.join(ROOT, "docs", "runbooks")
 BIN_DIR = os.environ["BIN_DIR"]
@@ -33,9 +32,6 @@ REQUIRED = [
 ]
 BINARIES = ["strata", "strata-master", "strata-store-node", "strata-ssd-agent"]
 
-
-def run(args, **kw):
-    return subprocess.run(args, capture_output=True, text=True, **kw)
 
 
 def source_text():
@@ -171,8 +167,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    main_of(main)

@@ -12,14 +12,13 @@ Environment: HELM (helm binary), BIN_DIR (the Strata binaries).
 
 import os
 import re
-import subprocess
-import sys
 import tempfile
 
 import kubernetes_validate
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import ROOT, main_of, run
+
 CHART = os.path.join(ROOT, "deploy", "helm", "strata")
 HELM = os.environ["HELM"]
 BIN_DIR = os.environ["BIN_DIR"]
@@ -27,9 +26,6 @@ BIN_DIR = os.environ["BIN_DIR"]
 K8S_VERSIONS = ["1.30.0", "1.35.0"]
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet"}
 
-
-def run(args, **kw):
-    return subprocess.run(args, capture_output=True, text=True, **kw)
 
 
 def render(values_files, sets=()):
@@ -70,7 +66,6 @@ def check_flags(docs, token_dir, label):
             args = [expand(a, sample_env) for a in c.get("args", [])]
             # The token Secret is mounted at /etc/strata/tokens.
             args = [a.replace("/etc/strata/tokens", token_dir) for a in args]
-            # Paths that exist only in the pod: point them at a temp dir.
             r = run([os.path.join(BIN_DIR, binary), "--check-config", *args])
             assert r.returncode == 0, f"{label}: {doc['kind']} {doc['metadata']['name']}: {binary} refused its flags:\n{r.stderr}\nargs: {args}"
             checked += 1
@@ -226,8 +221,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    main_of(main)

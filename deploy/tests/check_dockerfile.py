@@ -11,12 +11,11 @@ Environment: HELM (helm binary).
 
 import os
 import re
-import subprocess
-import sys
 
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import ROOT, main_of, run
+
 CHART = os.path.join(ROOT, "deploy", "helm", "strata")
 DOCKERFILE = os.path.join(ROOT, "deploy", "Dockerfile")
 
@@ -39,8 +38,8 @@ def instructions(text):
 def chart_containers():
     docs = []
     for extra in ([], ["-f", os.path.join(CHART, "ci", "ha-values.yaml")]):
-        r = subprocess.run([os.environ["HELM"], "template", "t", CHART, *extra],
-                           capture_output=True, text=True, check=True)
+        r = run([os.environ["HELM"], "template", "t", CHART, *extra])
+        assert r.returncode == 0, r.stderr
         docs += [d for d in yaml.safe_load_all(r.stdout) if d]
     for d in docs:
         if d["kind"] in ("StatefulSet", "DaemonSet", "Deployment"):
@@ -66,7 +65,6 @@ def main():
     exposed = {int(p.split("/")[0]) for w, a in runtime if w == "EXPOSE" for p in a.split()}
     health = [a for w, a in runtime if w == "HEALTHCHECK"]
     assert health and "/health" in health[-1], "a /health check"
-    image_uid = int(uid)
     strata_images = set()
     for c in chart_containers():
         cmd = c.get("command", [""])[0]
@@ -75,7 +73,7 @@ def main():
             assert cmd in copied or cmd in ("chown",), f"the chart runs {cmd}; the image copies {sorted(copied)}"
             if cmd.startswith("strata"):
                 assert cmd in built, f"{cmd} is not built ({sorted(built)})"
-                assert c["securityContext"]["runAsUser"] == image_uid, f"{cmd}: chart uid vs image USER {uid}"
+                assert c["securityContext"]["runAsUser"] == int(uid), f"{cmd}: chart uid vs image USER {uid}"
                 for p in c.get("ports", []):
                     assert p["containerPort"] in exposed, f"{cmd} port {p['containerPort']} not EXPOSEd ({sorted(exposed)})"
     assert len(strata_images) == 1, f"one image for every service: {strata_images}"
@@ -91,8 +89,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print(f"FAILED: {e}", file=sys.stderr)
-        sys.exit(1)
+    main_of(main)
