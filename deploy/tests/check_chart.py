@@ -178,6 +178,8 @@ def check_bad_values():
         (["master.replicas=1", "etcd.deploy=true"], "at least 2 masters"),
         (["auth.enabled=false"], "auth.insecure"),
         (["etcd.replicas=2", "etcd.deploy=true", "master.replicas=3"], "replicas"),
+        (["tracing.otlpEndpoint=https://otel:4317"], "otlpEndpoint"),
+        (["tracing.sampleRatio=1.5"], "sampleRatio"),
     ]
     for sets, want in cases:
         r = render([], sets)
@@ -185,7 +187,8 @@ def check_bad_values():
         assert want in r.stderr, f"--set {sets}: {r.stderr}"
     # ...and the edges of what is allowed render.
     for sets in (["master.offloadPolicy=reads:65535"], ["master.replicas=2", "etcd.endpoints=http://e:2379"],
-                 ["auth.enabled=false", "auth.insecure=true"], ["ssdAgent.enabled=false"]):
+                 ["auth.enabled=false", "auth.insecure=true"], ["ssdAgent.enabled=false"],
+                 ["tracing.otlpEndpoint=http://otel:4317", "tracing.sampleRatio=0"]):
         r = render([], sets)
         assert r.returncode == 0, f"--set {sets}: {r.stderr}"
 

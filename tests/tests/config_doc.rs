@@ -52,10 +52,9 @@ fn table(cmd: &clap::Command, out: &mut String) {
 
 /// A subcommand's own options (the global ones are listed once, above).
 fn rows_of(sub: &clap::Command, out: &mut String) {
-    let own = sub.clone().mut_args(|a| match a.get_long() {
-        Some("master" | "token-file" | "log-format") => a.hide(true),
-        _ => a,
-    });
+    let own = sub
+        .clone()
+        .mut_args(|a| if a.is_global_set() { a.hide(true) } else { a });
     if own
         .get_arguments()
         .any(|a| !a.is_hide_set() && a.get_long().is_some_and(|l| l != "help"))

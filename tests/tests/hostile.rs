@@ -164,6 +164,7 @@ async fn data_plane_rejects_access_outside_the_grant() {
         mac: good.mac,
         offset: good.scope.offset + 500,
         length: 1000,
+        trace: None,
     };
     s.write_all(&req.encode()).await.unwrap();
     let (resp, msg) = read_response(&mut s).await;
@@ -177,6 +178,7 @@ async fn data_plane_rejects_access_outside_the_grant() {
         mac: good.mac,
         offset: good.scope.offset,
         length: 1000,
+        trace: None,
     };
     s.write_all(&req.encode()).await.unwrap();
     let (resp, body) = read_raw(&mut s).await;
@@ -233,6 +235,7 @@ async fn malformed_data_plane_frames_do_not_crash_the_node() {
         mac: [0; 16],
         offset: 0,
         length: 0,
+        trace: None,
     }
     .encode();
     for patch in [(4usize, 9u8), (5, 77)] {
@@ -243,6 +246,34 @@ async fn malformed_data_plane_frames_do_not_crash_the_node() {
         let (resp, _) = read_response(&mut s).await;
         assert_eq!(resp.status, Code::InvalidArgument);
     }
+    // Version 2 (extensions): a block over the limit or a malformed one is
+    // refused; a traced request is served.
+    let mut over = good.header().to_vec();
+    over[4] = strata_transport::frame::VERSION_EXT;
+    over[6..8].copy_from_slice(&(strata_transport::frame::MAX_EXT_LEN as u16 + 1).to_le_bytes());
+    let mut bad_item = over.clone();
+    bad_item[6..8].copy_from_slice(&4u16.to_le_bytes());
+    bad_item.extend_from_slice(&[1, 25, 0, 0]); // claims 25 bytes, holds 2
+    for f in [over, bad_item] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(&f).await.unwrap();
+        let (resp, msg) = read_response(&mut s).await;
+        assert_eq!(resp.status, Code::InvalidArgument, "{msg}");
+    }
+    let traced = Request {
+        trace: Some(strata_common::telemetry::TraceParent {
+            trace_id: [1; 16],
+            span_id: [2; 8],
+            flags: 1,
+        }),
+        ..Request::decode(good.header()).unwrap().0
+    }
+    .encode();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&traced).await.unwrap();
+    let (resp, _) = read_response(&mut s).await;
+    assert_eq!(resp.status, Code::Ok);
+
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(&good[..40]).await.unwrap();
     drop(s);
@@ -252,7 +283,7 @@ async fn malformed_data_plane_frames_do_not_crash_the_node() {
     let w = Request {
         op: Op::Write,
         length: 1 << 30,
-        ..Request::decode(&good).unwrap()
+        ..Request::decode(good.header()).unwrap().0
     };
     s.write_all(&w.encode()).await.unwrap();
     let (resp, _) = read_response(&mut s).await;
@@ -375,6 +406,7 @@ async fn batch_reads_check_every_item_and_refuse_oversized_batches() {
         mac: good.mac,
         offset: good.scope.offset,
         length: 4096,
+        trace: None,
     };
     let forged = GrantScope {
         length: 1 << 20,
@@ -553,6 +585,7 @@ async fn a_peer_presenting_bad_grants_is_cut_off() {
         mac: good.mac,
         offset: good.scope.offset,
         length: 100,
+        trace: None,
     };
     // Up to the limit each refusal is answered...
     for _ in 0..max {

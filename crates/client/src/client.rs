@@ -106,6 +106,7 @@ impl Client {
 
     /// Stores `data` under `key`. Fails with `AlreadyExists` if the key is
     /// present, `NoSpace` when the cluster cannot make room.
+    #[tracing::instrument(name = "strata.put", skip_all, fields(key = key, size = data.len()))]
     pub async fn put(&self, key: &str, data: &[u8], opts: &PutOptions) -> Result<()> {
         let crc = crc32c::crc32c(data);
         // A PutEnd whose answer was lost (the master died or lost its
@@ -194,6 +195,7 @@ impl Client {
     }
 
     /// Reads `key` into a new buffer, verifying its checksum.
+    #[tracing::instrument(name = "strata.get", skip_all, fields(key = key))]
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
         let info = self.replicas(key).await?;
         let mut buf = vec![0u8; info.size as usize];
@@ -203,6 +205,7 @@ impl Client {
 
     /// Reads `key` into the caller's buffer (no intermediate copy) and returns
     /// the object's size. The buffer must be at least that large.
+    #[tracing::instrument(name = "strata.get", skip_all, fields(key = key))]
     pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
         let info = self.replicas(key).await?;
         let n = info.size as usize;
@@ -286,6 +289,7 @@ impl Client {
     /// failover) are put again, with backoff, up to the client's deadline;
     /// one whose PutEnd answer was lost counts as put if the key then holds
     /// its bytes (as for [`Client::put`]).
+    #[tracing::instrument(name = "strata.batch_put", skip_all, fields(items = items.len()))]
     pub async fn batch_put(
         &self,
         items: &[(&str, &[u8])],
@@ -497,6 +501,7 @@ impl Client {
     /// Like [`Client::batch_get`] into the caller's buffers (one per key, each
     /// at least the object's size): no allocation, no intermediate copy.
     /// Returns each object's size.
+    #[tracing::instrument(name = "strata.batch_get", skip_all, fields(items = items.len()))]
     pub async fn batch_get_into(
         &self,
         items: &mut [(&str, &mut [u8])],
@@ -630,6 +635,7 @@ impl Client {
             .collect())
     }
 
+    #[tracing::instrument(name = "strata.exists", skip_all, fields(key = key))]
     pub async fn exists(&self, key: &str) -> Result<bool> {
         self.cfg
             .backoff
@@ -648,6 +654,7 @@ impl Client {
     /// Removes `key`; refused while a reader holds a lease unless `force`.
     /// Retried through a failover: a retry that finds the key gone after
     /// an attempt whose outcome is unknown counts as removed.
+    #[tracing::instrument(name = "strata.remove", skip_all, fields(key = key, force = force))]
     pub async fn remove(&self, key: &str, force: bool) -> Result<()> {
         let ambiguous = std::sync::atomic::AtomicBool::new(false);
         let ambiguous = &ambiguous;

@@ -14,7 +14,8 @@ use tonic::service::Interceptor;
 /// Largest gRPC message a client accepts (heartbeat log pages, batches).
 pub const MAX_MESSAGE: usize = 256 << 20;
 
-/// Adds the caller's bearer token (if any) to every call.
+/// Adds the caller's bearer token (if any) and trace context (if traced) to
+/// every call.
 #[derive(Clone, Default)]
 pub struct BearerToken(Option<MetadataValue<Ascii>>);
 
@@ -35,6 +36,7 @@ impl Interceptor for BearerToken {
         if let Some(v) = &self.0 {
             req.metadata_mut().insert("authorization", v.clone());
         }
+        crate::telemetry::inject_grpc(req.metadata_mut());
         Ok(req)
     }
 }
@@ -57,7 +59,8 @@ pub fn master_channel(addr: &str, token: Option<&Secret>) -> Result<MasterChanne
 /// decoded: the caller's token is checked against the role the method needs
 /// (`role_of` maps the method name), and the proven roles are put in the
 /// request's extensions ([`crate::auth::Roles`]) for checks that depend on
-/// the message (e.g. a forced remove needs the admin role).
+/// the message (e.g. a forced remove needs the admin role). A call that
+/// carries a trace context is served inside a span that continues it.
 #[derive(Clone)]
 pub struct Authenticated<S> {
     inner: S,
@@ -131,7 +134,12 @@ where
                 // The clone is ready only if polled; swap so the ready one serves.
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
-                Box::pin(async move { inner.call(req).await })
+                let span = crate::telemetry::grpc_server_span(req.headers(), req.uri().path());
+                let call = async move { inner.call(req).await };
+                match span {
+                    Some(span) => Box::pin(tracing::Instrument::instrument(call, span)),
+                    None => Box::pin(call),
+                }
             }
             Err(e) => {
                 let st: tonic::Status = e.into();

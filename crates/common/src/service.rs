@@ -2,7 +2,7 @@
 //! until SIGTERM/SIGINT, map failures to the documented exit codes
 //! (2 for bad flags or config, 1 for any other failure).
 
-use crate::telemetry::LogFormat;
+use crate::telemetry::TelemetryArgs;
 use std::future::Future;
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 /// environment, config file, token files) and exits: 0 valid, 2 not. The
 /// Helm chart's tests run every rendered container's flags through it.
 pub async fn main<C, F, Fut>(
-    name: &str,
-    log_format: Option<&str>,
+    name: &'static str,
+    telemetry: &TelemetryArgs,
     check_config: bool,
     cfg: crate::Result<C>,
     run: F,
@@ -21,10 +21,10 @@ where
     F: FnOnce(C, CancellationToken) -> Fut,
     Fut: Future<Output = crate::Result<()>>,
 {
-    let format: LogFormat = match log_format.unwrap_or("text").parse() {
-        Ok(f) => f,
+    let telemetry = match telemetry.resolve() {
+        Ok(t) => t,
         Err(e) => {
-            eprintln!("error: --log-format: {e}");
+            eprintln!("error: {}", e.message);
             return ExitCode::from(2);
         }
     };
@@ -39,13 +39,22 @@ where
         println!("{name}: configuration OK");
         return ExitCode::SUCCESS;
     }
-    crate::telemetry::init(format, "info");
-    match run(cfg, crate::shutdown::on_signals()).await {
+    let telemetry = match crate::telemetry::init(&telemetry, name, "info") {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = match run(cfg, crate::shutdown::on_signals()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "{name} failed");
             eprintln!("error: {}", e.message);
             ExitCode::FAILURE
         }
-    }
+    };
+    // Export the last spans; bounded, off the runtime's worker threads.
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    code
 }

@@ -343,10 +343,9 @@ pub struct MasterArgs {
     /// HA mode: the leader's etcd lease TTL; a dead leader is replaced within it (2s to 300s) [default: 6s]
     #[arg(long, env = "STRATA_ELECTION_TTL")]
     pub election_ttl: Option<HumanDuration>,
-    /// text | json [default: text]
-    #[arg(long, env = "STRATA_LOG_FORMAT")]
+    #[command(flatten)]
     #[serde(skip)]
-    pub log_format: Option<String>,
+    pub telemetry: strata_common::telemetry::TelemetryArgs,
     /// Validate the flags, environment, config file and token files, then exit (0 valid, 2 not) without starting
     #[arg(long)]
     #[serde(skip)]

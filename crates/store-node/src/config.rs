@@ -182,10 +182,9 @@ pub struct StoreNodeArgs {
     /// Cut off a data-plane peer whose payload or response does not move for this long [default: 30s]
     #[arg(long, env = "STRATA_IO_TIMEOUT")]
     pub io_timeout: Option<strata_common::units::HumanDuration>,
-    /// text | json [default: text]
-    #[arg(long, env = "STRATA_LOG_FORMAT")]
+    #[command(flatten)]
     #[serde(skip)]
-    pub log_format: Option<String>,
+    pub telemetry: strata_common::telemetry::TelemetryArgs,
     /// Validate the flags, environment, config file and token files, then exit (0 valid, 2 not) without starting
     #[arg(long)]
     #[serde(skip)]

@@ -3,10 +3,10 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = strata_store_node::StoreNodeArgs::parse();
-    let format = args.log_format.clone();
+    let telemetry = args.telemetry.clone();
     strata_common::service::main(
         "strata-store-node",
-        format.as_deref(),
+        &telemetry,
         args.check_config,
         args.resolve(),
         strata_store_node::run,

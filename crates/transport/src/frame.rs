@@ -1,5 +1,6 @@
-//! Wire format of the TCP data plane (version 1). Fixed-size little-endian
-//! headers so the server can validate a request before touching its payload.
+//! Wire format of the TCP data plane (versions 1 and 2). Fixed-size
+//! little-endian headers so the server can validate a request before touching
+//! its payload.
 //!
 //! Request (96 bytes), then `length` payload bytes for a write:
 //! ```text
@@ -10,6 +11,15 @@
 //! 72 offset u64 (absolute in segment) | 80 length u64 | 88 grant generation u64
 //! (the generation was a reserved zero before; old peers send 0)
 //! ```
+//! Version 2 is version 1 plus extensions: the u16 at offset 6 is the
+//! length (at most [`MAX_EXT_LEN`]) of an extension block that follows the
+//! header (before any payload). The block is a sequence of
+//! `type u8 | length u8 | value` items; unknown types are skipped, so later
+//! versions can add items. Type 1 is a trace context: trace id [16], parent
+//! span id [8], flags u8 (W3C `traceparent`). Clients send version 2 only
+//! when they have something to put there (a traced request), so untraced
+//! traffic is byte-for-byte version 1, which older nodes read. Responses are
+//! always version 1.
 //! Response (24 bytes), then `length` bytes: the data of a read, or a UTF-8
 //! error message when status != 0.
 //!
@@ -24,13 +34,23 @@
 //! ```
 
 use strata_common::grant::{GrantScope, MAC_LEN};
+use strata_common::telemetry::TraceParent;
 use strata_common::{Code, Error, Result};
 
 pub const REQ_MAGIC: u32 = u32::from_le_bytes(*b"STRD");
 pub const RESP_MAGIC: u32 = u32::from_le_bytes(*b"STRR");
+/// The version of responses, and of requests without extensions.
 pub const VERSION: u8 = 1;
+/// Requests followed by an extension block.
+pub const VERSION_EXT: u8 = 2;
 pub const REQ_LEN: usize = 96;
 pub const RESP_LEN: usize = 24;
+/// Longest extension block a server accepts.
+pub const MAX_EXT_LEN: usize = 256;
+const EXT_TRACE: u8 = 1;
+const TRACE_LEN: usize = 16 + 8 + 1;
+/// The longest request head this version writes: header + trace item.
+const MAX_HEAD: usize = REQ_LEN + 2 + TRACE_LEN;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -52,6 +72,37 @@ pub struct Request {
     pub mac: [u8; MAC_LEN],
     pub offset: u64,
     pub length: u64,
+    /// The caller's span, for tracing across processes (version 2).
+    pub trace: Option<TraceParent>,
+}
+
+/// An encoded request head: the header and its extensions.
+#[derive(Debug, Clone, Copy)]
+pub struct Head {
+    buf: [u8; MAX_HEAD],
+    len: usize,
+}
+
+impl Head {
+    /// The fixed-size header, without extensions.
+    pub fn header(&self) -> &[u8; REQ_LEN] {
+        self.buf[..REQ_LEN]
+            .try_into()
+            .expect("a head holds a header")
+    }
+}
+
+impl std::ops::Deref for Head {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for Head {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[..self.len]
+    }
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -66,8 +117,9 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 }
 
 impl Request {
-    pub fn encode(&self) -> [u8; REQ_LEN] {
-        let mut b = [0u8; REQ_LEN];
+    pub fn encode(&self) -> Head {
+        let mut buf = [0u8; MAX_HEAD];
+        let b = &mut buf[..REQ_LEN];
         b[0..4].copy_from_slice(&REQ_MAGIC.to_le_bytes());
         b[4] = VERSION;
         b[5] = self.op as u8;
@@ -81,22 +133,45 @@ impl Request {
         b[72..80].copy_from_slice(&self.offset.to_le_bytes());
         b[80..88].copy_from_slice(&self.length.to_le_bytes());
         b[88..96].copy_from_slice(&self.grant.generation.to_le_bytes());
-        b
+        let mut len = REQ_LEN;
+        if let Some(t) = &self.trace {
+            let ext = 2 + TRACE_LEN;
+            buf[4] = VERSION_EXT;
+            buf[6..8].copy_from_slice(&(ext as u16).to_le_bytes());
+            let e = &mut buf[REQ_LEN..REQ_LEN + ext];
+            e[0] = EXT_TRACE;
+            e[1] = TRACE_LEN as u8;
+            e[2..18].copy_from_slice(&t.trace_id);
+            e[18..26].copy_from_slice(&t.span_id);
+            e[26] = t.flags;
+            len += ext;
+        }
+        Head { buf, len }
     }
 
-    /// Parses a header. Errors here mean the stream is not speaking our
-    /// protocol, so the server answers once and closes the connection.
-    pub fn decode(b: &[u8; REQ_LEN]) -> Result<Request> {
+    /// Parses a header and returns the length of the extension block that
+    /// follows it (pass it to [`Request::read_extensions`]). Errors here mean
+    /// the stream is not speaking our protocol, so the server answers once
+    /// and closes the connection.
+    pub fn decode(b: &[u8; REQ_LEN]) -> Result<(Request, usize)> {
         let magic = u32_at(b, 0);
         if magic != REQ_MAGIC {
             return Err(Error::invalid(format!(
                 "bad frame magic {magic:#010x}: this port speaks the Strata data-plane protocol"
             )));
         }
-        if b[4] != VERSION {
+        let ext = match b[4] {
+            VERSION => 0,
+            VERSION_EXT => u16::from_le_bytes([b[6], b[7]]) as usize,
+            v => {
+                return Err(Error::invalid(format!(
+                    "unsupported data-plane protocol version {v} (this node speaks {VERSION} and {VERSION_EXT})"
+                )))
+            }
+        };
+        if ext > MAX_EXT_LEN {
             return Err(Error::invalid(format!(
-                "unsupported data-plane protocol version {} (this node speaks {VERSION})",
-                b[4]
+                "data-plane extension block of {ext} bytes exceeds {MAX_EXT_LEN}"
             )));
         }
         let op = match b[5] {
@@ -108,21 +183,52 @@ impl Request {
         };
         let mut mac = [0u8; MAC_LEN];
         mac.copy_from_slice(&b[56..72]);
-        Ok(Request {
-            op,
-            req_id: u64_at(b, 8),
-            grant: GrantScope {
-                segment_id: u64_at(b, 16),
-                offset: u64_at(b, 24),
-                length: u64_at(b, 32),
-                perm: u32_at(b, 40),
-                expires_unix_ms: u64_at(b, 48),
-                generation: u64_at(b, 88),
+        Ok((
+            Request {
+                op,
+                req_id: u64_at(b, 8),
+                grant: GrantScope {
+                    segment_id: u64_at(b, 16),
+                    offset: u64_at(b, 24),
+                    length: u64_at(b, 32),
+                    perm: u32_at(b, 40),
+                    expires_unix_ms: u64_at(b, 48),
+                    generation: u64_at(b, 88),
+                },
+                mac,
+                offset: u64_at(b, 72),
+                length: u64_at(b, 80),
+                trace: None,
             },
-            mac,
-            offset: u64_at(b, 72),
-            length: u64_at(b, 80),
-        })
+            ext,
+        ))
+    }
+
+    /// Applies the extension block read after the header. A malformed block
+    /// is an error (the stream can no longer be trusted); unknown items are
+    /// skipped.
+    pub fn read_extensions(&mut self, mut e: &[u8]) -> Result<()> {
+        while !e.is_empty() {
+            let (kind, len) = match e {
+                [k, l, ..] => (*k, *l as usize),
+                _ => return Err(Error::invalid("truncated data-plane extension item")),
+            };
+            let value = e
+                .get(2..2 + len)
+                .ok_or_else(|| Error::invalid("data-plane extension item overruns its block"))?;
+            if kind == EXT_TRACE && len == TRACE_LEN {
+                let mut t = TraceParent {
+                    trace_id: [0; 16],
+                    span_id: [0; 8],
+                    flags: value[24],
+                };
+                t.trace_id.copy_from_slice(&value[..16]);
+                t.span_id.copy_from_slice(&value[16..24]);
+                self.trace = Some(t);
+            }
+            e = &e[2 + len..];
+        }
+        Ok(())
     }
 }
 
@@ -202,8 +308,77 @@ mod tests {
             mac: [9; MAC_LEN],
             offset: 3,
             length: 1,
+            trace: None,
         };
-        assert_eq!(Request::decode(&r.encode()), Ok(r));
+        // Untraced: exactly the version 1 header.
+        let head = r.encode();
+        assert_eq!((head.len(), head[4]), (REQ_LEN, VERSION));
+        assert_eq!(Request::decode(head_of(&head)), Ok((r.clone(), 0)));
+    }
+
+    fn head_of(h: &Head) -> &[u8; REQ_LEN] {
+        h.header()
+    }
+
+    fn traced() -> Request {
+        Request {
+            op: Op::Write,
+            req_id: 9,
+            grant: GrantScope {
+                perm: 2,
+                segment_id: 1,
+                offset: 0,
+                length: 10,
+                expires_unix_ms: 5,
+                generation: 1,
+            },
+            mac: [3; MAC_LEN],
+            offset: 0,
+            length: 10,
+            trace: Some(TraceParent {
+                trace_id: [7; 16],
+                span_id: [8; 8],
+                flags: 1,
+            }),
+        }
+    }
+
+    #[test]
+    fn traced_request_round_trip() {
+        let r = traced();
+        let head = r.encode();
+        assert_eq!(head[4], VERSION_EXT);
+        let (mut back, ext) = Request::decode(head_of(&head)).unwrap();
+        assert_eq!(ext, head.len() - REQ_LEN);
+        assert_eq!(back.trace, None, "the trace arrives with the extensions");
+        back.read_extensions(&head[REQ_LEN..]).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn extension_blocks_are_checked() {
+        let head = traced().encode();
+        let (mut r, _) = Request::decode(head_of(&head)).unwrap();
+        // Unknown items are skipped, before or after the trace.
+        let mut block = vec![200, 3, 1, 2, 3];
+        block.extend_from_slice(&head[REQ_LEN..]);
+        block.extend_from_slice(&[201, 0]);
+        r.read_extensions(&block).unwrap();
+        assert_eq!(r.trace, traced().trace);
+        // Truncated items are refused.
+        let mut r = Request::decode(head_of(&head)).unwrap().0;
+        assert!(r.read_extensions(&head[REQ_LEN..head.len() - 1]).is_err());
+        assert!(r.read_extensions(&[1]).is_err());
+        // A block longer than the limit is refused at the header; at the
+        // limit it is accepted.
+        let mut h = *head.header();
+        h[6..8].copy_from_slice(&(MAX_EXT_LEN as u16 + 1).to_le_bytes());
+        assert!(Request::decode(&h).is_err());
+        h[6..8].copy_from_slice(&(MAX_EXT_LEN as u16).to_le_bytes());
+        assert_eq!(Request::decode(&h).unwrap().1, MAX_EXT_LEN);
+        // Unknown versions are refused.
+        h[4] = VERSION_EXT + 1;
+        assert!(Request::decode(&h).is_err());
     }
 
     proptest::proptest! {

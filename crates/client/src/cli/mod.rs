@@ -27,9 +27,8 @@ pub struct Cli {
     /// File holding the client or admin token [default: the token `strata up` wrote, if any]
     #[arg(long, env = "STRATA_TOKEN_FILE", global = true)]
     pub token_file: Option<std::path::PathBuf>,
-    /// Log format on stderr: text | json
-    #[arg(long, env = "STRATA_LOG_FORMAT", default_value = "text", global = true)]
-    pub log_format: strata_common::telemetry::LogFormat,
+    #[command(flatten)]
+    pub telemetry: strata_common::telemetry::TelemetryArgs,
     #[command(subcommand)]
     pub cmd: Command,
 }
@@ -79,7 +78,13 @@ pub fn main() -> ExitCode {
         Command::Up(_) => "info",
         _ => "warn",
     };
-    strata_common::telemetry::init(cli.log_format, default_level);
+    let telemetry = match cli.telemetry.resolve() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            return ExitCode::from(2);
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -87,6 +92,14 @@ pub fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Spans of `strata put`/`get` are reported as service "strata".
+    let telemetry = match strata_common::telemetry::init(&telemetry, "strata", default_level) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
             return ExitCode::FAILURE;
         }
     };
@@ -105,6 +118,8 @@ pub fn main() -> ExitCode {
             Command::Bench(a) => bench::run(&conn, a).await,
         }
     });
+    // Outside the runtime: the last spans are exported before the exit.
+    telemetry.shutdown();
     match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -8,9 +8,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_common::telemetry::TraceParent;
 use strata_common::{Code, Error, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tracing::Instrument;
 
 /// Tuning of the TCP data-plane client.
 #[derive(Debug, Clone)]
@@ -88,6 +90,7 @@ impl TcpTransport {
             mac: range.mac,
             offset: range.scope.offset + at,
             length: io.len() as u64,
+            trace: TraceParent::current(),
         };
         let res = tokio::time::timeout(self.cfg.io_timeout, exchange(&mut conn, &req, io)).await;
         match res {
@@ -234,6 +237,7 @@ impl TcpTransport {
             mac: [0; strata_common::grant::MAC_LEN],
             offset: 0,
             length: 0,
+            trace: None,
         };
         let exchange = async {
             s.write_all(&req.encode()).await?;
@@ -251,8 +255,23 @@ impl TcpTransport {
     }
 
     /// Runs one request per chunk, up to `parallel` at once, each on its own
-    /// pooled connection.
+    /// pooled connection; inside a traced span, as one client span.
     async fn chunked(&self, range: &RemoteRange, op: Op, at: u64, ios: Vec<Io<'_>>) -> Result<u32> {
+        if TraceParent::current().is_none() {
+            return self.chunks(range, op, at, ios).await;
+        }
+        let length: usize = ios.iter().map(Io::len).sum();
+        let span = tracing::info_span!(
+            "data",
+            otel.name = if op == Op::Write { "data.write" } else { "data.read" },
+            otel.kind = "client",
+            server.address = %range.addr,
+            length,
+        );
+        self.chunks(range, op, at, ios).instrument(span).await
+    }
+
+    async fn chunks(&self, range: &RemoteRange, op: Op, at: u64, ios: Vec<Io<'_>>) -> Result<u32> {
         let mut futs = Vec::with_capacity(ios.len());
         let mut lens = Vec::with_capacity(ios.len());
         let mut off = at;
@@ -300,7 +319,20 @@ impl TcpTransport {
                 }
                 batches
             })
-            .map(|(addr, batch)| self.readv(addr, batch))
+            .map(|(addr, batch)| {
+                let traced = TraceParent::current().is_some();
+                let span = traced.then(|| {
+                    tracing::info_span!(
+                        "data",
+                        otel.name = "data.readv",
+                        otel.kind = "client",
+                        server.address = %addr,
+                        items = batch.len(),
+                    )
+                });
+                self.readv(addr, batch)
+                    .instrument(span.unwrap_or_else(tracing::Span::none))
+            })
             .collect();
         for (i, r) in futures::future::join_all(futs).await.into_iter().flatten() {
             out[i] = Some(r);
@@ -339,6 +371,7 @@ impl TcpTransport {
             mac: batch[0].1.mac,
             offset: 0,
             length: batch.len() as u64,
+            trace: TraceParent::current(),
         };
         top.grant.length = 0;
         head.extend_from_slice(&top.encode());
@@ -353,6 +386,7 @@ impl TcpTransport {
                 mac: r.mac,
                 offset: r.scope.offset,
                 length: buf.len() as u64,
+                trace: None,
             };
             head.extend_from_slice(&req.encode());
         }
@@ -379,6 +413,7 @@ impl TcpTransport {
                     mac: top.mac,
                     offset: 0,
                     length: buf.len() as u64,
+                    trace: None,
                 };
                 let r = tokio::time::timeout(t, read_response(&mut conn, &item, buf, true))
                     .await

@@ -1,5 +1,5 @@
 use super::write_all_vectored;
-use crate::frame::{Op, Request, Response, MAX_READV_ITEMS, REQ_LEN};
+use crate::frame::{Op, Request, Response, MAX_EXT_LEN, MAX_READV_ITEMS, REQ_LEN};
 use crate::region::{Chunk, ChunkStream, DataRegion, ReadSource};
 use prometheus::IntCounter;
 use std::sync::Arc;
@@ -241,6 +241,56 @@ async fn respond_err(s: &mut TcpStream, req_id: u64, e: &Error) -> std::io::Resu
     write_all_vectored(s, &h, msg).await
 }
 
+/// Whether a connection goes on after a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Next,
+    Close,
+}
+
+/// Reads a request header and its extensions. `Err` is a broken stream;
+/// `Ok(Err)` a request that is not our protocol.
+async fn read_request(
+    s: &mut TcpStream,
+    hdr: &[u8; REQ_LEN],
+    io: Duration,
+) -> std::io::Result<Result<Request, Error>> {
+    let (mut req, ext) = match Request::decode(hdr) {
+        Ok(r) => r,
+        Err(e) => return Ok(Err(e)),
+    };
+    if ext > 0 {
+        let mut block = [0u8; MAX_EXT_LEN];
+        within(io, s.read_exact(&mut block[..ext])).await?;
+        if let Err(e) = req.read_extensions(&block[..ext]) {
+            return Ok(Err(e));
+        }
+    }
+    Ok(Ok(req))
+}
+
+/// The span of a request that came with a trace context; untraced requests
+/// get none (no cost per request when tracing is off).
+fn request_span(req: &Request) -> Option<tracing::Span> {
+    let parent = req.trace?;
+    let name = match req.op {
+        Op::Write => "data.write",
+        Op::Read => "data.read",
+        Op::ReadV => "data.readv",
+        Op::Ping => "data.ping",
+    };
+    let span = tracing::info_span!(
+        "data",
+        otel.name = name,
+        otel.kind = "server",
+        segment = req.grant.segment_id,
+        offset = req.offset,
+        length = req.length,
+    );
+    parent.adopt(&span);
+    Some(span)
+}
+
 async fn connection(
     mut s: TcpStream,
     table: &dyn DataRegion,
@@ -270,7 +320,7 @@ async fn connection(
             Ok(Ok(_)) => {}
         }
         m.requests.inc();
-        let req = match Request::decode(&hdr) {
+        let req = match read_request(&mut s, &hdr, io).await? {
             Ok(r) => r,
             Err(e) => {
                 // Not our protocol: say why once, then hang up.
@@ -280,140 +330,163 @@ async fn connection(
                 return Ok(());
             }
         };
-        match req.op {
-            Op::Ping => {
-                let who = table.ping_payload();
-                let h = Response {
-                    status: Code::Ok,
-                    req_id: req.req_id,
-                    length: who.len() as u64,
-                }
-                .encode();
-                within(io, write_all_vectored(&mut s, &h, &who)).await?;
+        let served = serve_request(&mut s, &req, table, m, &mut peer);
+        let flow = match request_span(&req) {
+            Some(span) => tracing::Instrument::instrument(served, span).await?,
+            None => served.await?,
+        };
+        if flow == Flow::Close {
+            return Ok(());
+        }
+    }
+}
+
+/// Serves one request whose header has been read.
+async fn serve_request(
+    s: &mut TcpStream,
+    req: &Request,
+    table: &dyn DataRegion,
+    m: &ServerMetrics,
+    peer: &mut Peer<'_>,
+) -> std::io::Result<Flow> {
+    let io = peer.limits.io_timeout;
+    match req.op {
+        Op::Ping => {
+            let who = table.ping_payload();
+            let h = Response {
+                status: Code::Ok,
+                req_id: req.req_id,
+                length: who.len() as u64,
             }
-            Op::Write => {
-                let auth = table.write_target(&req, unix_ms());
-                match auth {
-                    Ok(target) => {
-                        peer.granted = true;
-                        // SAFETY: the grant verified above names exactly this
-                        // range; the master never grants overlapping writes of
-                        // live allocations, and the segment's fences refuse
-                        // grants of freed ones (`fence.rs`) while this write
-                        // holds its lease.
-                        let dst = match unsafe { target.segment.slice_mut(req.offset, req.length) }
-                        {
-                            Ok(d) => d,
-                            Err(e) => return within(io, respond_err(&mut s, req.req_id, &e)).await,
-                        };
-                        within(io, s.read_exact(dst)).await?;
-                        drop(target);
-                        m.written_bytes.inc_by(req.length);
-                        within(io, respond_ok(&mut s, req.req_id)).await?;
-                    }
-                    Err(e) => {
-                        m.rejected.inc();
-                        // Only bad grants count against the peer: a fence's
-                        // "retry shortly" or a just-evicted range does not.
-                        if matches!(e.code, Code::PermissionDenied | Code::InvalidArgument) {
-                            peer.refused()?;
-                        }
-                        if req.length > MAX_DRAIN {
-                            within(io, respond_err(&mut s, req.req_id, &e)).await?;
-                            return Ok(());
-                        }
-                        let mut sink = (&mut s).take(req.length);
-                        let drained =
-                            within(io, tokio::io::copy(&mut sink, &mut tokio::io::sink())).await?;
-                        if drained != req.length {
-                            return Ok(());
-                        }
-                        within(io, respond_err(&mut s, req.req_id, &e)).await?;
-                    }
-                }
-            }
-            Op::Read => {
-                let p = prepare(table, &req, m).await;
-                peer.note(&p)?;
-                send(&mut s, &req, m, p, io).await?
-            }
-            Op::ReadV => {
-                if req.length > MAX_READV_ITEMS {
-                    m.rejected.inc();
-                    let e = Error::invalid(format!(
-                        "batch read of {} items exceeds the limit of {MAX_READV_ITEMS}",
-                        req.length
-                    ));
-                    within(io, respond_err(&mut s, req.req_id, &e)).await?;
-                    return Ok(());
-                }
-                let mut items = Vec::with_capacity(req.length as usize);
-                for _ in 0..req.length {
-                    within(io, s.read_exact(&mut hdr)).await?;
-                    items.push(Request::decode(&hdr));
-                }
-                let h = Response {
-                    status: Code::Ok,
-                    req_id: req.req_id,
-                    length: req.length,
-                }
-                .encode();
-                within(io, s.write_all(&h)).await?;
-                let prep = |item: &'_ Result<Request, Error>| {
-                    let item = item.as_ref().ok().filter(|r| r.op == Op::Read).cloned();
-                    async move {
-                        match item {
-                            Some(r) => Some(prepare(table, &r, m).await),
-                            None => None,
-                        }
-                    }
-                };
-                let mut next = match items.first() {
-                    Some(item) => prep(item).await,
-                    None => None,
-                };
-                for (i, item) in items.iter().enumerate() {
-                    let prepared = next.take();
-                    // Read the next item while this one is sent, but only
-                    // when this one needs no more staging: a connection never
-                    // holds staged pieces while it waits for more, so readers
-                    // sharing the arena cannot deadlock.
-                    let overlap = prepared.as_ref().is_some_and(|p| p.complete(item));
-                    match &prepared {
-                        Some(p) => peer.note(p)?,
-                        None => peer.refused()?,
-                    }
-                    let reply = async {
-                        match (item, prepared) {
-                            (Ok(r), Some(p)) => send(&mut s, r, m, p, io).await,
-                            (Ok(r), None) => {
-                                m.rejected.inc();
-                                let e = Error::invalid("a batch read may only hold reads");
-                                within(io, respond_err(&mut s, r.req_id, &e)).await
-                            }
-                            (Err(e), _) => {
-                                m.rejected.inc();
-                                within(io, respond_err(&mut s, 0, e)).await
-                            }
+            .encode();
+            within(io, write_all_vectored(s, &h, &who)).await?;
+        }
+        Op::Write => {
+            let auth = table.write_target(req, unix_ms());
+            match auth {
+                Ok(target) => {
+                    peer.granted = true;
+                    // SAFETY: the grant verified above names exactly this
+                    // range; the master never grants overlapping writes of
+                    // live allocations, and the segment's fences refuse
+                    // grants of freed ones (`fence.rs`) while this write
+                    // holds its lease.
+                    let dst = match unsafe { target.segment.slice_mut(req.offset, req.length) } {
+                        Ok(d) => d,
+                        Err(e) => {
+                            within(io, respond_err(s, req.req_id, &e)).await?;
+                            return Ok(Flow::Close);
                         }
                     };
-                    let upcoming = items.get(i + 1);
-                    match upcoming {
-                        Some(u) if overlap => {
-                            let (sent, p) = tokio::join!(reply, prep(u));
-                            sent?;
-                            next = p;
-                        }
-                        Some(u) => {
-                            reply.await?;
-                            next = prep(u).await;
-                        }
-                        None => reply.await?,
+                    within(io, s.read_exact(dst)).await?;
+                    drop(target);
+                    m.written_bytes.inc_by(req.length);
+                    within(io, respond_ok(s, req.req_id)).await?;
+                }
+                Err(e) => {
+                    m.rejected.inc();
+                    // Only bad grants count against the peer: a fence's
+                    // "retry shortly" or a just-evicted range does not.
+                    if matches!(e.code, Code::PermissionDenied | Code::InvalidArgument) {
+                        peer.refused()?;
                     }
+                    if req.length > MAX_DRAIN {
+                        within(io, respond_err(s, req.req_id, &e)).await?;
+                        return Ok(Flow::Close);
+                    }
+                    let mut sink = (&mut *s).take(req.length);
+                    let drained =
+                        within(io, tokio::io::copy(&mut sink, &mut tokio::io::sink())).await?;
+                    if drained != req.length {
+                        return Ok(Flow::Close);
+                    }
+                    within(io, respond_err(s, req.req_id, &e)).await?;
+                }
+            }
+        }
+        Op::Read => {
+            let p = prepare(table, req, m).await;
+            peer.note(&p)?;
+            send(s, req, m, p, io).await?
+        }
+        Op::ReadV => {
+            if req.length > MAX_READV_ITEMS {
+                m.rejected.inc();
+                let e = Error::invalid(format!(
+                    "batch read of {} items exceeds the limit of {MAX_READV_ITEMS}",
+                    req.length
+                ));
+                within(io, respond_err(s, req.req_id, &e)).await?;
+                return Ok(Flow::Close);
+            }
+            let mut items = Vec::with_capacity(req.length as usize);
+            let mut hdr = [0u8; REQ_LEN];
+            for _ in 0..req.length {
+                within(io, s.read_exact(&mut hdr)).await?;
+                items.push(read_request(s, &hdr, io).await?);
+            }
+            let h = Response {
+                status: Code::Ok,
+                req_id: req.req_id,
+                length: req.length,
+            }
+            .encode();
+            within(io, s.write_all(&h)).await?;
+            let prep = |item: &'_ Result<Request, Error>| {
+                let item = item.as_ref().ok().filter(|r| r.op == Op::Read).cloned();
+                async move {
+                    match item {
+                        Some(r) => Some(prepare(table, &r, m).await),
+                        None => None,
+                    }
+                }
+            };
+            let mut next = match items.first() {
+                Some(item) => prep(item).await,
+                None => None,
+            };
+            for (i, item) in items.iter().enumerate() {
+                let prepared = next.take();
+                // Read the next item while this one is sent, but only
+                // when this one needs no more staging: a connection never
+                // holds staged pieces while it waits for more, so readers
+                // sharing the arena cannot deadlock.
+                let overlap = prepared.as_ref().is_some_and(|p| p.complete(item));
+                match &prepared {
+                    Some(p) => peer.note(p)?,
+                    None => peer.refused()?,
+                }
+                let reply = async {
+                    match (item, prepared) {
+                        (Ok(r), Some(p)) => send(s, r, m, p, io).await,
+                        (Ok(r), None) => {
+                            m.rejected.inc();
+                            let e = Error::invalid("a batch read may only hold reads");
+                            within(io, respond_err(s, r.req_id, &e)).await
+                        }
+                        (Err(e), _) => {
+                            m.rejected.inc();
+                            within(io, respond_err(s, 0, e)).await
+                        }
+                    }
+                };
+                let upcoming = items.get(i + 1);
+                match upcoming {
+                    Some(u) if overlap => {
+                        let (sent, p) = tokio::join!(reply, prep(u));
+                        sent?;
+                        next = p;
+                    }
+                    Some(u) => {
+                        reply.await?;
+                        next = prep(u).await;
+                    }
+                    None => reply.await?,
                 }
             }
         }
     }
+    Ok(Flow::Next)
 }
 
 /// A read resolved up to its first bytes: anything that fails before the

@@ -106,3 +106,12 @@ seccompProfile:
     fieldRef:
       fieldPath: spec.nodeName
 {{- end -}}
+
+{{/* Log and trace flags every service takes. */}}
+{{- define "strata.telemetryArgs" -}}
+- --log-format={{ .Values.logFormat }}
+{{- with .Values.tracing.otlpEndpoint }}
+- --otlp-endpoint={{ . }}
+- --trace-sample-ratio={{ $.Values.tracing.sampleRatio }}
+{{- end }}
+{{- end }}

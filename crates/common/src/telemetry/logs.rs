@@ -1,6 +1,7 @@
-//! Logging set-up shared by every binary: `tracing` to stderr, text or JSON.
+//! Logs: `tracing` events to stderr, as text or JSON lines.
 
-use tracing_subscriber::{fmt, EnvFilter};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::{fmt, EnvFilter, Layer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -27,13 +28,15 @@ fn colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> boo
     stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-/// Installs the global subscriber. `RUST_LOG` overrides `default_level`.
-/// Safe to call more than once (later calls are no-ops).
+/// The log layer: stderr, `default_level` unless `RUST_LOG` says otherwise.
 ///
 /// JSON lines carry stable field names that alerts and runbooks rely on:
 /// `timestamp`, `level`, `target`, `fields.message` and each event's own
 /// fields under `fields`, and the enclosing spans under `spans`.
-pub fn init(format: LogFormat, default_level: &str) {
+pub(super) fn layer<S>(format: LogFormat, default_level: &str) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
     use std::io::IsTerminal;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
@@ -41,14 +44,11 @@ pub fn init(format: LogFormat, default_level: &str) {
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR"),
     );
-    let builder = fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().with_span_list(true).try_init(),
-    };
+    let base = fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+    match format {
+        LogFormat::Text => base.with_filter(filter).boxed(),
+        LogFormat::Json => base.json().with_span_list(true).with_filter(filter).boxed(),
+    }
 }
 
 #[cfg(test)]
