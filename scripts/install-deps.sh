@@ -7,9 +7,10 @@
 #   clang libclang-dev build-essential pkg-config  the bundled RocksDB build (bindgen, C++)
 #   python3 python3-venv  the deployment tests (Helm chart, Dockerfile, alerts)
 #   prometheus         promtool and a real Prometheus for the alert and dashboard tests
+#   libucx-dev ucx-utils  the UCX transport (headers for its bindings; ucx_info)
 set -euo pipefail
 pkgs=(protobuf-compiler redis-server curl clang libclang-dev build-essential pkg-config etcd-server
-  python3 python3-venv prometheus)
+  python3 python3-venv prometheus libucx-dev ucx-utils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -266,13 +266,18 @@ async fn malformed_data_plane_frames_do_not_crash_the_node() {
             span_id: [2; 8],
             flags: 1,
         }),
-        ..Request::decode(good.header()).unwrap().0
+        ..Request::decode(good.header()).unwrap().0.unwrap()
     }
     .encode();
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(&traced).await.unwrap();
     let (resp, _) = read_response(&mut s).await;
     assert_eq!(resp.status, Code::Ok);
+    // The extension was consumed: the next request on the connection is
+    // read from the right place.
+    s.write_all(&good).await.unwrap();
+    let (resp, _) = read_response(&mut s).await;
+    assert_eq!((resp.status, resp.req_id), (Code::Ok, 1));
 
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(&good[..40]).await.unwrap();
@@ -283,7 +288,7 @@ async fn malformed_data_plane_frames_do_not_crash_the_node() {
     let w = Request {
         op: Op::Write,
         length: 1 << 30,
-        ..Request::decode(good.header()).unwrap().0
+        ..Request::decode(good.header()).unwrap().0.unwrap()
     };
     s.write_all(&w.encode()).await.unwrap();
     let (resp, _) = read_response(&mut s).await;
@@ -435,6 +440,56 @@ async fn batch_reads_check_every_item_and_refuse_oversized_batches() {
     let (r, msg) = read_response(&mut s).await;
     assert_eq!(r.status, Code::InvalidArgument, "{msg}");
     assert!(msg.contains("only hold reads"), "{msg}");
+
+    // Traced items (version 2) and a refused item with an extension block
+    // (unknown op) keep the items after them in place.
+    let tp = strata_common::telemetry::TraceParent {
+        trace_id: [1; 16],
+        span_id: [2; 8],
+        flags: 1,
+    };
+    let traced = |id: u64, op: Op| Request {
+        trace: Some(tp),
+        ..item(id, op, good.scope)
+    };
+    let mut frame = traced(6, Op::ReadV).encode().to_vec();
+    frame[80..88].copy_from_slice(&3u64.to_le_bytes());
+    frame.extend_from_slice(&traced(7, Op::Read).encode());
+    let mut unknown = traced(8, Op::Read).encode();
+    unknown[5] = 99;
+    frame.extend_from_slice(&unknown);
+    frame.extend_from_slice(&item(9, Op::Read, good.scope).encode());
+    let mut s = TcpStream::connect(&good.addr).await.unwrap();
+    s.write_all(&frame).await.unwrap();
+    s.read_exact(&mut h).await.unwrap();
+    let top = Response::decode(&h).unwrap();
+    assert_eq!((top.status, top.length), (Code::Ok, 3));
+    let (r, body) = read_raw(&mut s).await;
+    assert_eq!((r.status, r.req_id, body), (Code::Ok, 7, payload(3, 4096)));
+    let (r, msg) = read_response(&mut s).await;
+    assert_eq!(r.status, Code::InvalidArgument, "{msg}");
+    let (r, body) = read_raw(&mut s).await;
+    assert_eq!((r.status, r.req_id, body), (Code::Ok, 9, payload(3, 4096)));
+    // An item whose framing is broken (an extension block over the limit)
+    // fails the batch and closes the connection: the items after it cannot
+    // be found.
+    let mut frame = item(10, Op::ReadV, good.scope).encode().to_vec();
+    frame[80..88].copy_from_slice(&2u64.to_le_bytes());
+    let mut broken = item(11, Op::Read, good.scope).encode();
+    broken[4] = strata_transport::frame::VERSION_EXT;
+    broken[6..8].copy_from_slice(&(strata_transport::frame::MAX_EXT_LEN as u16 + 1).to_le_bytes());
+    frame.extend_from_slice(&broken);
+    frame.extend_from_slice(&item(12, Op::Read, good.scope).encode());
+    let mut s = TcpStream::connect(&good.addr).await.unwrap();
+    s.write_all(&frame).await.unwrap();
+    let (r, msg) = read_response(&mut s).await;
+    assert_eq!((r.status, r.req_id), (Code::InvalidArgument, 10), "{msg}");
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0, "the node hung up");
 
     // An oversized batch: refused at once, connection closed.
     let mut huge = item(5, Op::ReadV, good.scope).encode();

@@ -15,8 +15,12 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use strata_common::telemetry::TraceParent;
+use strata_common::Code;
 use strata_tests::procs::{start_agent, start_master, start_node_with};
 use strata_tests::{bin, make_ssd_only, payload};
+use strata_transport::frame::{Op, Request, Response, RESP_LEN};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Debug, Clone)]
 struct Span {
@@ -25,6 +29,8 @@ struct Span {
     trace: Vec<u8>,
     id: Vec<u8>,
     parent: Vec<u8>,
+    /// The `server.address` attribute (client data-plane spans).
+    server: Option<String>,
 }
 
 /// An OTLP/gRPC collector that keeps every span it is sent.
@@ -50,12 +56,21 @@ impl TraceService for Receiver {
                 })
                 .unwrap_or_default();
             for s in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
+                let server = s
+                    .attributes
+                    .iter()
+                    .find(|a| a.key == "server.address")
+                    .and_then(|a| match a.value.as_ref()?.value.as_ref()? {
+                        Value::StringValue(v) => Some(v.clone()),
+                        _ => None,
+                    });
                 got.push(Span {
                     service: service.clone(),
                     name: s.name,
                     trace: s.trace_id,
                     id: s.span_id,
                     parent: s.parent_span_id,
+                    server,
                 });
             }
         }
@@ -78,15 +93,18 @@ impl Receiver {
         (rx, url)
     }
 
-    /// The spans of the trace whose root is the CLI's span `root`, once
-    /// they come from all of `services` and form one tree.
-    async fn trace_of(&self, root: &str, services: &[&str]) -> Vec<Span> {
+    /// The spans of the trace whose root is the `nth` CLI span named
+    /// `root`, once it holds every `(service, span)` of `want` (spans of one
+    /// trace arrive from each process in batches of their own) and forms
+    /// one tree.
+    async fn trace_of(&self, root: &str, nth: usize, want: &[(&str, &str)]) -> Vec<Span> {
         let t0 = Instant::now();
         loop {
             let spans = self.0.lock().unwrap().clone();
             let trace = spans
                 .iter()
-                .find(|s| s.name == root && s.service == "strata")
+                .filter(|s| s.name == root && s.service == "strata")
+                .nth(nth)
                 .map(|r| {
                     spans
                         .iter()
@@ -95,14 +113,17 @@ impl Receiver {
                         .collect::<Vec<_>>()
                 });
             if let Some(t) = &trace {
-                let have: BTreeSet<&str> = t.iter().map(|s| s.service.as_str()).collect();
-                if services.iter().all(|s| have.contains(s)) && connected(t).is_ok() {
+                let have: BTreeSet<(&str, &str)> = t
+                    .iter()
+                    .map(|s| (s.service.as_str(), s.name.as_str()))
+                    .collect();
+                if want.iter().all(|w| have.contains(w)) && connected(t).is_ok() {
                     return t.clone();
                 }
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(30),
-                "no connected trace of {root} across {services:?}: {:#?} (tree: {:?})",
+                "no connected trace of {root} with {want:?}: {:#?} (tree: {:?})",
                 trace,
                 trace.as_deref().map(connected)
             );
@@ -138,10 +159,6 @@ fn connected(t: &[Span]) -> Result<(), String> {
     Ok(())
 }
 
-fn has(t: &[Span], service: &str, name: &str) -> bool {
-    t.iter().any(|s| s.service == service && s.name == name)
-}
-
 fn cli(master: &str, endpoint: &str, args: &[&str]) {
     let out = std::process::Command::new(bin("strata"))
         .args(["--master", master, "--otlp-endpoint", endpoint])
@@ -159,7 +176,8 @@ fn cli(master: &str, endpoint: &str, args: &[&str]) {
 async fn a_put_and_an_ssd_read_are_each_one_trace_across_processes() {
     let (rx, endpoint) = Receiver::start().await;
     // Inherited by every process started below: export within 100 ms
-    // instead of the SDK's 5 s.
+    // instead of the SDK's 5 s. (nextest runs each test in a process of its
+    // own, so no other test reads the environment meanwhile.)
     std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", "100");
     let m = start_master(&["--otlp-endpoint", &endpoint, "--offload-policy", "eager"]).await;
     let (_node, _) = start_node_with(&m.addr, "n1", &["--otlp-endpoint", &endpoint]).await;
@@ -181,23 +199,67 @@ async fn a_put_and_an_ssd_read_are_each_one_trace_across_processes() {
         &endpoint,
         &["put", "traced", file.to_str().unwrap()],
     );
-    let put = rx
-        .trace_of(
-            "strata.put",
-            &["strata", "strata-master", "strata-store-node"],
-        )
-        .await;
     // The client's calls, the master's handlers, the node's write.
-    assert!(
-        has(&put, "strata-master", "strata.v1.Master/PutStart"),
-        "{put:#?}"
+    const PUT: &[(&str, &str)] = &[
+        ("strata", "data.write"),
+        ("strata-master", "strata.v1.Master/PutStart"),
+        ("strata-master", "strata.v1.Master/PutEnd"),
+        ("strata-store-node", "data.write"),
+    ];
+    let put = rx.trace_of("strata.put", 0, PUT).await;
+
+    // A traced request that proves no grant leaves no span: strangers
+    // cannot fill the node's export queue.
+    let node_addr = put
+        .iter()
+        .find(|s| s.service == "strata" && s.name == "data.write")
+        .and_then(|s| s.server.clone())
+        .expect("the client span names the node");
+    let forged = Request {
+        op: Op::Read,
+        req_id: 1,
+        grant: strata_common::grant::GrantScope {
+            perm: strata_common::grant::PERM_READ,
+            segment_id: 1,
+            offset: 0,
+            length: 16,
+            expires_unix_ms: u64::MAX,
+            generation: 0,
+        },
+        mac: [0; 16],
+        offset: 0,
+        length: 16,
+        trace: Some(TraceParent {
+            trace_id: [0x5a; 16],
+            span_id: [0x5b; 8],
+            flags: 1,
+        }),
+    };
+    let mut s = tokio::net::TcpStream::connect(&node_addr).await.unwrap();
+    s.write_all(&forged.encode()).await.unwrap();
+    let mut h = [0u8; RESP_LEN];
+    s.read_exact(&mut h).await.unwrap();
+    assert_ne!(Response::decode(&h).unwrap().status, Code::Ok);
+    drop(s);
+    // A second put's node spans arrive after anything the forged request
+    // could have produced.
+    cli(
+        &m.addr,
+        &endpoint,
+        &["put", "second", file.to_str().unwrap()],
     );
+    rx.trace_of("strata.put", 1, PUT).await;
+    let spans = rx.0.lock().unwrap().clone();
     assert!(
-        has(&put, "strata-master", "strata.v1.Master/PutEnd"),
-        "{put:#?}"
+        !spans.iter().any(|s| s.trace == vec![0x5a; 16]),
+        "a request without a valid grant was traced"
     );
-    assert!(has(&put, "strata", "data.write"), "{put:#?}");
-    assert!(has(&put, "strata-store-node", "data.write"), "{put:#?}");
+    // Services start no traces: every span they record continues a client's.
+    let roots: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.service != "strata" && s.parent.is_empty())
+        .collect();
+    assert!(roots.is_empty(), "services started traces: {roots:#?}");
 
     // Read it back from SSD only.
     let cl = strata_client::Client::connect(strata_client::ClientConfig::new(m.addr.clone()))
@@ -214,14 +276,14 @@ async fn a_put_and_an_ssd_read_are_each_one_trace_across_processes() {
     let get = rx
         .trace_of(
             "strata.get",
-            &["strata", "strata-master", "strata-ssd-agent"],
+            0,
+            &[
+                ("strata", "data.read"),
+                ("strata-master", "strata.v1.Master/GetReplicas"),
+                ("strata-ssd-agent", "data.read"),
+            ],
         )
         .await;
-    assert!(
-        has(&get, "strata-master", "strata.v1.Master/GetReplicas"),
-        "{get:#?}"
-    );
-    assert!(has(&get, "strata-ssd-agent", "data.read"), "{get:#?}");
     assert!(
         !get.iter().any(|s| s.service == "strata-store-node"),
         "an SSD-only read does not touch the store node: {get:#?}"

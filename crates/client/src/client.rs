@@ -79,6 +79,9 @@ fn from_status(s: Option<pb::Status>) -> Result<()> {
     }
 }
 
+/// An object's bytes and the tier that served them.
+pub type Tiered = (Vec<u8>, Tier);
+
 /// Which tier served a read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
@@ -469,7 +472,8 @@ impl Client {
     /// Like [`Client::batch_get`], also saying which tier served each object
     /// (DRAM when it had a memory replica, else SSD): for benchmarks and
     /// engines that account cache hits per tier.
-    pub async fn batch_get_tiered(&self, keys: &[&str]) -> Result<Vec<Result<(Vec<u8>, Tier)>>> {
+    #[tracing::instrument(name = "strata.batch_get", skip_all, fields(items = keys.len()))]
+    pub async fn batch_get_tiered(&self, keys: &[&str]) -> Result<Vec<Result<Tiered>>> {
         let infos = self.batch_replicas(keys).await?;
         let tiers: Vec<Tier> = infos
             .iter()

@@ -149,11 +149,13 @@ impl Request {
         Head { buf, len }
     }
 
-    /// Parses a header and returns the length of the extension block that
-    /// follows it (pass it to [`Request::read_extensions`]). Errors here mean
-    /// the stream is not speaking our protocol, so the server answers once
-    /// and closes the connection.
-    pub fn decode(b: &[u8; REQ_LEN]) -> Result<(Request, usize)> {
+    /// Parses a header. The outer error means the framing itself is wrong
+    /// (magic, version, extension length): the stream cannot be read any
+    /// further. Otherwise it returns the length of the extension block that
+    /// follows the header, which the reader must consume (and pass to
+    /// [`Request::read_extensions`]) whether or not the request itself
+    /// parsed (the inner result: e.g. an unknown op).
+    pub fn decode(b: &[u8; REQ_LEN]) -> Result<(Result<Request>, usize)> {
         let magic = u32_at(b, 0);
         if magic != REQ_MAGIC {
             return Err(Error::invalid(format!(
@@ -179,12 +181,17 @@ impl Request {
             2 => Op::Read,
             3 => Op::Ping,
             4 => Op::ReadV,
-            o => return Err(Error::invalid(format!("unknown data-plane op {o}"))),
+            o => {
+                return Ok((
+                    Err(Error::invalid(format!("unknown data-plane op {o}"))),
+                    ext,
+                ))
+            }
         };
         let mut mac = [0u8; MAC_LEN];
         mac.copy_from_slice(&b[56..72]);
         Ok((
-            Request {
+            Ok(Request {
                 op,
                 req_id: u64_at(b, 8),
                 grant: GrantScope {
@@ -199,14 +206,14 @@ impl Request {
                 offset: u64_at(b, 72),
                 length: u64_at(b, 80),
                 trace: None,
-            },
+            }),
             ext,
         ))
     }
 
     /// Applies the extension block read after the header. A malformed block
-    /// is an error (the stream can no longer be trusted); unknown items are
-    /// skipped.
+    /// is an error (the request is refused; the block was consumed, so the
+    /// stream stays framed); unknown items are skipped.
     pub fn read_extensions(&mut self, mut e: &[u8]) -> Result<()> {
         while !e.is_empty() {
             let (kind, len) = match e {
@@ -313,7 +320,7 @@ mod tests {
         // Untraced: exactly the version 1 header.
         let head = r.encode();
         assert_eq!((head.len(), head[4]), (REQ_LEN, VERSION));
-        assert_eq!(Request::decode(head_of(&head)), Ok((r.clone(), 0)));
+        assert_eq!(Request::decode(head_of(&head)), Ok((Ok(r.clone()), 0)));
     }
 
     fn head_of(h: &Head) -> &[u8; REQ_LEN] {
@@ -348,7 +355,8 @@ mod tests {
         let r = traced();
         let head = r.encode();
         assert_eq!(head[4], VERSION_EXT);
-        let (mut back, ext) = Request::decode(head_of(&head)).unwrap();
+        let (back, ext) = Request::decode(head_of(&head)).unwrap();
+        let mut back = back.unwrap();
         assert_eq!(ext, head.len() - REQ_LEN);
         assert_eq!(back.trace, None, "the trace arrives with the extensions");
         back.read_extensions(&head[REQ_LEN..]).unwrap();
@@ -358,7 +366,7 @@ mod tests {
     #[test]
     fn extension_blocks_are_checked() {
         let head = traced().encode();
-        let (mut r, _) = Request::decode(head_of(&head)).unwrap();
+        let mut r = Request::decode(head_of(&head)).unwrap().0.unwrap();
         // Unknown items are skipped, before or after the trace.
         let mut block = vec![200, 3, 1, 2, 3];
         block.extend_from_slice(&head[REQ_LEN..]);
@@ -366,7 +374,7 @@ mod tests {
         r.read_extensions(&block).unwrap();
         assert_eq!(r.trace, traced().trace);
         // Truncated items are refused.
-        let mut r = Request::decode(head_of(&head)).unwrap().0;
+        let mut r = Request::decode(head_of(&head)).unwrap().0.unwrap();
         assert!(r.read_extensions(&head[REQ_LEN..head.len() - 1]).is_err());
         assert!(r.read_extensions(&[1]).is_err());
         // A block longer than the limit is refused at the header; at the
@@ -376,6 +384,12 @@ mod tests {
         assert!(Request::decode(&h).is_err());
         h[6..8].copy_from_slice(&(MAX_EXT_LEN as u16).to_le_bytes());
         assert_eq!(Request::decode(&h).unwrap().1, MAX_EXT_LEN);
+        // An unknown op is refused but keeps the framing: the reader still
+        // learns how many extension bytes to consume.
+        h[5] = 99;
+        let (r, ext) = Request::decode(&h).unwrap();
+        assert!(r.is_err());
+        assert_eq!(ext, MAX_EXT_LEN);
         // Unknown versions are refused.
         h[4] = VERSION_EXT + 1;
         assert!(Request::decode(&h).is_err());

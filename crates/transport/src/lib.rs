@@ -9,6 +9,8 @@ pub mod fence;
 pub mod frame;
 pub mod region;
 pub mod tcp;
+#[cfg(feature = "ucx")]
+pub mod ucx;
 
 use futures::future::BoxFuture;
 use strata_common::grant::GrantScope;

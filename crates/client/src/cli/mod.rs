@@ -29,6 +29,9 @@ pub struct Cli {
     pub token_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub telemetry: strata_common::telemetry::TelemetryArgs,
+    /// With --otlp-endpoint: the fraction of this command's operations that are traced (0 to 1) [default: 1]
+    #[arg(long, env = "STRATA_TRACE_SAMPLE_RATIO", global = true)]
+    pub trace_sample_ratio: Option<f64>,
     #[command(subcommand)]
     pub cmd: Command,
 }
@@ -78,7 +81,7 @@ pub fn main() -> ExitCode {
         Command::Up(_) => "info",
         _ => "warn",
     };
-    let telemetry = match cli.telemetry.resolve() {
+    let telemetry = match cli.telemetry.resolve_client(cli.trace_sample_ratio) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: {}", e.message);

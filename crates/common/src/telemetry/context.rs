@@ -17,8 +17,10 @@ pub struct TraceParent {
 }
 
 impl TraceParent {
-    /// The context of the current span, when it belongs to a trace (an
-    /// OTLP exporter is installed and the span is enabled). Cheap otherwise.
+    /// The context of the current span, when it belongs to a sampled trace
+    /// (an OTLP exporter is installed, the span is enabled and its trace is
+    /// recorded). Cheap otherwise. Unsampled traces are not propagated: the
+    /// services would record nothing of them anyway.
     pub fn current() -> Option<TraceParent> {
         let span = tracing::Span::current();
         if span.is_none() {
@@ -27,7 +29,7 @@ impl TraceParent {
         let cx = span.context();
         let otel = cx.span();
         let sc = otel.span_context();
-        sc.is_valid().then(|| TraceParent {
+        (sc.is_valid() && sc.is_sampled()).then(|| TraceParent {
             trace_id: sc.trace_id().to_bytes(),
             span_id: sc.span_id().to_bytes(),
             flags: sc.trace_flags().to_u8(),

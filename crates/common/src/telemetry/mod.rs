@@ -5,8 +5,8 @@
 //! header ([`inject_grpc`], and the server side in [`crate::grpc`]), and
 //! data-plane requests carry the same context in a frame extension
 //! ([`TraceParent`], used by `strata-transport`). Both are sent only when the
-//! caller is inside a recorded span, so with tracing off nothing changes on
-//! the wire and no span is created per request.
+//! caller is inside a span of a sampled trace, so with tracing off nothing
+//! changes on the wire and servers create no span per request.
 
 mod context;
 mod logs;
@@ -29,9 +29,6 @@ pub struct TelemetryArgs {
     /// Export trace spans over OTLP/gRPC to this collector (http://HOST:PORT); off when unset [default: off]
     #[arg(long, env = "STRATA_OTLP_ENDPOINT", global = true)]
     pub otlp_endpoint: Option<String>,
-    /// Fraction of the traces started here that are recorded (0 to 1); a request from a traced caller follows the caller's choice [default: 1]
-    #[arg(long, env = "STRATA_TRACE_SAMPLE_RATIO", global = true)]
-    pub trace_sample_ratio: Option<f64>,
 }
 
 /// Validated telemetry settings.
@@ -45,10 +42,14 @@ pub struct TelemetryConfig {
 pub struct OtlpConfig {
     /// `http://HOST:PORT` of an OTLP/gRPC collector.
     pub endpoint: String,
-    pub sample_ratio: f64,
+    /// The fraction of new traces to record where traces start (clients);
+    /// `None` for services, which only continue their callers' traces.
+    pub sample_ratio: Option<f64>,
 }
 
 impl TelemetryArgs {
+    /// The settings of a service: it records the traces its callers
+    /// sampled and starts none.
     pub fn resolve(&self) -> Result<TelemetryConfig> {
         let log_format = match &self.log_format {
             Some(f) => f
@@ -56,20 +57,30 @@ impl TelemetryArgs {
                 .map_err(|e| Error::invalid(format!("--log-format: {e}")))?,
             None => LogFormat::Text,
         };
-        let sample_ratio = self.trace_sample_ratio.unwrap_or(1.0);
-        if !(0.0..=1.0).contains(&sample_ratio) {
-            return Err(Error::invalid(format!(
-                "--trace-sample-ratio {sample_ratio} is out of range; use a fraction from 0 to 1"
-            )));
-        }
         let otlp = match self.otlp_endpoint.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(e) => Some(OtlpConfig {
                 endpoint: otlp::check_endpoint(e)?,
-                sample_ratio,
+                sample_ratio: None,
             }),
         };
         Ok(TelemetryConfig { log_format, otlp })
+    }
+
+    /// The settings of a client, where traces start: `ratio` of them are
+    /// recorded (`--trace-sample-ratio`, default 1).
+    pub fn resolve_client(&self, ratio: Option<f64>) -> Result<TelemetryConfig> {
+        let ratio = ratio.unwrap_or(1.0);
+        if !(0.0..=1.0).contains(&ratio) {
+            return Err(Error::invalid(format!(
+                "--trace-sample-ratio {ratio} is out of range; use a fraction from 0 to 1"
+            )));
+        }
+        let mut cfg = self.resolve()?;
+        if let Some(o) = &mut cfg.otlp {
+            o.sample_ratio = Some(ratio);
+        }
+        Ok(cfg)
     }
 }
 
@@ -136,7 +147,7 @@ pub fn init(
     if let Some(o) = &cfg.otlp {
         tracing::info!(
             endpoint = %o.endpoint,
-            sample_ratio = o.sample_ratio,
+            sample_ratio = ?o.sample_ratio,
             "exporting trace spans over OTLP"
         );
     }
@@ -147,38 +158,41 @@ pub fn init(
 mod tests {
     use super::*;
 
-    fn args(endpoint: Option<&str>, ratio: Option<f64>) -> TelemetryArgs {
+    fn args(endpoint: Option<&str>) -> TelemetryArgs {
         TelemetryArgs {
             log_format: None,
             otlp_endpoint: endpoint.map(str::to_string),
-            trace_sample_ratio: ratio,
         }
     }
 
     #[test]
     fn otlp_off_unless_an_endpoint_is_given() {
-        assert_eq!(args(None, None).resolve().unwrap().otlp, None);
-        assert_eq!(args(Some(""), None).resolve().unwrap().otlp, None);
-        let on = args(Some("http://127.0.0.1:4317"), None).resolve().unwrap();
+        assert_eq!(args(None).resolve().unwrap().otlp, None);
+        assert_eq!(args(Some("")).resolve().unwrap().otlp, None);
+        let on = args(Some("http://127.0.0.1:4317")).resolve().unwrap();
         assert_eq!(
             on.otlp,
             Some(OtlpConfig {
                 endpoint: "http://127.0.0.1:4317".into(),
-                sample_ratio: 1.0
+                sample_ratio: None
             })
         );
+        let client = args(Some("http://127.0.0.1:4317"))
+            .resolve_client(None)
+            .unwrap();
+        assert_eq!(client.otlp.unwrap().sample_ratio, Some(1.0));
     }
 
     #[test]
     fn sample_ratio_bounds() {
-        let ok = |r| args(Some("http://c:4317"), Some(r)).resolve().is_ok();
+        let ok = |r| args(Some("http://c:4317")).resolve_client(Some(r)).is_ok();
         assert!(ok(0.0) && ok(1.0) && ok(0.25));
         assert!(!ok(-0.01) && !ok(1.01) && !ok(f64::NAN));
     }
 
     #[test]
     fn bad_log_format_is_refused() {
-        let mut a = args(None, None);
+        let mut a = args(None);
         a.log_format = Some("yaml".into());
         assert!(a.resolve().unwrap_err().message.contains("--log-format"));
         a.log_format = Some("JSON".into());

@@ -68,9 +68,12 @@ pub(super) fn provider(cfg: &OtlpConfig, service: &'static str) -> Result<SdkTra
         .build();
     Ok(SdkTracerProvider::builder()
         .with_span_processor(BatchSpanProcessor::builder(exporter).build())
-        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-            cfg.sample_ratio,
-        ))))
+        // Follow the caller's choice; start traces only where configured
+        // (clients), never in services.
+        .with_sampler(Sampler::ParentBased(Box::new(match cfg.sample_ratio {
+            Some(r) => Sampler::TraceIdRatioBased(r),
+            None => Sampler::AlwaysOff,
+        })))
         .with_resource(resource)
         .build())
 }

@@ -248,47 +248,76 @@ enum Flow {
     Close,
 }
 
-/// Reads a request header and its extensions. `Err` is a broken stream;
-/// `Ok(Err)` a request that is not our protocol.
+/// A request as read from the stream.
+enum Incoming {
+    Ok(Request),
+    /// Refused, but framed correctly: the stream can go on.
+    Refused(Error),
+    /// Not our framing (magic, version, extension length): nothing after
+    /// it can be trusted.
+    Broken(Error),
+}
+
+/// Reads the extension block (if any) after a request header.
 async fn read_request(
     s: &mut TcpStream,
     hdr: &[u8; REQ_LEN],
     io: Duration,
-) -> std::io::Result<Result<Request, Error>> {
-    let (mut req, ext) = match Request::decode(hdr) {
+) -> std::io::Result<Incoming> {
+    let (req, ext) = match Request::decode(hdr) {
         Ok(r) => r,
-        Err(e) => return Ok(Err(e)),
+        Err(e) => return Ok(Incoming::Broken(e)),
     };
+    let mut block = [0u8; MAX_EXT_LEN];
+    let block = &mut block[..ext];
     if ext > 0 {
-        let mut block = [0u8; MAX_EXT_LEN];
-        within(io, s.read_exact(&mut block[..ext])).await?;
-        if let Err(e) = req.read_extensions(&block[..ext]) {
-            return Ok(Err(e));
-        }
+        within(io, s.read_exact(block)).await?;
     }
-    Ok(Ok(req))
+    Ok(match req {
+        Ok(mut r) => match r.read_extensions(block) {
+            Ok(()) => Incoming::Ok(r),
+            Err(e) => Incoming::Refused(e),
+        },
+        Err(e) => Incoming::Refused(e),
+    })
 }
 
 /// The span of a request that came with a trace context; untraced requests
-/// get none (no cost per request when tracing is off).
+/// get none (no cost per request when tracing is off). It is created
+/// unparented: [`continue_trace`] joins it to the caller's trace once the
+/// request proved a grant, so strangers cannot fill the span export queue
+/// (an unparented span is never sampled: services start no traces).
 fn request_span(req: &Request) -> Option<tracing::Span> {
-    let parent = req.trace?;
+    req.trace?;
     let name = match req.op {
         Op::Write => "data.write",
         Op::Read => "data.read",
         Op::ReadV => "data.readv",
-        Op::Ping => "data.ping",
+        Op::Ping => return None,
     };
-    let span = tracing::info_span!(
+    Some(tracing::info_span!(
         "data",
         otel.name = name,
         otel.kind = "server",
         segment = req.grant.segment_id,
         offset = req.offset,
         length = req.length,
-    );
-    parent.adopt(&span);
-    Some(span)
+    ))
+}
+
+/// Joins `span` to the trace `req` came with (before it is first entered).
+fn continue_trace(span: &Option<tracing::Span>, req: &Request) {
+    if let (Some(span), Some(parent)) = (span, req.trace) {
+        parent.adopt(span);
+    }
+}
+
+/// Runs `f` inside `span`, if any.
+async fn traced<F: std::future::Future>(span: &Option<tracing::Span>, f: F) -> F::Output {
+    match span {
+        Some(span) => tracing::Instrument::instrument(f, span.clone()).await,
+        None => f.await,
+    }
 }
 
 async fn connection(
@@ -321,8 +350,8 @@ async fn connection(
         }
         m.requests.inc();
         let req = match read_request(&mut s, &hdr, io).await? {
-            Ok(r) => r,
-            Err(e) => {
+            Incoming::Ok(r) => r,
+            Incoming::Refused(e) | Incoming::Broken(e) => {
                 // Not our protocol: say why once, then hang up.
                 m.rejected.inc();
                 within(io, respond_err(&mut s, 0, &e)).await?;
@@ -330,12 +359,7 @@ async fn connection(
                 return Ok(());
             }
         };
-        let served = serve_request(&mut s, &req, table, m, &mut peer);
-        let flow = match request_span(&req) {
-            Some(span) => tracing::Instrument::instrument(served, span).await?,
-            None => served.await?,
-        };
-        if flow == Flow::Close {
+        if serve_request(&mut s, &req, table, m, &mut peer).await? == Flow::Close {
             return Ok(());
         }
     }
@@ -350,6 +374,7 @@ async fn serve_request(
     peer: &mut Peer<'_>,
 ) -> std::io::Result<Flow> {
     let io = peer.limits.io_timeout;
+    let span = request_span(req);
     match req.op {
         Op::Ping => {
             let who = table.ping_payload();
@@ -366,6 +391,7 @@ async fn serve_request(
             match auth {
                 Ok(target) => {
                     peer.granted = true;
+                    continue_trace(&span, req);
                     // SAFETY: the grant verified above names exactly this
                     // range; the master never grants overlapping writes of
                     // live allocations, and the segment's fences refuse
@@ -378,10 +404,10 @@ async fn serve_request(
                             return Ok(Flow::Close);
                         }
                     };
-                    within(io, s.read_exact(dst)).await?;
+                    traced(&span, within(io, s.read_exact(dst))).await?;
                     drop(target);
                     m.written_bytes.inc_by(req.length);
-                    within(io, respond_ok(s, req.req_id)).await?;
+                    traced(&span, within(io, respond_ok(s, req.req_id))).await?;
                 }
                 Err(e) => {
                     m.rejected.inc();
@@ -407,7 +433,10 @@ async fn serve_request(
         Op::Read => {
             let p = prepare(table, req, m).await;
             peer.note(&p)?;
-            send(s, req, m, p, io).await?
+            if !matches!(p, Prepared::Failed(_)) {
+                continue_trace(&span, req);
+            }
+            traced(&span, send(s, req, m, p, io)).await?
         }
         Op::ReadV => {
             if req.length > MAX_READV_ITEMS {
@@ -423,7 +452,17 @@ async fn serve_request(
             let mut hdr = [0u8; REQ_LEN];
             for _ in 0..req.length {
                 within(io, s.read_exact(&mut hdr)).await?;
-                items.push(read_request(s, &hdr, io).await?);
+                items.push(match read_request(s, &hdr, io).await? {
+                    Incoming::Ok(r) => Ok(r),
+                    // One bad item fails alone...
+                    Incoming::Refused(e) => Err(e),
+                    // ...unless the items after it cannot be found.
+                    Incoming::Broken(e) => {
+                        m.rejected.inc();
+                        within(io, respond_err(s, req.req_id, &e)).await?;
+                        return Ok(Flow::Close);
+                    }
+                });
             }
             let h = Response {
                 status: Code::Ok,
@@ -445,45 +484,52 @@ async fn serve_request(
                 Some(item) => prep(item).await,
                 None => None,
             };
-            for (i, item) in items.iter().enumerate() {
-                let prepared = next.take();
-                // Read the next item while this one is sent, but only
-                // when this one needs no more staging: a connection never
-                // holds staged pieces while it waits for more, so readers
-                // sharing the arena cannot deadlock.
-                let overlap = prepared.as_ref().is_some_and(|p| p.complete(item));
-                match &prepared {
-                    Some(p) => peer.note(p)?,
-                    None => peer.refused()?,
-                }
-                let reply = async {
-                    match (item, prepared) {
-                        (Ok(r), Some(p)) => send(s, r, m, p, io).await,
-                        (Ok(r), None) => {
-                            m.rejected.inc();
-                            let e = Error::invalid("a batch read may only hold reads");
-                            within(io, respond_err(s, r.req_id, &e)).await
-                        }
-                        (Err(e), _) => {
-                            m.rejected.inc();
-                            within(io, respond_err(s, 0, e)).await
-                        }
-                    }
-                };
-                let upcoming = items.get(i + 1);
-                match upcoming {
-                    Some(u) if overlap => {
-                        let (sent, p) = tokio::join!(reply, prep(u));
-                        sent?;
-                        next = p;
-                    }
-                    Some(u) => {
-                        reply.await?;
-                        next = prep(u).await;
-                    }
-                    None => reply.await?,
-                }
+            if matches!(next, Some(Prepared::Ready(_) | Prepared::Streaming(..))) {
+                continue_trace(&span, req);
             }
+            let replies = async {
+                for (i, item) in items.iter().enumerate() {
+                    let prepared = next.take();
+                    // Read the next item while this one is sent, but only
+                    // when this one needs no more staging: a connection never
+                    // holds staged pieces while it waits for more, so readers
+                    // sharing the arena cannot deadlock.
+                    let overlap = prepared.as_ref().is_some_and(|p| p.complete(item));
+                    match &prepared {
+                        Some(p) => peer.note(p)?,
+                        None => peer.refused()?,
+                    }
+                    let reply = async {
+                        match (item, prepared) {
+                            (Ok(r), Some(p)) => send(s, r, m, p, io).await,
+                            (Ok(r), None) => {
+                                m.rejected.inc();
+                                let e = Error::invalid("a batch read may only hold reads");
+                                within(io, respond_err(s, r.req_id, &e)).await
+                            }
+                            (Err(e), _) => {
+                                m.rejected.inc();
+                                within(io, respond_err(s, 0, e)).await
+                            }
+                        }
+                    };
+                    let upcoming = items.get(i + 1);
+                    match upcoming {
+                        Some(u) if overlap => {
+                            let (sent, p) = tokio::join!(reply, prep(u));
+                            sent?;
+                            next = p;
+                        }
+                        Some(u) => {
+                            reply.await?;
+                            next = prep(u).await;
+                        }
+                        None => reply.await?,
+                    }
+                }
+                Ok::<(), std::io::Error>(())
+            };
+            traced(&span, replies).await?;
         }
     }
     Ok(Flow::Next)

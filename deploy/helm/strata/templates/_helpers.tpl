@@ -112,6 +112,5 @@ seccompProfile:
 - --log-format={{ .Values.logFormat }}
 {{- with .Values.tracing.otlpEndpoint }}
 - --otlp-endpoint={{ . }}
-- --trace-sample-ratio={{ $.Values.tracing.sampleRatio }}
 {{- end }}
 {{- end }}

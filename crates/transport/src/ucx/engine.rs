@@ -1,0 +1,442 @@
+//! A UCX worker on a progress thread of its own, driven from async code.
+//!
+//! UCP objects are single-threaded, so one thread owns the context, the
+//! worker, every endpoint, remote key and registered region; callers send it
+//! commands and await the answers. The tokio runtime never blocks on UCX:
+//! the thread sleeps in `ucp_worker_wait` when idle (network events and
+//! `ucp_worker_signal`, which any thread may call, wake it) and spins only
+//! while operations are in flight.
+//!
+//! Operations own their buffers until UCX is done with them, so a caller
+//! that gives up (a dropped future, a timeout) can never leave UCX writing
+//! into freed memory. A deadline that passes, or a peer that fails, tears its
+//! endpoint down (forced close, which completes what was in flight); the
+//! next operation to that peer connects again.
+
+use super::api::{Armed, Context, Endpoint, Region, RemoteKey, Request, Worker};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+use strata_common::{Code, Error, Result};
+use strata_ucx_sys as sys;
+use tokio::sync::oneshot;
+
+/// Where a remote region is: its worker's address and its packed key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Peer {
+    pub worker: Arc<[u8]>,
+    pub rkey: Arc<[u8]>,
+}
+
+/// A region registered with an engine.
+#[derive(Debug, Clone)]
+pub struct Registered {
+    pub id: u64,
+    /// Its packed remote key, for peers.
+    pub rkey: Vec<u8>,
+    /// The address peers name (the registered memory's virtual address).
+    pub base: u64,
+}
+
+enum Cmd {
+    Register {
+        ptr: usize,
+        len: usize,
+        done: oneshot::Sender<Result<Registered>>,
+    },
+    Unregister {
+        id: u64,
+    },
+    Put {
+        peer: Peer,
+        addr: u64,
+        data: Vec<u8>,
+        deadline: Instant,
+        done: oneshot::Sender<Result<()>>,
+    },
+    Get {
+        peer: Peer,
+        addr: u64,
+        len: usize,
+        deadline: Instant,
+        done: oneshot::Sender<Result<Vec<u8>>>,
+    },
+}
+
+/// A handle on the progress thread. Dropping it stops the thread, which
+/// closes every endpoint and unregisters every region.
+pub struct Engine {
+    cmds: mpsc::Sender<Cmd>,
+    /// The worker, for `ucp_worker_signal` (valid until the thread exits,
+    /// which only `Drop` lets it do).
+    worker: usize,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    address: Vec<u8>,
+}
+
+fn gone() -> Error {
+    Error::unavailable("the UCX progress thread has stopped")
+}
+
+impl Engine {
+    /// Starts a progress thread with its own UCX context (`tls` as in
+    /// [`Context::new`]).
+    pub fn start(tls: Option<&str>) -> Result<Engine> {
+        let (cmds, rx) = mpsc::channel();
+        let (ready_tx, ready) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let halt = stop.clone();
+        let tls = tls.map(str::to_string);
+        let thread = std::thread::Builder::new()
+            .name("strata-ucx".into())
+            .spawn(move || {
+                let state = Context::new(tls.as_deref())
+                    .and_then(|ctx| Ok((Worker::new(&ctx)?, ctx)))
+                    .and_then(|(w, ctx)| Ok((w.address()?, w, ctx)));
+                match state {
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                    Ok((addr, worker, ctx)) => {
+                        let _ = ready_tx.send(Ok((addr, worker.raw() as usize)));
+                        Progress::new(ctx, worker).run(&rx, &halt);
+                    }
+                }
+            })
+            .map_err(|e| Error::internal(format!("cannot start the UCX thread: {e}")))?;
+        let (address, worker) = ready.recv().map_err(|_| gone())??;
+        Ok(Engine {
+            cmds,
+            worker,
+            stop,
+            thread: Some(thread),
+            address,
+        })
+    }
+
+    /// This engine's worker address, for peers.
+    pub fn address(&self) -> &[u8] {
+        &self.address
+    }
+
+    fn send(&self, cmd: Cmd) -> Result<()> {
+        self.cmds.send(cmd).map_err(|_| gone())?;
+        // SAFETY: the worker lives until the thread exits, which happens
+        // only after `Drop` (below) has stopped sending.
+        unsafe { sys::ucp_worker_signal(self.worker as sys::ucp_worker_h) };
+        Ok(())
+    }
+
+    /// Registers memory for remote access.
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len)` must stay allocated until [`Engine::unregister`]
+    /// (or the engine's drop) has returned; peers may write it meanwhile.
+    pub async unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Registered> {
+        let (done, rx) = oneshot::channel();
+        self.send(Cmd::Register {
+            ptr: ptr as usize,
+            len,
+            done,
+        })?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    pub fn unregister(&self, id: u64) {
+        let _ = self.send(Cmd::Unregister { id });
+    }
+
+    /// Writes `data` at `addr` of the peer's region, visible there once this
+    /// returns Ok.
+    pub async fn put(
+        &self,
+        peer: &Peer,
+        addr: u64,
+        data: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<()> {
+        let (done, rx) = oneshot::channel();
+        self.send(Cmd::Put {
+            peer: peer.clone(),
+            addr,
+            data,
+            deadline: Instant::now() + timeout,
+            done,
+        })?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// Reads `len` bytes at `addr` of the peer's region.
+    pub async fn get(
+        &self,
+        peer: &Peer,
+        addr: u64,
+        len: usize,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        let (done, rx) = oneshot::channel();
+        self.send(Cmd::Get {
+            peer: peer.clone(),
+            addr,
+            len,
+            deadline: Instant::now() + timeout,
+            done,
+        })?;
+        rx.await.map_err(|_| gone())?
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // SAFETY: as in `send`; the thread is still alive (joined below).
+        unsafe { sys::ucp_worker_signal(self.worker as sys::ucp_worker_h) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One operation in flight. Its buffer lives here until UCX is done.
+struct InFlight {
+    peer: Arc<[u8]>,
+    /// The put or get, then (puts) the flush that makes it visible.
+    reqs: Vec<Request>,
+    deadline: Instant,
+    done: Done,
+}
+
+enum Done {
+    Put(oneshot::Sender<Result<()>>, #[allow(dead_code)] Vec<u8>),
+    Get(oneshot::Sender<Result<Vec<u8>>>, Vec<u8>),
+}
+
+impl Done {
+    fn finish(self, r: Result<()>) {
+        match self {
+            Done::Put(tx, _) => {
+                let _ = tx.send(r);
+            }
+            Done::Get(tx, buf) => {
+                let _ = tx.send(r.map(|()| buf));
+            }
+        }
+    }
+}
+
+/// `None` while any request is in flight; then the first error, if any.
+fn outcome(reqs: &[Request]) -> Option<Result<()>> {
+    let mut out = Ok(());
+    for r in reqs {
+        match r.status() {
+            None => return None,
+            Some(Err(e)) if out.is_ok() => out = Err(e),
+            Some(_) => {}
+        }
+    }
+    Some(out)
+}
+
+/// A connection to one peer worker and the keys unpacked on it.
+struct Conn {
+    ep: Endpoint,
+    keys: HashMap<Arc<[u8]>, RemoteKey>,
+}
+
+/// The progress thread's state.
+struct Progress {
+    ctx: Rc<Context>,
+    worker: Rc<Worker>,
+    conns: HashMap<Arc<[u8]>, Conn>,
+    regions: HashMap<u64, Region>,
+    next_region: u64,
+    inflight: Vec<InFlight>,
+}
+
+impl Progress {
+    fn new(ctx: Rc<Context>, worker: Rc<Worker>) -> Self {
+        Progress {
+            ctx,
+            worker,
+            conns: HashMap::new(),
+            regions: HashMap::new(),
+            next_region: 1,
+            inflight: Vec::new(),
+        }
+    }
+
+    fn run(mut self, rx: &mpsc::Receiver<Cmd>, stop: &AtomicBool) {
+        while !stop.load(Ordering::Acquire) {
+            while let Ok(cmd) = rx.try_recv() {
+                self.start(cmd);
+            }
+            let busy = self.worker.progress();
+            self.reap();
+            if !busy && self.inflight.is_empty() {
+                // Sleep until a network event or a command's signal.
+                match self.worker.arm() {
+                    Armed::Yes => self.worker.wait(),
+                    Armed::Busy => {}
+                    // No wakeup support on these transports: poll gently.
+                    Armed::Unsupported => std::thread::sleep(Duration::from_micros(100)),
+                }
+            }
+        }
+        // Fail what is left, then close endpoints (forced closes complete
+        // their requests) before the buffers go.
+        for op in self.inflight.drain(..) {
+            op.done.finish(Err(gone()));
+        }
+        self.conns.clear();
+        self.regions.clear();
+    }
+
+    fn start(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Register { ptr, len, done } => {
+                // SAFETY: the caller of `Engine::register` vouched for it.
+                let r = unsafe { Region::map(&self.ctx, ptr as *mut u8, len) }.and_then(|region| {
+                    let id = self.next_region;
+                    self.next_region += 1;
+                    let reg = Registered {
+                        id,
+                        rkey: region.packed_key()?,
+                        base: region.addr(),
+                    };
+                    self.regions.insert(id, region);
+                    Ok(reg)
+                });
+                let _ = done.send(r);
+            }
+            Cmd::Unregister { id } => {
+                self.regions.remove(&id);
+            }
+            Cmd::Put {
+                peer,
+                addr,
+                data,
+                deadline,
+                done,
+            } => {
+                let issued = self.key(&peer).map(|(ep, key)| {
+                    // SAFETY: `data` moves into the in-flight entry below and
+                    // stays there until both requests are complete.
+                    let put = unsafe { ep.put(&data, addr, key) };
+                    vec![put, ep.flush()]
+                });
+                self.track(peer.worker, issued, deadline, Done::Put(done, data));
+            }
+            Cmd::Get {
+                peer,
+                addr,
+                len,
+                deadline,
+                done,
+            } => {
+                let mut buf = vec![0u8; len];
+                // SAFETY: `buf` moves into the in-flight entry (a Vec's heap
+                // buffer does not move) and stays there until completion.
+                let issued = self
+                    .key(&peer)
+                    .map(|(ep, key)| vec![unsafe { ep.get(&mut buf, addr, key) }]);
+                self.track(peer.worker, issued, deadline, Done::Get(done, buf));
+            }
+        }
+    }
+
+    fn track(
+        &mut self,
+        peer: Arc<[u8]>,
+        issued: Result<Vec<Request>>,
+        deadline: Instant,
+        done: Done,
+    ) {
+        match issued {
+            Ok(reqs) => self.inflight.push(InFlight {
+                peer,
+                reqs,
+                deadline,
+                done,
+            }),
+            Err(e) => done.finish(Err(e)),
+        }
+    }
+
+    /// The endpoint to `peer` (connected on first use) and its key.
+    fn key(&mut self, peer: &Peer) -> Result<(&Endpoint, &RemoteKey)> {
+        if !self.conns.contains_key(&peer.worker) {
+            let ep = Endpoint::connect(&self.worker, &peer.worker)?;
+            self.conns.insert(
+                peer.worker.clone(),
+                Conn {
+                    ep,
+                    keys: HashMap::new(),
+                },
+            );
+        }
+        let conn = self.conns.get_mut(&peer.worker).expect("inserted above");
+        if !conn.keys.contains_key(&peer.rkey) {
+            let key = conn.ep.remote_key(&peer.rkey)?;
+            conn.keys.insert(peer.rkey.clone(), key);
+        }
+        let conn = &self.conns[&peer.worker];
+        Ok((&conn.ep, &conn.keys[&peer.rkey]))
+    }
+
+    /// Completes finished operations; tears down peers that failed or let
+    /// a deadline pass.
+    fn reap(&mut self) {
+        let now = Instant::now();
+        let mut broken: Vec<(Arc<[u8]>, Error)> = Vec::new();
+        for (w, c) in &self.conns {
+            if let Some(e) = c.ep.failure() {
+                broken.push((w.clone(), e));
+            }
+        }
+        let mut i = 0;
+        while i < self.inflight.len() {
+            let op = &self.inflight[i];
+            match outcome(&op.reqs) {
+                Some(r) => {
+                    let op = self.inflight.swap_remove(i);
+                    op.done.finish(r);
+                }
+                None if now >= op.deadline => {
+                    broken.push((
+                        op.peer.clone(),
+                        Error::new(Code::Timeout, "UCX transfer timed out"),
+                    ));
+                    i += 1;
+                }
+                None => i += 1,
+            }
+        }
+        for (peer, e) in broken {
+            self.tear_down(&peer, e);
+        }
+    }
+
+    /// Fails every operation to `peer` and closes its endpoint (forced), so
+    /// UCX completes their requests before their buffers are freed.
+    fn tear_down(&mut self, peer: &Arc<[u8]>, e: Error) {
+        let Some(conn) = self.conns.remove(peer) else {
+            return;
+        };
+        tracing::warn!(error = %e, "UCX peer failed; its endpoint is closed and made again on next use");
+        let (dead, live): (Vec<InFlight>, Vec<InFlight>) = std::mem::take(&mut self.inflight)
+            .into_iter()
+            .partition(|op| &op.peer == peer);
+        self.inflight = live;
+        let Conn { ep, keys } = conn;
+        drop(keys);
+        ep.close_forced();
+        for op in dead {
+            let InFlight { reqs, done, .. } = op;
+            drop(reqs);
+            done.finish(Err(e.clone()));
+        }
+    }
+}
