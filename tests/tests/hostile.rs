@@ -88,6 +88,16 @@ async fn read_response(s: &mut TcpStream) -> (Response, String) {
     (r, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// The node closes the connection (after its answer) without more bytes.
+async fn assert_hung_up(s: &mut TcpStream) {
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0, "the node hung up");
+}
+
 async fn read_raw(s: &mut TcpStream) -> (Response, Vec<u8>) {
     let mut h = [0u8; RESP_LEN];
     tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut h))
@@ -484,12 +494,7 @@ async fn batch_reads_check_every_item_and_refuse_oversized_batches() {
     s.write_all(&frame).await.unwrap();
     let (r, msg) = read_response(&mut s).await;
     assert_eq!((r.status, r.req_id), (Code::InvalidArgument, 10), "{msg}");
-    let mut rest = Vec::new();
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
-        .await
-        .unwrap()
-        .unwrap_or(0);
-    assert_eq!(n, 0, "the node hung up");
+    assert_hung_up(&mut s).await;
 
     // An oversized batch: refused at once, connection closed.
     let mut huge = item(5, Op::ReadV, good.scope).encode();
@@ -499,12 +504,7 @@ async fn batch_reads_check_every_item_and_refuse_oversized_batches() {
     let (r, msg) = read_response(&mut s).await;
     assert_eq!(r.status, Code::InvalidArgument);
     assert!(msg.contains("exceeds the limit"), "{msg}");
-    let mut rest = Vec::new();
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
-        .await
-        .unwrap()
-        .unwrap_or(0);
-    assert_eq!(n, 0, "the node hung up");
+    assert_hung_up(&mut s).await;
     // The node still serves.
     assert_eq!(cl.get("a").await.unwrap(), payload(3, 4096));
     c.shutdown().await;
