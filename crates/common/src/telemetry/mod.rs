@@ -92,11 +92,6 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Whether spans are being exported.
-    pub fn exporting(&self) -> bool {
-        self.provider.is_some()
-    }
-
     /// Exports what is queued, waiting at most a few seconds (a collector
     /// that is down must not hold up the exit). Blocks: call it outside the
     /// async runtime or through `spawn_blocking`.

@@ -119,7 +119,6 @@ pub struct Region {
     ctx: Rc<Context>,
     memh: sys::ucp_mem_h,
     addr: usize,
-    len: usize,
 }
 
 impl Region {
@@ -149,7 +148,6 @@ impl Region {
             ctx: ctx.clone(),
             memh,
             addr: ptr as usize,
-            len,
         })
     }
 
@@ -170,14 +168,6 @@ impl Region {
 
     pub fn addr(&self) -> u64 {
         self.addr as u64
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 

@@ -130,19 +130,22 @@ impl Engine {
         Ok(())
     }
 
+    /// Sends the command `make` builds around its answer channel and awaits
+    /// the answer.
+    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Cmd) -> Result<T> {
+        let (done, rx) = oneshot::channel();
+        self.send(make(done))?;
+        rx.await.map_err(|_| gone())?
+    }
+
     /// Registers memory for remote access.
     ///
     /// # Safety
     /// `[ptr, ptr+len)` must stay allocated until [`Engine::unregister`]
     /// (or the engine's drop) has returned; peers may write it meanwhile.
     pub async unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Registered> {
-        let (done, rx) = oneshot::channel();
-        self.send(Cmd::Register {
-            ptr: ptr as usize,
-            len,
-            done,
-        })?;
-        rx.await.map_err(|_| gone())?
+        let ptr = ptr as usize;
+        self.call(|done| Cmd::Register { ptr, len, done }).await
     }
 
     pub fn unregister(&self, id: u64) {
@@ -158,15 +161,15 @@ impl Engine {
         data: Vec<u8>,
         timeout: Duration,
     ) -> Result<()> {
-        let (done, rx) = oneshot::channel();
-        self.send(Cmd::Put {
+        let deadline = Instant::now() + timeout;
+        self.call(|done| Cmd::Put {
             peer: peer.clone(),
             addr,
             data,
-            deadline: Instant::now() + timeout,
+            deadline,
             done,
-        })?;
-        rx.await.map_err(|_| gone())?
+        })
+        .await
     }
 
     /// Reads `len` bytes at `addr` of the peer's region.
@@ -177,15 +180,15 @@ impl Engine {
         len: usize,
         timeout: Duration,
     ) -> Result<Vec<u8>> {
-        let (done, rx) = oneshot::channel();
-        self.send(Cmd::Get {
+        let deadline = Instant::now() + timeout;
+        self.call(|done| Cmd::Get {
             peer: peer.clone(),
             addr,
             len,
-            deadline: Instant::now() + timeout,
+            deadline,
             done,
-        })?;
-        rx.await.map_err(|_| gone())?
+        })
+        .await
     }
 }
 
@@ -285,12 +288,13 @@ impl Progress {
                 }
             }
         }
-        // Fail what is left, then close endpoints (forced closes complete
-        // their requests) before the buffers go.
-        for op in self.inflight.drain(..) {
+        // Close the endpoints first (their closes complete what is in
+        // flight), then fail what was left and free its buffers.
+        let left = std::mem::take(&mut self.inflight);
+        self.conns.clear();
+        for op in left {
             op.done.finish(Err(gone()));
         }
-        self.conns.clear();
         self.regions.clear();
     }
 
