@@ -180,6 +180,7 @@ def check_bad_values():
         (["etcd.replicas=2", "etcd.deploy=true", "master.replicas=3"], "replicas"),
         (["tracing.otlpEndpoint=https://otel:4317"], "otlpEndpoint"),
         (["tracing.sampleRatio=1"], "sampleRatio"),
+        (["storeNode.transport=rdma"], "transport"),
     ]
     for sets, want in cases:
         r = render([], sets)
@@ -195,7 +196,7 @@ def check_bad_values():
 
 def main():
     token_dir = tempfile.mkdtemp()
-    for name in ("member.token", "client.token", "admin.token"):
+    for name in ("member.token", "client.token", "admin.token", "rdma.token"):
         with open(os.path.join(token_dir, name), "w") as f:
             f.write(os.urandom(32).hex())
     sets = [("default", [])] + [(os.path.basename(f), [f]) for f in example_values()]

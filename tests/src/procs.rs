@@ -48,6 +48,7 @@ pub struct TokenFiles {
     pub member: std::path::PathBuf,
     pub client: std::path::PathBuf,
     pub admin: std::path::PathBuf,
+    pub rdma: std::path::PathBuf,
 }
 
 impl TokenFiles {
@@ -58,6 +59,7 @@ impl TokenFiles {
             ("--member-token-file", &self.member),
             ("--client-token-file", &self.client),
             ("--admin-token-file", &self.admin),
+            ("--rdma-token-file", &self.rdma),
         ] {
             v.push(flag.to_string());
             v.push(p.to_str().unwrap().to_string());
@@ -78,6 +80,7 @@ pub fn token_files(dir: &std::path::Path) -> TokenFiles {
         member: f("member.token", &c.member),
         client: f("client.token", &c.client),
         admin: f("admin.token", &c.admin),
+        rdma: f("rdma.token", &c.rdma),
     }
 }
 

@@ -206,8 +206,8 @@ async fn bad_flags_exit_2_with_a_clear_message() {
         ),
         (
             "strata-store-node",
-            vec!["--transport", "ucx"],
-            "not available",
+            vec!["--transport", "rdma"],
+            "use tcp or ucx",
         ),
     ] {
         let out = Command::new(bin(b)).args(&args).output().unwrap();

@@ -29,10 +29,12 @@ fn register_req(node_id: &str, data_addr: &str) -> pb::RegisterNodeRequest {
         segments: vec![pb::SegmentSpec {
             local_id: 0,
             size: 1 << 20,
+            ..Default::default()
         }],
         instance: "intruder".into(),
         instance_proof: strata_common::auth::new_instance_proof(),
         held_objects: 0,
+        ..Default::default()
     }
 }
 

@@ -6,7 +6,7 @@ use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
 use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
-use strata_transport::{RemoteRange, Transport};
+use strata_transport::{RemoteRange, Transport, TransportKind};
 
 /// How to reach the cluster and how hard to try.
 #[derive(Debug, Clone)]
@@ -17,8 +17,10 @@ pub struct ClientConfig {
     pub backoff: Backoff,
     /// Objects moved concurrently by batch calls.
     pub batch_concurrency: usize,
-    /// The client (or admin) token presented to the master.
+    /// The client (or admin, or rdma) token presented to the master.
     pub token: Option<strata_common::auth::Secret>,
+    /// How object bytes move.
+    pub data_transport: TransportKind,
 }
 
 impl ClientConfig {
@@ -29,7 +31,14 @@ impl ClientConfig {
             backoff: Backoff::default(),
             batch_concurrency: 16,
             token: None,
+            data_transport: TransportKind::Tcp,
         }
+    }
+
+    /// Moves object bytes over `t`.
+    pub fn with_transport(mut self, t: TransportKind) -> Self {
+        self.data_transport = t;
+        self
     }
 
     /// Presents `token` to the master.
@@ -94,11 +103,17 @@ impl Client {
     /// after failures, so this succeeds even while the master restarts.
     pub async fn connect(cfg: ClientConfig) -> Result<Client> {
         let channel = strata_common::grpc::master_channel(&cfg.master, cfg.token.as_ref())?;
+        let master = MasterClient::new(channel)
+            .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE)
+            .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE);
+        let tcp = Arc::new(TcpTransport::new(cfg.transport.clone()));
+        let transport: Arc<dyn Transport> = match cfg.data_transport {
+            TransportKind::Tcp => tcp,
+            TransportKind::Ucx => crate::ucx::transport(&cfg, master.clone(), tcp)?,
+        };
         Ok(Client {
-            master: MasterClient::new(channel)
-                .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE)
-                .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE),
-            transport: Arc::new(TcpTransport::new(cfg.transport.clone())),
+            master,
+            transport,
             cfg: Arc::new(cfg),
         })
     }

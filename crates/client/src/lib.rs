@@ -16,9 +16,11 @@ mod client;
 #[cfg(feature = "cli")]
 pub mod local;
 mod retry;
+mod ucx;
 
 pub use client::{remote_range, Client, ClientConfig, PutOptions, Tier};
 #[cfg(feature = "cli")]
 pub use local::{ClusterBuilder, LocalCluster};
 pub use retry::Backoff;
 pub use strata_common::{Code, Error, Result};
+pub use strata_transport::TransportKind;

@@ -28,6 +28,7 @@ pub struct ClusterBuilder {
     ssd_dir: Option<std::path::PathBuf>,
     ssd: Option<AgentTweak>,
     credentials: bool,
+    transport: crate::TransportKind,
 }
 
 impl Default for ClusterBuilder {
@@ -43,6 +44,7 @@ impl Default for ClusterBuilder {
             ssd_dir: None,
             ssd: None,
             credentials: true,
+            transport: crate::TransportKind::Tcp,
         }
     }
 }
@@ -103,6 +105,11 @@ impl ClusterBuilder {
         self.credentials = on;
         self
     }
+    /// What the store nodes serve: TCP, or (`Ucx`) UCX as well.
+    pub fn node_transport(mut self, t: crate::TransportKind) -> Self {
+        self.transport = t;
+        self
+    }
     /// Adjusts the master's configuration (TTLs, watermarks, addresses).
     pub fn master(mut self, f: impl FnOnce(&mut MasterConfig)) -> Self {
         f(&mut self.master);
@@ -151,6 +158,7 @@ impl ClusterBuilder {
             ssd_capacity: self.ssd_capacity,
             ssd_cfg: self.ssd.clone(),
             credentials,
+            transport: self.transport,
             _tmp: tmp,
         };
         for _ in 0..self.store_nodes {
@@ -228,6 +236,7 @@ pub struct LocalCluster {
     ssd_capacity: u64,
     ssd_cfg: Option<AgentTweak>,
     credentials: Credentials,
+    transport: crate::TransportKind,
     _tmp: tempfile::TempDir,
 }
 
@@ -287,6 +296,7 @@ impl LocalCluster {
         }
         cfg.prefault = self.prefault;
         cfg.token = self.credentials.member.clone();
+        cfg.transport = self.transport;
         let token = self.root.child_token();
         let h: StoreNodeHandle = strata_store_node::start(cfg, token.clone()).await?;
         self.nodes.push(LocalNode {
@@ -328,6 +338,14 @@ impl LocalCluster {
     /// do everything a client may, and tests force-remove and evict).
     pub fn client_config(&self) -> ClientConfig {
         ClientConfig::new(self.master_addr()).with_token(self.credentials.admin.clone())
+    }
+
+    /// A client configuration that presents the rdma token and moves bytes
+    /// over UCX (one-sided to nodes that serve it).
+    pub fn rdma_client_config(&self) -> ClientConfig {
+        ClientConfig::new(self.master_addr())
+            .with_token(self.credentials.rdma.clone())
+            .with_transport(crate::TransportKind::Ucx)
     }
 
     /// The credentials the cluster's master checks (all `None` in

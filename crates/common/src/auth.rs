@@ -2,7 +2,10 @@
 //! - *members* (store nodes, SSD agents) register, heartbeat and report;
 //! - *clients* (engines, the CLI) put, get, exist, remove and list;
 //! - *admins* may do what a client may, and also force removes, remove
-//!   everything and evict.
+//!   everything and evict;
+//! - *rdma* clients may do what a client may, and also learn the UCX remote
+//!   keys of store nodes' segments: one-sided access that no node checks per
+//!   request, so it is a separate credential (see docs/transports.md).
 //!
 //! Each role has one shared secret (a token file on the master). Callers
 //! present theirs as `authorization: Bearer <token>`; the master compares it
@@ -21,6 +24,7 @@ pub enum Role {
     Member,
     Client,
     Admin,
+    Rdma,
 }
 
 impl Role {
@@ -29,6 +33,7 @@ impl Role {
             Role::Member => "member",
             Role::Client => "client",
             Role::Admin => "admin",
+            Role::Rdma => "rdma",
         }
     }
 }
@@ -135,6 +140,7 @@ pub struct Roles {
     pub member: bool,
     pub client: bool,
     pub admin: bool,
+    pub rdma: bool,
 }
 
 impl Roles {
@@ -142,16 +148,18 @@ impl Roles {
         member: true,
         client: true,
         admin: true,
+        rdma: true,
     };
     pub fn has(&self, r: Role) -> bool {
         match r {
             Role::Member => self.member,
             Role::Client => self.client,
             Role::Admin => self.admin,
+            Role::Rdma => self.rdma,
         }
     }
     fn none(&self) -> bool {
-        !(self.member || self.client || self.admin)
+        !(self.member || self.client || self.admin || self.rdma)
     }
 }
 
@@ -161,6 +169,7 @@ pub struct Credentials {
     pub member: Option<Secret>,
     pub client: Option<Secret>,
     pub admin: Option<Secret>,
+    pub rdma: Option<Secret>,
 }
 
 impl Credentials {
@@ -170,12 +179,16 @@ impl Credentials {
             member: Some(Secret::generate()),
             client: Some(Secret::generate()),
             admin: Some(Secret::generate()),
+            rdma: Some(Secret::generate()),
         }
     }
 
     /// No secret at all: protected mode.
     pub fn is_empty(&self) -> bool {
-        self.member.is_none() && self.client.is_none() && self.admin.is_none()
+        self.member.is_none()
+            && self.client.is_none()
+            && self.admin.is_none()
+            && self.rdma.is_none()
     }
 
     fn secret(&self, r: Role) -> Option<&Secret> {
@@ -183,6 +196,7 @@ impl Credentials {
             Role::Member => self.member.as_ref(),
             Role::Client => self.client.as_ref(),
             Role::Admin => self.admin.as_ref(),
+            Role::Rdma => self.rdma.as_ref(),
         }
     }
 
@@ -199,9 +213,10 @@ impl Credentials {
         let is = |r: Role| self.secret(r).is_some_and(|s| s.matches_hash(&h));
         let roles = Roles {
             member: is(Role::Member),
-            // An admin may do what a client may.
-            client: is(Role::Client) || is(Role::Admin),
+            // Admins and rdma clients may do what a client may.
+            client: is(Role::Client) || is(Role::Admin) || is(Role::Rdma),
             admin: is(Role::Admin),
+            rdma: is(Role::Rdma),
         };
         if roles.none() {
             return Err(Error::new(
@@ -238,7 +253,7 @@ impl Credentials {
                 ),
             ));
         }
-        let have = [Role::Admin, Role::Client, Role::Member]
+        let have = [Role::Admin, Role::Rdma, Role::Client, Role::Member]
             .into_iter()
             .find(|r| roles.has(*r))
             .map_or("no", Role::as_str);
@@ -421,7 +436,11 @@ mod tests {
         let cl = c.roles_of(Some(&tok(c.client.as_ref()))).unwrap();
         assert!(cl.client && !cl.member && !cl.admin);
         let a = c.roles_of(Some(&tok(c.admin.as_ref()))).unwrap();
-        assert!(a.client && a.admin && !a.member);
+        assert!(a.client && a.admin && !a.member && !a.rdma);
+        // An rdma client may do what a client may, and nothing an admin may.
+        let r = c.roles_of(Some(&tok(c.rdma.as_ref()))).unwrap();
+        assert!(r.client && r.rdma && !r.admin && !r.member);
+        assert!(!cl.rdma && !m.rdma);
         let e = c.roles_of(Some(b"not-a-token")).unwrap_err();
         assert_eq!(e.code, Code::Unauthenticated);
         assert_eq!(c.roles_of(None).unwrap(), Roles::default());
@@ -457,6 +476,21 @@ mod tests {
         };
         let e = no_admin.check(client, Role::Admin).unwrap_err();
         assert!(e.message.contains("no --admin-token-file"), "{e}");
+        let e = c.check(client, Role::Rdma).unwrap_err();
+        assert_eq!(e.code, Code::PermissionDenied);
+        assert!(e.message.contains("rdma role"), "{e}");
+        let rdma = Roles {
+            client: true,
+            rdma: true,
+            ..Default::default()
+        };
+        assert!(c.check(rdma, Role::Rdma).is_ok());
+        let no_rdma = Credentials {
+            rdma: None,
+            ..creds()
+        };
+        let e = no_rdma.check(client, Role::Rdma).unwrap_err();
+        assert!(e.message.contains("no --rdma-token-file"), "{e}");
     }
 
     #[test]
@@ -475,6 +509,10 @@ mod tests {
             },
             Credentials {
                 admin: Some(Secret::generate()),
+                ..Default::default()
+            },
+            Credentials {
+                rdma: Some(Secret::generate()),
                 ..Default::default()
             },
         ] {

@@ -158,6 +158,8 @@ pub struct SegmentEntry {
     /// Mirrors the allocator so placement can skim segments without locking.
     allocated: AtomicU64,
     mounted: AtomicBool,
+    /// Its UCX route, when its node serves UCX.
+    pub ucx: Option<crate::ucx_routes::UcxRoute>,
 }
 
 impl SegmentEntry {
@@ -170,7 +172,18 @@ impl SegmentEntry {
             alloc: Mutex::new(alloc),
             allocated: AtomicU64::new(0),
             mounted: AtomicBool::new(true),
+            ucx: None,
         }
+    }
+
+    pub fn with_ucx(mut self, route: Option<crate::ucx_routes::UcxRoute>) -> Self {
+        self.ucx = route;
+        self
+    }
+
+    /// The fingerprint replicas carry (0: TCP only).
+    pub fn ucx_fingerprint(&self) -> u64 {
+        self.ucx.as_ref().map_or(0, |r| r.fingerprint)
     }
 
     pub fn alloc(&self, size: u64) -> Option<(u64, u64)> {

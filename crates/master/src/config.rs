@@ -331,6 +331,9 @@ pub struct MasterArgs {
     /// File holding the secret admins present (client calls plus forced removes, rm --all, evict)
     #[arg(long, env = "STRATA_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// File holding the secret rdma clients present (client calls plus the UCX remote keys of store nodes' segments: one-sided access to whole segments) [default: none, nobody gets them]
+    #[arg(long, env = "STRATA_RDMA_TOKEN_FILE")]
+    pub rdma_token_file: Option<PathBuf>,
     /// Serve beyond loopback without any token file (anyone reaching the ports owns the cluster) [default: false]
     #[arg(long, env = "STRATA_INSECURE", num_args = 0..=1, default_missing_value = "true")]
     pub insecure: Option<bool>,
@@ -380,6 +383,7 @@ impl MasterArgs {
                     member_token_file,
                     client_token_file,
                     admin_token_file,
+                    rdma_token_file,
                     insecure,
                     etcd,
                     cluster_id,
@@ -429,6 +433,10 @@ impl MasterArgs {
                 admin: Secret::from_optional_file(
                     self.admin_token_file.as_deref(),
                     "--admin-token-file",
+                )?,
+                rdma: Secret::from_optional_file(
+                    self.rdma_token_file.as_deref(),
+                    "--rdma-token-file",
                 )?,
             },
             insecure: self.insecure.unwrap_or(false),

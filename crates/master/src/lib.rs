@@ -19,6 +19,7 @@ pub mod rebuild;
 pub mod service;
 pub mod serving;
 pub mod tombstones;
+pub mod ucx_routes;
 
 pub use config::{MasterArgs, MasterConfig};
 pub use master::Master;

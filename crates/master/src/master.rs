@@ -263,6 +263,7 @@ impl Master {
             }),
             state: pb::ReplicaState::Complete as i32,
             owner_id: r.owner_id,
+            ucx_route: 0,
         })
     }
 
@@ -305,7 +306,22 @@ impl Master {
                 pb::ReplicaState::Processing as i32
             },
             owner_id: 0,
+            ucx_route: r.seg.ucx_fingerprint(),
         }
+    }
+
+    /// The UCX routes of `segment_ids` (those that have one). The caller's
+    /// rdma role was checked by the service.
+    pub fn ucx_routes(&self, segment_ids: &[u64]) -> Vec<pb::UcxRoute> {
+        let segs = self.segments.read();
+        segment_ids
+            .iter()
+            .filter_map(|id| {
+                let s = segs.get(id)?;
+                let r = s.ucx.as_ref()?;
+                Some(r.to_proto(s.id, &s.node.data_addr, s.capacity))
+            })
+            .collect()
     }
 
     // ---------------- put ----------------
@@ -999,6 +1015,12 @@ impl Master {
             ));
         }
         let proof = ProofHash::of(&req.instance_proof)?;
+        let worker: Arc<[u8]> = req.ucx_worker.as_slice().into();
+        let routes = req
+            .segments
+            .iter()
+            .map(|s| crate::ucx_routes::UcxRoute::of(&worker, s))
+            .collect::<Result<Vec<_>>>()?;
         // A node that registers again (restart, lost registration) starts
         // clean: whatever the master knew of its old incarnation goes.
         // (`check_node_takeover` refused first if another live process
@@ -1027,10 +1049,10 @@ impl Master {
         ));
         {
             let mut segs = self.segments.write();
-            for (id, spec) in ids.iter().zip(&req.segments) {
+            for ((id, spec), route) in ids.iter().zip(&req.segments).zip(routes) {
                 segs.insert(
                     *id,
-                    Arc::new(SegmentEntry::new(*id, node.clone(), spec.size)),
+                    Arc::new(SegmentEntry::new(*id, node.clone(), spec.size).with_ucx(route)),
                 );
             }
         }
@@ -1043,6 +1065,7 @@ impl Master {
             node = req.node_id,
             addr = req.data_addr,
             segments = ids.len(),
+            ucx = !worker.is_empty(),
             "store node registered"
         );
         Ok(pb::RegisterNodeResponse {

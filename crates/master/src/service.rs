@@ -36,6 +36,7 @@ pub fn policy_of(method: &str) -> MethodPolicy {
         "Heartbeat" | "RegisterOwner" | "OwnerHeartbeat" => (Role::Member, SMALL_REQUEST, None),
         "EvictMemory" => (Role::Admin, BATCH_REQUEST, Some(MAX_BATCH)),
         "RemoveAll" => (Role::Admin, SMALL_REQUEST, None),
+        "GetUcxRoutes" => (Role::Rdma, SMALL_REQUEST, None),
         "BatchPutStart" | "BatchPutEnd" | "BatchPutRevoke" | "BatchGetReplicas" => {
             (Role::Client, BATCH_REQUEST, Some(MAX_BATCH))
         }
@@ -293,6 +294,18 @@ impl MasterRpc for MasterService {
             })
             .await;
         self.done("batch_get_replicas", t0, r)
+    }
+
+    async fn get_ucx_routes(
+        &self,
+        req: Request<pb::GetUcxRoutesRequest>,
+    ) -> Result<Response<pb::GetUcxRoutesResponse>, Status> {
+        let t0 = Instant::now();
+        let ids = &req.get_ref().segment_ids;
+        let r = check_batch(ids.len()).map(|()| pb::GetUcxRoutesResponse {
+            routes: self.master.ucx_routes(ids),
+        });
+        self.done("get_ucx_routes", t0, r)
     }
 
     async fn exists(

@@ -27,10 +27,12 @@ pub(crate) fn master_with(
             segments: vec![pb::SegmentSpec {
                 local_id: 0,
                 size: seg,
+                ..Default::default()
             }],
             instance: format!("i{i}"),
             instance_proof: NODE_PROOF.to_vec(),
             held_objects: 0,
+            ..Default::default()
         })
         .unwrap();
     }
@@ -409,10 +411,12 @@ fn member_keys_are_per_process() {
             segments: vec![pb::SegmentSpec {
                 local_id: 0,
                 size: 1 << 20,
+                ..Default::default()
             }],
             instance: "i".into(),
             instance_proof: proof.to_vec(),
             held_objects: 0,
+            ..Default::default()
         })
         .unwrap()
         .grant_key
@@ -494,10 +498,12 @@ fn only_a_young_master_asks_nodes_for_their_objects() {
             segments: vec![pb::SegmentSpec {
                 local_id: 0,
                 size: 1 << 20,
+                ..Default::default()
             }],
             instance: "i".into(),
             instance_proof: NODE_PROOF.to_vec(),
             held_objects: 0,
+            ..Default::default()
         })
         .unwrap()
     };
@@ -543,10 +549,12 @@ async fn a_restarted_master_takes_writes_only_after_its_nodes_reported() {
             segments: vec![pb::SegmentSpec {
                 local_id: 0,
                 size: 1 << 20,
+                ..Default::default()
             }],
             instance: "i0".into(),
             instance_proof: NODE_PROOF.to_vec(),
             held_objects: 1,
+            ..Default::default()
         })
         .unwrap();
     assert!(!again.accepting_writes(), "its report is still to come");

@@ -6,22 +6,7 @@ use strata_common::auth::Secret;
 use strata_common::units::ByteSize;
 use strata_common::{Error, Result};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransportKind {
-    Tcp,
-    Ucx,
-}
-
-impl std::str::FromStr for TransportKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "tcp" => Ok(TransportKind::Tcp),
-            "ucx" => Ok(TransportKind::Ucx),
-            _ => Err(format!("unknown transport {s:?}; use tcp or ucx")),
-        }
-    }
-}
+pub use strata_transport::TransportKind;
 
 #[derive(Debug, Clone)]
 pub struct StoreNodeConfig {
@@ -107,9 +92,10 @@ impl StoreNodeConfig {
                 "with --huge-pages, --capacity and --segment-size must be multiples of 2MiB",
             ));
         }
-        if self.transport == TransportKind::Ucx {
+        if self.transport == TransportKind::Ucx && !cfg!(feature = "ucx") {
             return Err(Error::invalid(
-                "--transport ucx is not available in this build yet; use --transport tcp",
+                "--transport ucx needs a build with UCX (cargo feature `ucx`, which needs \
+                 libucx-dev); this one serves --transport tcp only",
             ));
         }
         strata_common::auth::check_advertise("--listen", self.listen, self.advertise.as_deref())?;
@@ -167,7 +153,7 @@ pub struct StoreNodeArgs {
     /// Stable node name [default: the advertised address]
     #[arg(long, env = "STRATA_NODE_ID")]
     pub node_id: Option<String>,
-    /// Data-plane transport: tcp | ucx [default: tcp]
+    /// Data-plane transport: tcp, or ucx (TCP plus one-sided UCX for rdma clients; builds with the `ucx` feature) [default: tcp]
     #[arg(long, env = "STRATA_TRANSPORT")]
     pub transport: Option<String>,
     /// Make all of --capacity resident at start: true | false [default: true]
@@ -234,5 +220,33 @@ impl StoreNodeArgs {
         };
         cfg.validate()?;
         Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(t: TransportKind) -> StoreNodeConfig {
+        StoreNodeConfig {
+            transport: t,
+            ..StoreNodeConfig::local("127.0.0.1:7400", 1 << 20)
+        }
+    }
+
+    #[test]
+    fn transports() {
+        assert!(with(TransportKind::Tcp).validate().is_ok());
+        assert_eq!("ucx".parse::<TransportKind>(), Ok(TransportKind::Ucx));
+        assert!("rdma".parse::<TransportKind>().is_err());
+        // UCX is served by builds with the `ucx` feature only, and refused
+        // with a clear message by the others.
+        let ucx = with(TransportKind::Ucx).validate();
+        if cfg!(feature = "ucx") {
+            assert!(ucx.is_ok(), "{ucx:?}");
+        } else {
+            let e = ucx.unwrap_err();
+            assert!(e.message.contains("cargo feature `ucx`"), "{e}");
+        }
     }
 }

@@ -145,6 +145,8 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
     let metrics = Arc::new(NodeMetrics::new());
     metrics.capacity.set(cfg.capacity as i64);
 
+    let ucx = expose_over_ucx(&cfg, &segments).await?;
+
     let mut tasks = JoinSet::new();
     tasks.spawn(strata_transport::tcp::serve_with(
         listener,
@@ -204,9 +206,10 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
         metrics,
         segment_ids: Vec::new(),
         fence: Default::default(),
+        ucx,
     };
     tasks.spawn(agent.run(shutdown.clone()));
-    tracing::info!(%data_addr, %admin_addr, node_id, master = cfg.master, capacity = cfg.capacity, "strata-store-node started");
+    tracing::info!(%data_addr, %admin_addr, node_id, master = cfg.master, capacity = cfg.capacity, transport = ?cfg.transport, "strata-store-node started");
     Ok(StoreNodeHandle {
         data_addr,
         admin_addr,
@@ -221,6 +224,61 @@ pub async fn run(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<()
     start(cfg, shutdown).await?.wait().await;
     tracing::info!("strata-store-node stopped");
     Ok(())
+}
+
+/// The segments exposed over UCX (`--transport ucx`): TCP keeps serving
+/// every client; rdma clients may also read and write one-sided.
+#[cfg(feature = "ucx")]
+type Ucx = strata_transport::ucx::UcxNode;
+#[cfg(not(feature = "ucx"))]
+type Ucx = std::convert::Infallible;
+
+#[cfg(feature = "ucx")]
+async fn expose_over_ucx(cfg: &StoreNodeConfig, segments: &[Arc<Segment>]) -> Result<Option<Ucx>> {
+    if cfg.transport != config::TransportKind::Ucx {
+        return Ok(None);
+    }
+    let node = strata_transport::ucx::UcxNode::start(None, segments)
+        .await
+        .map_err(|e| {
+            Error::new(
+                e.code,
+                format!("cannot serve --transport ucx: {}", e.message),
+            )
+        })?;
+    tracing::info!(
+        worker_address_bytes = node.worker_address().len(),
+        segments = segments.len(),
+        "segments registered with UCX"
+    );
+    Ok(Some(node))
+}
+
+#[cfg(not(feature = "ucx"))]
+async fn expose_over_ucx(_: &StoreNodeConfig, _: &[Arc<Segment>]) -> Result<Option<Ucx>> {
+    // `validate` refused --transport ucx in this build.
+    Ok(None)
+}
+
+/// The UCX halves of a registration: the worker address and each segment's
+/// (remote key, base address).
+#[cfg(feature = "ucx")]
+fn ucx_registration(ucx: Option<&Ucx>) -> (Vec<u8>, Vec<(Vec<u8>, u64)>) {
+    match ucx {
+        Some(n) => (
+            n.worker_address().to_vec(),
+            n.routes()
+                .iter()
+                .map(|r| (r.rkey.clone(), r.base))
+                .collect(),
+        ),
+        None => (Vec::new(), Vec::new()),
+    }
+}
+
+#[cfg(not(feature = "ucx"))]
+fn ucx_registration(_: Option<&Ucx>) -> (Vec<u8>, Vec<(Vec<u8>, u64)>) {
+    (Vec::new(), Vec::new())
 }
 
 /// Keeps the node registered with the master and applies its object log.
@@ -242,6 +300,8 @@ struct Agent {
     segment_ids: Vec<u64>,
     /// Highest master term seen: answers from a deposed leader are refused.
     fence: strata_common::term::TermFence,
+    /// Segments exposed over UCX; dropped (unregistered) when the agent stops.
+    ucx: Option<Ucx>,
 }
 
 /// Objects per ReportNodeObjects call.
@@ -310,7 +370,9 @@ impl Agent {
     }
     async fn register(&mut self) -> Result<(u64, Duration)> {
         let held = self.held_objects();
+        let (ucx_worker, ucx_segments) = ucx_registration(self.ucx.as_ref());
         let req = pb::RegisterNodeRequest {
+            ucx_worker,
             node_id: self.node_id.clone(),
             data_addr: self.advertise.clone(),
             instance: self.instance.clone(),
@@ -320,9 +382,14 @@ impl Agent {
                 .sizes
                 .iter()
                 .enumerate()
-                .map(|(i, &size)| pb::SegmentSpec {
-                    local_id: i as u64,
-                    size,
+                .map(|(i, &size)| {
+                    let (ucx_rkey, ucx_base) = ucx_segments.get(i).cloned().unwrap_or_default();
+                    pb::SegmentSpec {
+                        local_id: i as u64,
+                        size,
+                        ucx_rkey,
+                        ucx_base,
+                    }
                 })
                 .collect(),
         };

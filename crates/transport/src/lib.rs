@@ -16,6 +16,26 @@ use futures::future::BoxFuture;
 use strata_common::grant::GrantScope;
 use strata_common::Result;
 
+/// How a process moves object bytes (`--transport`): TCP, or UCX (one-sided
+/// for rdma clients, with TCP beside it for everyone else).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TransportKind {
+    #[default]
+    Tcp,
+    Ucx,
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "tcp" => Ok(TransportKind::Tcp),
+            "ucx" => Ok(TransportKind::Ucx),
+            _ => Err(format!("unknown transport {s:?}; use tcp or ucx")),
+        }
+    }
+}
+
 /// A range of a remote segment and the grant that authorises access to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteRange {
@@ -23,6 +43,9 @@ pub struct RemoteRange {
     pub addr: String,
     pub scope: GrantScope,
     pub mac: [u8; strata_common::grant::MAC_LEN],
+    /// Fingerprint of the segment's UCX route, when its node serves UCX (0:
+    /// TCP only). Transports that cannot use it ignore it.
+    pub ucx_route: u64,
 }
 
 impl RemoteRange {
@@ -104,6 +127,7 @@ pub fn remote_range(r: &strata_proto::Replica) -> Result<RemoteRange> {
             generation: g.generation,
         },
         mac,
+        ucx_route: r.ucx_route,
     })
 }
 

@@ -123,6 +123,12 @@ impl Segment {
         self.len == 0
     }
 
+    /// The first byte, for registering the segment with a network stack
+    /// (UCX) that lets peers access it directly.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
     fn check(&self, off: u64, len: u64) -> Result<(usize, usize)> {
         match off.checked_add(len) {
             Some(end) if end <= self.len as u64 => Ok((off as usize, len as usize)),

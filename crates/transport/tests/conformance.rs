@@ -22,6 +22,15 @@ struct Fixture {
     key: GrantKey,
     /// Kills the node: connections drop, nothing answers any more.
     kill: Box<dyn FnOnce() + Send>,
+    /// The route fingerprint ranges carry (0: none).
+    ucx_route: u64,
+    /// Whether the node checks each access's grant. One-sided transports
+    /// (UCX for rdma clients) cannot: the client checks bounds, permission
+    /// and expiry itself, and a forged grant is not caught (the rdma role is
+    /// trusted with whole segments; see docs/transports.md).
+    checks_signatures: bool,
+    /// Transfers that went one-sided so far.
+    one_sided: Box<dyn Fn() -> u64 + Send + Sync>,
 }
 
 impl Fixture {
@@ -39,6 +48,7 @@ impl Fixture {
             addr: self.addr.clone(),
             mac: self.key.sign(&scope),
             scope,
+            ucx_route: self.ucx_route,
         }
     }
 }
@@ -72,6 +82,9 @@ async fn ranges_and_bounds(f: Fixture) {
     // The checksum a read reports is that of the bytes read.
     let crc = f.transport.read_crc32c(&w, 0, &mut back).await.unwrap();
     assert_eq!(crc, crc32c::crc32c(&bytes));
+    // The fixture's path was the one taken: one-sided exactly when the
+    // node does not check grants.
+    assert_eq!((f.one_sided)() > 0, !f.checks_signatures);
     (f.kill)();
 }
 
@@ -80,6 +93,53 @@ async fn ranges_and_bounds(f: Fixture) {
 async fn out_of_grant_access_is_refused(f: Fixture) {
     let w = f.range(0, 4096, PERM_WRITE | PERM_READ, 1);
     f.transport.write(&w, 0, &data(2, 4096)).await.unwrap();
+    if f.checks_signatures {
+        forged_grants_are_refused(&f, &w).await;
+    }
+    // Read-only grants cannot write; write-only ones cannot read.
+    let ro = f.range(8192, 4096, PERM_READ, 2);
+    let e = f.transport.write(&ro, 0, &[1; 16]).await.unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
+    let wo = f.range(0, 4096, PERM_WRITE, 1);
+    let e = f.transport.read(&wo, 0, &mut [0u8; 16]).await.unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
+    // An expired grant.
+    let mut old = f.range(0, 4096, PERM_READ, 1);
+    old.scope.expires_unix_ms = 1;
+    old.mac = f.key.sign(&old.scope);
+    let e = f.transport.read(&old, 0, &mut [0u8; 16]).await.unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
+    // None of it touched the granted bytes.
+    let mut back = vec![0u8; 4096];
+    f.transport.read(&w, 0, &mut back).await.unwrap();
+    assert_eq!(back, data(2, 4096));
+    (f.kill)();
+}
+
+/// A write whose grant ends soon still lands, and a one-sided transport
+/// sends it through the node's fenced path instead: once the grant has
+/// ended, the range may belong to another object.
+async fn a_write_near_its_grants_end_is_fenced(f: Fixture) {
+    let mut w = f.range(0, 4096, PERM_WRITE | PERM_READ, 1);
+    w.scope.expires_unix_ms = strata_common::time::unix_ms() + 1500;
+    w.mac = f.key.sign(&w.scope);
+    let before = (f.one_sided)();
+    f.transport.write(&w, 0, &data(5, 4096)).await.unwrap();
+    assert_eq!((f.one_sided)(), before, "a write this late went one-sided");
+    // With time to spare, a one-sided transport writes one-sided.
+    let mut later = w.clone();
+    later.scope.expires_unix_ms = strata_common::time::unix_ms() + 60_000;
+    later.mac = f.key.sign(&later.scope);
+    f.transport.write(&later, 0, &data(6, 4096)).await.unwrap();
+    assert_eq!((f.one_sided)() > before, !f.checks_signatures);
+    let mut back = vec![0u8; 4096];
+    f.transport.read(&later, 0, &mut back).await.unwrap();
+    assert_eq!(back, data(6, 4096));
+    (f.kill)();
+}
+
+/// A widened or moved grant (its signature no longer matches) is refused.
+async fn forged_grants_are_refused(f: &Fixture, w: &RemoteRange) {
     // Widening a signed grant breaks its signature.
     let mut wide = w.clone();
     wide.scope.length = 1 << 20;
@@ -98,18 +158,6 @@ async fn out_of_grant_access_is_refused(f: Fixture) {
         .await
         .unwrap_err();
     assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
-    // Read-only grants cannot write; write-only ones cannot read.
-    let ro = f.range(8192, 4096, PERM_READ, 2);
-    let e = f.transport.write(&ro, 0, &[1; 16]).await.unwrap_err();
-    assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
-    let wo = f.range(0, 4096, PERM_WRITE, 1);
-    let e = f.transport.read(&wo, 0, &mut [0u8; 16]).await.unwrap_err();
-    assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
-    // None of it touched the granted bytes.
-    let mut back = vec![0u8; 4096];
-    f.transport.read(&w, 0, &mut back).await.unwrap();
-    assert_eq!(back, data(2, 4096));
-    (f.kill)();
 }
 
 /// Many transfers at once, each to its own range, all land intact; a batch
@@ -148,8 +196,21 @@ async fn concurrent_transfers(f: Fixture) {
     ];
     let got = f.transport.read_many(items).await;
     assert_eq!(got[0], Ok(crc32c::crc32c(&payloads[1])));
-    assert_eq!(got[1].as_ref().unwrap_err().code, Code::PermissionDenied);
+    if f.checks_signatures {
+        assert_eq!(got[1].as_ref().unwrap_err().code, Code::PermissionDenied);
+    }
     assert_eq!(got[2], Ok(crc32c::crc32c(&payloads[2])));
+    // An item past its grant fails alone, whatever the transport.
+    let mut short = ranges[4].clone();
+    short.scope.length = 100;
+    short.mac = f.key.sign(&short.scope);
+    let (mut x, mut y) = (vec![0u8; 65536], vec![0u8; 65536]);
+    let got = f
+        .transport
+        .read_many(vec![(&short, &mut x[..]), (&ranges[5], &mut y[..])])
+        .await;
+    assert_eq!(got[0].as_ref().unwrap_err().code, Code::InvalidArgument);
+    assert_eq!(got[1], Ok(crc32c::crc32c(&payloads[5])));
     (f.kill)();
 }
 
@@ -193,6 +254,10 @@ macro_rules! conformance_suite {
                 super::out_of_grant_access_is_refused($fixture.await).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_write_near_its_grants_end_is_fenced() {
+                super::a_write_near_its_grants_end_is_fenced($fixture.await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn concurrent_transfers() {
                 super::concurrent_transfers($fixture.await).await
             }
@@ -208,15 +273,24 @@ macro_rules! conformance_suite {
     };
 }
 
-/// The TCP data plane: `tcp::serve` over a [`SegmentTable`], on a runtime
-/// of its own so that killing it drops every connection at once.
-async fn tcp() -> Fixture {
+/// A node serving [`SEGMENT`] over the TCP data plane (and, with `ucx`,
+/// over UCX with that transport list too), on a runtime of its own so that
+/// killing it drops every connection at once.
+struct Node {
+    addr: String,
+    key: GrantKey,
+    /// The UCX route of the segment, when served over UCX.
+    route: Option<strata_proto::UcxRoute>,
+    kill: Box<dyn FnOnce() + Send>,
+}
+
+fn start_node(ucx: Option<&'static str>) -> Node {
     use prometheus::IntCounter;
-    use strata_transport::tcp::{serve, ServerMetrics, TcpTransport, TcpTransportConfig};
+    use strata_transport::tcp::{serve, ServerMetrics};
     let key = GrantKey::random();
     let table = SegmentTable::new();
     let segment = Arc::new(Segment::new(SEGMENT_LEN).unwrap());
-    table.install(key.clone(), HashMap::from([(SEGMENT, segment)]));
+    table.install(key.clone(), HashMap::from([(SEGMENT, segment.clone())]));
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let node = std::thread::spawn(move || {
@@ -227,9 +301,7 @@ async fn tcp() -> Fixture {
             .unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            addr_tx
-                .send(listener.local_addr().unwrap().to_string())
-                .unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
             let c = |n: &str| IntCounter::new(n, n).unwrap();
             let metrics = ServerMetrics {
                 requests: c("requests"),
@@ -241,16 +313,25 @@ async fn tcp() -> Fixture {
             };
             let shutdown = tokio_util::sync::CancellationToken::new();
             tokio::spawn(serve(listener, Arc::new(table), metrics, shutdown));
+            let exposed = match ucx {
+                Some(tls) => Some(ucx_node(tls, &segment).await),
+                None => None,
+            };
+            let route = exposed.as_ref().map(|n| ucx_route(n, &addr));
+            addr_tx.send((addr, route)).unwrap();
             let _ = stopped.await;
+            // Killed: the UCX worker goes (and its registration) with the
+            // node's connections.
+            drop(exposed);
         });
         // Dropping the runtime drops every connection task and its socket.
         drop(rt);
     });
-    let addr = addr_rx.recv().unwrap();
-    Fixture {
-        transport: Arc::new(TcpTransport::new(TcpTransportConfig::default())),
+    let (addr, route) = addr_rx.recv().unwrap();
+    Node {
         addr,
         key,
+        route,
         kill: Box::new(move || {
             let _ = stop.send(());
             node.join().unwrap();
@@ -258,4 +339,145 @@ async fn tcp() -> Fixture {
     }
 }
 
+/// The TCP data plane: `tcp::serve` over a [`SegmentTable`].
+async fn tcp() -> Fixture {
+    use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
+    let n = start_node(None);
+    Fixture {
+        transport: Arc::new(TcpTransport::new(TcpTransportConfig::default())),
+        addr: n.addr,
+        key: n.key,
+        kill: n.kill,
+        ucx_route: 0,
+        checks_signatures: true,
+        one_sided: Box::new(|| 0),
+    }
+}
+
 conformance_suite!(over_tcp, tcp());
+
+#[cfg(feature = "ucx")]
+async fn ucx_node(tls: &'static str, segment: &Arc<Segment>) -> strata_transport::ucx::UcxNode {
+    strata_transport::ucx::UcxNode::start(Some(tls), std::slice::from_ref(segment))
+        .await
+        .unwrap()
+}
+
+#[cfg(feature = "ucx")]
+fn ucx_route(n: &strata_transport::ucx::UcxNode, addr: &str) -> strata_proto::UcxRoute {
+    strata_proto::UcxRoute {
+        segment_id: SEGMENT,
+        fingerprint: ROUTE,
+        data_addr: addr.to_string(),
+        worker: n.worker_address().to_vec(),
+        rkey: n.routes()[0].rkey.clone(),
+        base: n.routes()[0].base,
+        size: SEGMENT_LEN as u64,
+    }
+}
+
+#[cfg(not(feature = "ucx"))]
+async fn ucx_node(_: &'static str, _: &Arc<Segment>) -> std::convert::Infallible {
+    unreachable!("UCX fixtures need the ucx feature")
+}
+
+#[cfg(not(feature = "ucx"))]
+fn ucx_route(n: &std::convert::Infallible, _: &str) -> strata_proto::UcxRoute {
+    match *n {}
+}
+
+/// The route fingerprint UCX fixtures use.
+const ROUTE: u64 = 0x5eed;
+
+#[cfg(feature = "ucx")]
+mod ucx {
+    use super::*;
+    use futures::future::BoxFuture;
+    use strata_common::{Error, Result};
+    use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
+    use strata_transport::ucx::{RouteSource, UcxClientConfig, UcxTransport};
+
+    /// The master's answer to `GetUcxRoutes`: the route, or (a caller
+    /// without the rdma role) a refusal.
+    struct Routes(Option<strata_proto::UcxRoute>);
+
+    impl RouteSource for Routes {
+        fn routes(&self, _: Vec<u64>) -> BoxFuture<'_, Result<Vec<strata_proto::UcxRoute>>> {
+            let r = match &self.0 {
+                Some(r) => Ok(vec![r.clone()]),
+                None => Err(Error::new(
+                    strata_common::Code::PermissionDenied,
+                    "this call needs the rdma role",
+                )),
+            };
+            Box::pin(async move { r })
+        }
+    }
+
+    /// A node serving UCX (over `tls`) and TCP; a UCX client that is
+    /// (`rdma`) or is not given the route.
+    pub async fn fixture(tls: &'static str, rdma: bool) -> Fixture {
+        let n = start_node(Some(tls));
+        let route = n.route.clone().expect("a UCX node has a route");
+        let cfg = UcxClientConfig {
+            tls: Some(tls.to_string()),
+            // Bounds a transfer to a dead node over shared memory, which
+            // cannot report a failed peer.
+            timeout: Duration::from_secs(3),
+            ..Default::default()
+        };
+        let tcp = Arc::new(TcpTransport::new(TcpTransportConfig::default()));
+        let source = Arc::new(Routes(rdma.then_some(route)));
+        let t = Arc::new(UcxTransport::new(cfg, tcp, source).unwrap());
+        let counts = t.clone();
+        Fixture {
+            transport: t,
+            addr: n.addr,
+            key: n.key,
+            kill: n.kill,
+            ucx_route: ROUTE,
+            checks_signatures: !rdma,
+            one_sided: Box::new(move || {
+                counts.counts.ucx.load(std::sync::atomic::Ordering::Relaxed)
+            }),
+        }
+    }
+}
+
+/// A route is used only for the replicas that name it (its fingerprint and
+/// node): segment ids are reassigned by a new master, and a restarted node
+/// has a new worker, so a route fetched for another registration must never
+/// aim a transfer.
+#[cfg(feature = "ucx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_is_used_only_for_the_replicas_that_name_it() {
+    let f = ucx::fixture("tcp", true).await;
+    let w = f.range(0, 4096, PERM_WRITE | PERM_READ, 1);
+    f.transport.write(&w, 0, &data(7, 4096)).await.unwrap();
+    let one_sided = (f.one_sided)();
+    assert!(one_sided > 0);
+    let mut back = vec![0u8; 4096];
+    // Another registration's fingerprint, and the same one at another
+    // node address: neither goes one-sided.
+    let mut stale = w.clone();
+    stale.ucx_route = ROUTE + 1;
+    f.transport.read(&stale, 0, &mut back).await.unwrap();
+    assert_eq!(back, data(7, 4096));
+    let mut moved = w.clone();
+    moved.addr = "127.0.0.1:1".into();
+    let e = f.transport.read(&moved, 0, &mut back).await.unwrap_err();
+    assert!(e.retryable(), "{e:?}");
+    assert_eq!((f.one_sided)(), one_sided);
+    (f.kill)();
+}
+
+// One-sided, for an rdma client, over UCX's tcp and shared-memory
+// transports.
+#[cfg(feature = "ucx")]
+conformance_suite!(over_ucx_tcp, ucx::fixture("tcp", true));
+#[cfg(feature = "ucx")]
+conformance_suite!(over_ucx_shared_memory, ucx::fixture("sm,self", true));
+// A UCX client without the rdma role: served over TCP, every grant checked
+// by the node.
+#[cfg(feature = "ucx")]
+conformance_suite!(ucx_client_without_rdma_role, ucx::fixture("tcp", false));

@@ -99,6 +99,11 @@ pub struct BenchArgs {
     /// without credentials (protected mode) and compare, size by size
     #[arg(long)]
     pub compare_credentials: bool,
+    /// --local: the store nodes also serve UCX, and every data-path phase
+    /// runs twice per size, over TCP and over UCX (rows marked "(ucx)"), with
+    /// the ratios printed
+    #[arg(long)]
+    pub compare_transports: bool,
 }
 
 /// Shared op counter and latency log of one phase.
@@ -232,7 +237,13 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
                 // Bucket files stay until SSD eviction exists: room for all.
                 let ssd = args.offload_bytes.0 * (args.offload_sizes.len() as u64 + 1) * 2;
                 // The offload phase times offloading every object it puts.
+                let ucx = args.compare_transports || conn.transport == crate::TransportKind::Ucx;
                 let mut b = ClusterBuilder::new()
+                    .node_transport(if ucx {
+                        crate::TransportKind::Ucx
+                    } else {
+                        crate::TransportKind::Tcp
+                    })
                     .master(|m| m.offload_policy = strata_master::config::OffloadPolicy::Eager)
                     .store_nodes(args.store_nodes)
                     .node_capacity(args.node_capacity.0)
@@ -251,6 +262,9 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         None
     };
     let (addr, cfg) = match &local {
+        Some(c) if conn.transport == crate::TransportKind::Ucx => {
+            (c.master_addr(), c.rdma_client_config())
+        }
         Some(c) => (c.master_addr(), c.client_config()),
         None => (conn.master.clone(), conn.config()?),
     };
@@ -264,6 +278,19 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         !args.compare_credentials || args.local,
         "--compare-credentials needs --local"
     );
+    anyhow::ensure!(
+        !args.compare_transports || args.local,
+        "--compare-transports needs --local"
+    );
+    // The same cluster through a UCX (rdma) client.
+    let ucx_client = match &local {
+        Some(c) if args.compare_transports => Some(
+            Client::connect(c.rdma_client_config())
+                .await
+                .context("cannot start a UCX client")?,
+        ),
+        _ => None,
+    };
     // The same cluster once more, in protected mode (no credentials).
     let plain = match &local {
         Some(_) if args.compare_credentials => Some(
@@ -331,6 +358,7 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
             // Interleaved size by size, so drift hits both alike.
             let w = Workload {
                 client: pc.clone(),
+                run: w.run.clone(),
                 ..w
             };
             for mut r in w.phases(ops).await? {
@@ -338,6 +366,17 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
                 report.rows.push(r);
             }
             pc.remove_all(true).await?;
+        }
+        if let Some(uc) = &ucx_client {
+            let w = Workload {
+                client: uc.clone(),
+                ..w
+            };
+            for mut r in w.phases(ops).await? {
+                r.scenario.push_str(report::OVER_UCX);
+                report.rows.push(r);
+            }
+            uc.remove_all(true).await?;
         }
     }
 

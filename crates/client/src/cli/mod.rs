@@ -27,6 +27,9 @@ pub struct Cli {
     /// File holding the client or admin token [default: the token `strata up` wrote, if any]
     #[arg(long, env = "STRATA_TOKEN_FILE", global = true)]
     pub token_file: Option<std::path::PathBuf>,
+    /// How object bytes move: tcp, or ucx (one-sided to nodes serving UCX, with an rdma token; TCP to the rest). `strata up` and `strata bench --local` also serve it from their store nodes
+    #[arg(long, env = "STRATA_TRANSPORT", default_value = "tcp", global = true)]
+    pub transport: crate::TransportKind,
     #[command(flatten)]
     pub telemetry: strata_common::telemetry::TelemetryArgs,
     /// With --otlp-endpoint: the fraction of this command's operations that are traced (0 to 1) [default: 1]
@@ -58,19 +61,24 @@ pub enum Command {
 pub struct Conn {
     pub master: String,
     pub token_file: Option<std::path::PathBuf>,
+    pub transport: crate::TransportKind,
 }
 
 impl Conn {
     /// The client configuration: `--token-file` if given, else the token
-    /// file a running `strata up` wrote, else none (protected mode).
+    /// file a running `strata up` wrote (its rdma token for `--transport
+    /// ucx`), else none (protected mode).
     pub fn config(&self) -> anyhow::Result<crate::ClientConfig> {
+        let rdma = self.transport == crate::TransportKind::Ucx;
         let path = self
             .token_file
             .clone()
-            .or_else(|| up::default_token_file().filter(|p| p.exists()));
+            .or_else(|| up::default_token_file(rdma).filter(|p| p.exists()));
         let token =
             strata_common::auth::Secret::from_optional_file(path.as_deref(), "--token-file")?;
-        Ok(crate::ClientConfig::new(self.master.clone()).with_token(token))
+        Ok(crate::ClientConfig::new(self.master.clone())
+            .with_token(token)
+            .with_transport(self.transport))
     }
 }
 
@@ -109,10 +117,11 @@ pub fn main() -> ExitCode {
     let conn = Conn {
         master: cli.master,
         token_file: cli.token_file,
+        transport: cli.transport,
     };
     let res = rt.block_on(async move {
         match cli.cmd {
-            Command::Up(a) => up::run(a).await,
+            Command::Up(a) => up::run(a, conn.transport).await,
             Command::Put(a) => objects::put(&conn, a).await,
             Command::Get(a) => objects::get(&conn, a).await,
             Command::Rm(a) => objects::rm(&conn, a).await,

@@ -31,8 +31,9 @@ pub struct UpArgs {
 }
 
 /// Where `strata up` leaves its admin token for the CLI on the same machine:
-/// `$XDG_CONFIG_HOME/strata/up.token` or `~/.config/strata/up.token`.
-pub fn default_token_file() -> Option<std::path::PathBuf> {
+/// `$XDG_CONFIG_HOME/strata/up.token` or `~/.config/strata/up.token`; and
+/// (`rdma`) its rdma token, `up-rdma.token`, when its nodes serve UCX.
+pub fn default_token_file(rdma: bool) -> Option<std::path::PathBuf> {
     let base = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|v| !v.is_empty())
         .map(std::path::PathBuf::from)
@@ -41,17 +42,20 @@ pub fn default_token_file() -> Option<std::path::PathBuf> {
                 .filter(|v| !v.is_empty())
                 .map(|h| std::path::PathBuf::from(h).join(".config"))
         })?;
-    Some(base.join("strata").join("up.token"))
+    let name = if rdma { "up-rdma.token" } else { "up.token" };
+    Some(base.join("strata").join(name))
 }
 
-pub async fn run(a: UpArgs) -> anyhow::Result<()> {
+pub async fn run(a: UpArgs, transport: crate::TransportKind) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=64).contains(&a.store_nodes),
         "--store-nodes must be between 1 and 64"
     );
     let (listen, admin) = (a.listen, a.admin_addr);
     anyhow::ensure!(a.ssd_agents <= 16, "--ssd-agents must be at most 16");
+    let ucx = transport == crate::TransportKind::Ucx;
     let mut b = ClusterBuilder::new()
+        .node_transport(transport)
         .store_nodes(a.store_nodes)
         .ssd_agents(a.ssd_agents)
         .ssd_capacity(a.ssd_capacity.0);
@@ -71,24 +75,24 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
              try --listen 127.0.0.1:0 --admin-addr 127.0.0.1:0)",
         )?;
     let addr = cluster.master_addr();
-    // The CLI on this machine finds the admin token here by itself.
-    let token_file = default_token_file();
-    let wrote = match (&token_file, &cluster.credentials().admin) {
-        (Some(p), Some(t)) => {
-            if let Some(dir) = p.parent() {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("cannot create {}", dir.display()))?;
-            }
-            t.write_file(p)?;
-            Some(p.clone())
-        }
-        _ => None,
+    // The CLI on this machine finds the admin token (and with UCX the rdma
+    // token) here by itself.
+    let wrote = write_token(default_token_file(false), &cluster.credentials().admin)?;
+    let wrote_rdma = match ucx {
+        true => write_token(default_token_file(true), &cluster.credentials().rdma)?,
+        false => None,
     };
     println!("Strata local cluster is up.");
     println!("  master:       {addr}    (export STRATA_MASTER={addr})");
     if let Some(p) = &wrote {
         println!(
             "  admin token:  {}    (the CLI here reads it; elsewhere: --token-file)",
+            p.display()
+        );
+    }
+    if let Some(p) = &wrote_rdma {
+        println!(
+            "  rdma token:   {}    (strata --transport ucx here reads it)",
             p.display()
         );
     }
@@ -125,4 +129,19 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     }
     eprintln!("stopped.");
     Ok(())
+}
+
+/// Writes `token` to `path` (owner-only), creating its directory.
+fn write_token(
+    path: Option<std::path::PathBuf>,
+    token: &Option<strata_common::auth::Secret>,
+) -> anyhow::Result<Option<std::path::PathBuf>> {
+    let (Some(p), Some(t)) = (path, token) else {
+        return Ok(None);
+    };
+    if let Some(dir) = p.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    t.write_file(&p)?;
+    Ok(Some(p))
 }

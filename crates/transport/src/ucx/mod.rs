@@ -1,15 +1,16 @@
 //! The UCX data plane (feature `ucx`), built on Debian's UCX 1.13 through
-//! `strata-ucx-sys`.
-//!
-//! This is the first slice: a safe layer over UCP ([`api`]), a worker on a
-//! progress thread driven from async code ([`engine`]), and tests of
-//! one-sided put and get between a registered region and a remote worker
-//! over UCX's `tcp` and shared-memory transports. The `Transport`
-//! implementation (rkeys published through the master's segment metadata,
-//! grants, the store node and client wiring) builds on them.
+//! `strata-ucx-sys`: a safe layer over UCP ([`api`]), a worker on a progress
+//! thread driven from async code ([`engine`]), a store node's segments
+//! exposed through it ([`node`]) and the client [`client::UcxTransport`],
+//! which reads and writes them one-sided and everything else over TCP.
 
 pub mod api;
+pub mod client;
 pub mod engine;
+pub mod node;
+
+pub use client::{RouteSource, UcxClientConfig, UcxTransport};
+pub use node::UcxNode;
 
 #[cfg(test)]
 mod tests;

@@ -69,10 +69,12 @@ async fn one(keys: u64) -> anyhow::Result<Measured> {
         segments: vec![pb::SegmentSpec {
             local_id: 0,
             size: keys * OBJECT,
+            ..Default::default()
         }],
         instance: "bench".into(),
         instance_proof: PROOF.to_vec(),
         held_objects: keys,
+        ..Default::default()
     })?;
     anyhow::ensure!(reg.report_objects, "the master did not ask for a report");
     let (mut elapsed, mut encode_only) = (Duration::ZERO, Duration::ZERO);

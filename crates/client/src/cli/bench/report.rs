@@ -18,6 +18,8 @@ pub struct Row {
 
 /// Suffix of the rows measured on the cluster without credentials.
 pub const NO_CREDENTIALS: &str = " (no creds)";
+/// Suffix of rows measured through a UCX client (`--compare-transports`).
+pub const OVER_UCX: &str = " (ucx)";
 
 #[derive(Debug, Default)]
 pub struct Report {
@@ -38,9 +40,18 @@ impl Report {
             let against: &[&str] = match r.scenario.as_str() {
                 "strata get" | "strata batch_get" => &["raw tcp get", "redis GET"],
                 "strata put" | "strata batch_put" => &["raw tcp get", "redis SET"],
+                "strata get (ucx)" | "strata batch_get (ucx)" => &["memcpy", "raw tcp get"],
+                "strata put (ucx)" | "strata batch_put (ucx)" => &["memcpy", "raw tcp get"],
                 _ => &[],
             };
             let mut parts = Vec::new();
+            if let Some(tcp) = r.scenario.strip_suffix(OVER_UCX) {
+                if let Some(&base) = idx.get(&(tcp.to_string(), r.size)) {
+                    if base > 0.0 {
+                        parts.push(format!("{:.2}x over tcp", r.gb_per_sec / base));
+                    }
+                }
+            }
             if r.scenario.starts_with("strata ") && !r.scenario.ends_with(NO_CREDENTIALS) {
                 let plain = format!("{}{NO_CREDENTIALS}", r.scenario);
                 if let Some(&base) = idx.get(&(plain, r.size)) {

@@ -1,0 +1,146 @@
+//! The UCX data plane end to end, against the real binaries: a store node
+//! started with `--transport ucx` next to a TCP-only one (a mixed cluster).
+//! rdma clients move bytes one-sided to the UCX node (its TCP data plane
+//! sees none of them) and over TCP to the other; clients without the rdma
+//! role, and TCP clients, reach the UCX node's bytes over TCP, where every
+//! grant is checked.
+
+use std::time::Duration;
+use strata_client::{Client, ClientConfig, Code, PutOptions, TransportKind};
+use strata_common::auth::Secret;
+use strata_proto as pb;
+use strata_proto::master_client::MasterClient;
+use strata_tests::procs::{start_master, start_node_admin, token_files};
+use strata_tests::{http_get, metric, payload};
+
+async fn node_bytes(admin: std::net::SocketAddr) -> (f64, f64) {
+    let (_, body) = http_get(admin, "/metrics").await;
+    (
+        metric(&body, "strata_store_node_written_bytes_total"),
+        metric(&body, "strata_store_node_read_bytes_total"),
+    )
+}
+
+async fn nodes_registered(admin: std::net::SocketAddr, n: usize) -> bool {
+    for _ in 0..500 {
+        let (_, body) = http_get(admin, "/api/v1/nodes").await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if v["nodes"].as_array().is_some_and(|a| a.len() == n) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+fn client(master: &str, token: &std::path::Path, t: TransportKind) -> ClientConfig {
+    ClientConfig::new(master)
+        .with_token(Some(Secret::from_file(token, "test").unwrap()))
+        .with_transport(t)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_cluster_serves_ucx_and_tcp_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = token_files(dir.path());
+    let args = t.master_args();
+    let m = start_master(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let member = t.member.to_str().unwrap();
+    let (_ucx, _, ucx_admin) = start_node_admin(
+        &m.addr,
+        "ucx-node",
+        &["--token-file", member, "--transport", "ucx"],
+    )
+    .await;
+    let (_tcp, _, tcp_admin) =
+        start_node_admin(&m.addr, "tcp-node", &["--token-file", member]).await;
+    assert!(nodes_registered(m.admin, 2).await);
+
+    // Routes go to the rdma role only.
+    let mc = |tok: &std::path::Path| {
+        MasterClient::new(
+            strata_common::grpc::master_channel(
+                &m.addr,
+                Some(&Secret::from_file(tok, "test").unwrap()),
+            )
+            .unwrap(),
+        )
+    };
+    let ask = pb::GetUcxRoutesRequest {
+        segment_ids: (0..16).collect(),
+    };
+    for tok in [&t.client, &t.admin] {
+        let e = mc(tok).get_ucx_routes(ask.clone()).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+        assert!(e.message().contains("rdma role"), "{e}");
+    }
+    let routes = mc(&t.rdma)
+        .get_ucx_routes(ask)
+        .await
+        .unwrap()
+        .into_inner()
+        .routes;
+    // One segment, on the UCX node only.
+    assert_eq!(routes.len(), 1, "{routes:?}");
+    assert!(!routes[0].worker.is_empty() && !routes[0].rkey.is_empty());
+
+    // An rdma client over UCX: objects land on both nodes; the UCX node's
+    // TCP data plane moves none of their bytes.
+    let rdma = Client::connect(client(&m.addr, &t.rdma, TransportKind::Ucx))
+        .await
+        .unwrap();
+    let objs: Vec<(String, Vec<u8>)> = (0..24u64)
+        .map(|i| (format!("k{i}"), payload(i, 1000 + 7919 * i as usize)))
+        .collect();
+    for (k, v) in &objs {
+        rdma.put(k, v, &PutOptions::default()).await.unwrap();
+    }
+    for (k, v) in &objs {
+        assert_eq!(&rdma.get(k).await.unwrap(), v, "{k}");
+    }
+    let keys: Vec<&str> = objs.iter().map(|(k, _)| k.as_str()).collect();
+    for (r, (_, v)) in rdma.batch_get(&keys).await.unwrap().into_iter().zip(&objs) {
+        assert_eq!(&r.unwrap(), v);
+    }
+    let (w, r) = node_bytes(ucx_admin).await;
+    assert_eq!(
+        (w, r),
+        (0.0, 0.0),
+        "one-sided transfers bypass the node's TCP data plane"
+    );
+    let (w, r) = node_bytes(tcp_admin).await;
+    assert!(w > 0.0 && r > 0.0, "the TCP node served its share over TCP");
+
+    // A TCP client, and a UCX client without the rdma role, read the same
+    // objects; the UCX node serves them over TCP, checking their grants.
+    for cfg in [
+        client(&m.addr, &t.client, TransportKind::Tcp),
+        client(&m.addr, &t.client, TransportKind::Ucx),
+    ] {
+        let before = node_bytes(ucx_admin).await.1;
+        let c = Client::connect(cfg).await.unwrap();
+        for (k, v) in &objs {
+            assert_eq!(&c.get(k).await.unwrap(), v, "{k}");
+        }
+        assert!(node_bytes(ucx_admin).await.1 > before);
+    }
+    // And writes: a client without the role puts over TCP.
+    let plain = Client::connect(client(&m.addr, &t.client, TransportKind::Ucx))
+        .await
+        .unwrap();
+    let before = node_bytes(ucx_admin).await.0 + node_bytes(tcp_admin).await.0;
+    for i in 0..8u64 {
+        plain
+            .put(&format!("p{i}"), &payload(i, 4096), &PutOptions::default())
+            .await
+            .unwrap();
+    }
+    let after = node_bytes(ucx_admin).await.0 + node_bytes(tcp_admin).await.0;
+    assert_eq!(after - before, 8.0 * 4096.0);
+    // rdma reads what the TCP writer put, one-sided.
+    for i in 0..8u64 {
+        assert_eq!(rdma.get(&format!("p{i}")).await.unwrap(), payload(i, 4096));
+    }
+    let e = rdma.get("missing").await.unwrap_err();
+    assert_eq!(e.code, Code::NotFound);
+}
