@@ -208,8 +208,15 @@ impl Client {
         if ranges.is_empty() {
             return Err(Error::internal("master granted no replica"));
         }
+        // Every write settles before the first error is returned: the
+        // caller then revokes the put, freeing its ranges, and a one-sided
+        // write still in flight could land in their next allocation.
         let writes = ranges.iter().map(|r| self.transport.write(r, 0, data));
-        futures::future::try_join_all(writes).await.map(|_| ())
+        futures::future::join_all(writes)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>>>()
+            .map(|_| ())
     }
 
     /// Reads `key` into a new buffer, verifying its checksum.

@@ -331,7 +331,7 @@ pub struct MasterArgs {
     /// File holding the secret admins present (client calls plus forced removes, rm --all, evict)
     #[arg(long, env = "STRATA_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
-    /// File holding the secret rdma clients present (client calls plus the UCX remote keys of store nodes' segments: one-sided access to whole segments) [default: none, nobody gets them]
+    /// File holding the secret rdma clients present (client calls plus the UCX remote keys of store nodes' segments: one-sided access to whole segments) [default: none: nobody gets them, except in protected mode, where every caller has every role]
     #[arg(long, env = "STRATA_RDMA_TOKEN_FILE")]
     pub rdma_token_file: Option<PathBuf>,
     /// Serve beyond loopback without any token file (anyone reaching the ports owns the cluster) [default: false]

@@ -126,9 +126,10 @@ async fn a_write_near_its_grants_end_is_fenced(f: Fixture) {
     let before = (f.one_sided)();
     f.transport.write(&w, 0, &data(5, 4096)).await.unwrap();
     assert_eq!((f.one_sided)(), before, "a write this late went one-sided");
-    // With time to spare, a one-sided transport writes one-sided.
+    // With time to spare (a second past the margin), a one-sided transport
+    // writes one-sided.
     let mut later = w.clone();
-    later.scope.expires_unix_ms = strata_common::time::unix_ms() + 60_000;
+    later.scope.expires_unix_ms = strata_common::time::unix_ms() + 3_000;
     later.mac = f.key.sign(&later.scope);
     f.transport.write(&later, 0, &data(6, 4096)).await.unwrap();
     assert_eq!((f.one_sided)() > before, !f.checks_signatures);
@@ -198,6 +199,9 @@ async fn concurrent_transfers(f: Fixture) {
     assert_eq!(got[0], Ok(crc32c::crc32c(&payloads[1])));
     if f.checks_signatures {
         assert_eq!(got[1].as_ref().unwrap_err().code, Code::PermissionDenied);
+    } else {
+        // What the rdma role is trusted with: nothing checks the signature.
+        assert_eq!(got[1], Ok(crc32c::crc32c(&payloads[3])));
     }
     assert_eq!(got[2], Ok(crc32c::crc32c(&payloads[2])));
     // An item past its grant fails alone, whatever the transport.
@@ -397,18 +401,33 @@ mod ucx {
     use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
     use strata_transport::ucx::{RouteSource, UcxClientConfig, UcxTransport};
 
-    /// The master's answer to `GetUcxRoutes`: the route, or (a caller
-    /// without the rdma role) a refusal.
-    struct Routes(Option<strata_proto::UcxRoute>);
+    /// The master's answer to `GetUcxRoutes`: the routes it holds (only
+    /// the segments asked for), a refusal (a caller without the rdma role,
+    /// `routes` None), or an outage (`down`). Counts the calls.
+    pub struct Routes {
+        pub routes: parking_lot::Mutex<Option<Vec<strata_proto::UcxRoute>>>,
+        pub down: std::sync::atomic::AtomicBool,
+        pub calls: std::sync::atomic::AtomicUsize,
+    }
 
     impl RouteSource for Routes {
-        fn routes(&self, _: Vec<u64>) -> BoxFuture<'_, Result<Vec<strata_proto::UcxRoute>>> {
-            let r = match &self.0 {
-                Some(r) => Ok(vec![r.clone()]),
-                None => Err(Error::new(
-                    strata_common::Code::PermissionDenied,
-                    "this call needs the rdma role",
-                )),
+        fn routes(&self, ids: Vec<u64>) -> BoxFuture<'_, Result<Vec<strata_proto::UcxRoute>>> {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.calls.fetch_add(1, Relaxed);
+            let r = if self.down.load(Relaxed) {
+                Err(Error::unavailable("no master"))
+            } else {
+                match &*self.routes.lock() {
+                    Some(v) => Ok(v
+                        .iter()
+                        .filter(|r| ids.contains(&r.segment_id))
+                        .cloned()
+                        .collect()),
+                    None => Err(Error::new(
+                        strata_common::Code::PermissionDenied,
+                        "this call needs the rdma role",
+                    )),
+                }
             };
             Box::pin(async move { r })
         }
@@ -417,6 +436,11 @@ mod ucx {
     /// A node serving UCX (over `tls`) and TCP; a UCX client that is
     /// (`rdma`) or is not given the route.
     pub async fn fixture(tls: &'static str, rdma: bool) -> Fixture {
+        fixture_with(tls, rdma).await.0
+    }
+
+    /// [`fixture`], and the route source its client asks.
+    pub async fn fixture_with(tls: &'static str, rdma: bool) -> (Fixture, Arc<Routes>) {
         let n = start_node(Some(tls));
         let route = n.route.clone().expect("a UCX node has a route");
         let cfg = UcxClientConfig {
@@ -427,10 +451,14 @@ mod ucx {
             ..Default::default()
         };
         let tcp = Arc::new(TcpTransport::new(TcpTransportConfig::default()));
-        let source = Arc::new(Routes(rdma.then_some(route)));
-        let t = Arc::new(UcxTransport::new(cfg, tcp, source).unwrap());
+        let source = Arc::new(Routes {
+            routes: parking_lot::Mutex::new(rdma.then(|| vec![route])),
+            down: Default::default(),
+            calls: Default::default(),
+        });
+        let t = Arc::new(UcxTransport::new(cfg, tcp, source.clone()).unwrap());
         let counts = t.clone();
-        Fixture {
+        let f = Fixture {
             transport: t,
             addr: n.addr,
             key: n.key,
@@ -440,7 +468,8 @@ mod ucx {
             one_sided: Box::new(move || {
                 counts.counts.ucx.load(std::sync::atomic::Ordering::Relaxed)
             }),
-        }
+        };
+        (f, source)
     }
 }
 
@@ -451,7 +480,7 @@ mod ucx {
 #[cfg(feature = "ucx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_is_used_only_for_the_replicas_that_name_it() {
-    let f = ucx::fixture("tcp", true).await;
+    let (f, source) = ucx::fixture_with("tcp", true).await;
     let w = f.range(0, 4096, PERM_WRITE | PERM_READ, 1);
     f.transport.write(&w, 0, &data(7, 4096)).await.unwrap();
     let one_sided = (f.one_sided)();
@@ -468,6 +497,68 @@ async fn a_route_is_used_only_for_the_replicas_that_name_it() {
     let e = f.transport.read(&moved, 0, &mut back).await.unwrap_err();
     assert!(e.retryable(), "{e:?}");
     assert_eq!((f.one_sided)(), one_sided);
+    // The node registered again with a new master: same worker and key
+    // (same fingerprint), a new segment id. The new id's route is fetched
+    // and used; the old id's is not.
+    let renumbered = {
+        let mut routes = source.routes.lock();
+        let v = routes.as_mut().unwrap();
+        v[0].segment_id = SEGMENT + 1;
+        v[0].clone()
+    };
+    let mut again = f.range(0, 4096, PERM_READ, 1);
+    again.scope.segment_id = renumbered.segment_id;
+    again.mac = f.key.sign(&again.scope);
+    f.transport.read(&again, 0, &mut back).await.unwrap();
+    assert_eq!(back, data(7, 4096));
+    assert_eq!(
+        (f.one_sided)(),
+        one_sided + 1,
+        "the new registration's route was used"
+    );
+    (f.kill)();
+}
+
+/// Routes are asked for once per batch, and a master that does not answer
+/// is asked again only after a pause (transfers go over TCP meanwhile).
+#[cfg(feature = "ucx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_are_fetched_once_per_batch_and_outages_are_not_hammered() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (f, source) = ucx::fixture_with("tcp", true).await;
+    let ranges: Vec<RemoteRange> = (0..8u64)
+        .map(|i| f.range(i * 4096, 4096, PERM_WRITE | PERM_READ, 1))
+        .collect();
+    source.down.store(true, Relaxed);
+    // No master: writes and reads go over TCP, the master asked once.
+    for r in &ranges {
+        f.transport
+            .write(r, 0, &data(r.scope.offset, 4096))
+            .await
+            .unwrap();
+    }
+    assert_eq!(source.calls.load(Relaxed), 1);
+    assert_eq!((f.one_sided)(), 0);
+    source.down.store(false, Relaxed);
+    // Within the pause the master is not asked again...
+    f.transport
+        .write(&ranges[0], 0, &data(0, 4096))
+        .await
+        .unwrap();
+    assert_eq!(source.calls.load(Relaxed), 1);
+    // ...after it (what is tested is a time: sleeping is the condition),
+    // one batch read asks once and goes one-sided.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut bufs = vec![vec![0u8; 4096]; 8];
+    let items = ranges
+        .iter()
+        .zip(bufs.iter_mut().map(|b| &mut b[..]))
+        .collect();
+    for (r, got) in ranges.iter().zip(f.transport.read_many(items).await) {
+        assert_eq!(got.unwrap(), crc32c::crc32c(&data(r.scope.offset, 4096)));
+    }
+    assert_eq!(source.calls.load(Relaxed), 2);
+    assert_eq!((f.one_sided)(), 8);
     (f.kill)();
 }
 

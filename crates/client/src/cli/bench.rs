@@ -376,7 +376,8 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
                 r.scenario.push_str(report::OVER_UCX);
                 report.rows.push(r);
             }
-            uc.remove_all(true).await?;
+            // The rdma token is no admin token.
+            client.remove_all(true).await?;
         }
     }
 

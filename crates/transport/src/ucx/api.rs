@@ -313,9 +313,15 @@ impl Endpoint {
     /// transports offer it. UCX's shared-memory transports do not: a
     /// same-host peer reachable only through them gets an endpoint without
     /// it, and callers bound their operations with deadlines instead.
-    pub fn connect(worker: &Rc<Worker>, remote: &[u8]) -> Result<Endpoint> {
-        match Self::connect_with(worker, remote, true) {
-            Err(e) if e.code == Code::Unavailable => Self::connect_with(worker, remote, false),
+    ///
+    /// `same_host` peers are connected without peer failure handling first:
+    /// asking for it makes UCX pick a network transport over shared memory
+    /// even for a co-located peer. (A dead co-located process fails
+    /// shared-memory transfers at once: the kernel refuses to copy from it.)
+    pub fn connect(worker: &Rc<Worker>, remote: &[u8], same_host: bool) -> Result<Endpoint> {
+        let first = !same_host;
+        match Self::connect_with(worker, remote, first) {
+            Err(e) if e.code == Code::Unavailable => Self::connect_with(worker, remote, !first),
             r => r,
         }
     }

@@ -17,7 +17,7 @@ use crate::{check_sub_range, RemoteRange, Transport};
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_common::grant::{PERM_READ, PERM_WRITE};
@@ -59,23 +59,33 @@ struct Route {
 }
 
 impl Route {
-    /// Whether `r` names this route: its fingerprint (the cache key), and
-    /// the segment and node it was published for.
+    /// Whether `r` names this route: the cache key holds its fingerprint and
+    /// segment; the node must match too.
     fn serves(&self, r: &RemoteRange) -> bool {
         self.segment_id == r.scope.segment_id && self.data_addr == r.addr
     }
 }
 
+/// What replicas name a route by: its fingerprint and segment id. A node
+/// that registers again with a new master keeps its fingerprint but gets
+/// new segment ids, so both are needed.
+type RouteKey = (u64, u64);
+
+fn key_of(r: &RemoteRange) -> RouteKey {
+    (r.ucx_route, r.scope.segment_id)
+}
+
 enum Known {
     Ucx(Arc<Route>),
-    /// No usable route (none published, or UCX failed on it) until then.
+    /// No usable route (none published, the master did not answer, or UCX
+    /// failed on it) until then.
     Tcp(Instant),
 }
 
 /// How one transfer goes.
 enum Path {
-    /// One-sided, within this time.
-    Ucx(Arc<Route>, Duration),
+    /// One-sided, to be done by then.
+    Ucx(Arc<Route>, Instant),
     Tcp,
 }
 
@@ -84,6 +94,12 @@ enum Path {
 pub const WRITE_MARGIN: Duration = Duration::from_secs(2);
 /// Below this much time for a one-sided write, it goes over TCP.
 const MIN_WRITE_TIME: Duration = Duration::from_millis(200);
+/// Bound on asking the master for routes; past it the transfer goes over
+/// TCP.
+const ROUTE_FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+/// After a failed route fetch, how long transfers to that segment use TCP
+/// before asking again.
+const FETCH_RETRY: Duration = Duration::from_secs(1);
 
 /// Counts of transfers by path, for tests and metrics.
 #[derive(Debug, Default)]
@@ -97,10 +113,10 @@ pub struct UcxTransport {
     tcp: Arc<TcpTransport>,
     source: Arc<dyn RouteSource>,
     cfg: UcxClientConfig,
-    /// Routes by fingerprint (see `strata_proto::Replica::ucx_route`).
-    routes: Mutex<HashMap<u64, Known>>,
-    /// The master refused us routes (no rdma role): TCP from now on.
-    denied: AtomicBool,
+    routes: Mutex<HashMap<RouteKey, Known>>,
+    /// The master refused us routes (no rdma role): TCP until then, when
+    /// it is asked again (credentials may be rotated meanwhile).
+    denied_until: Mutex<Option<Instant>>,
     pub counts: PathCounts,
 }
 
@@ -120,15 +136,27 @@ impl UcxTransport {
             source,
             cfg,
             routes: Mutex::new(HashMap::new()),
-            denied: AtomicBool::new(false),
+            denied_until: Mutex::new(None),
             counts: PathCounts::default(),
         })
+    }
+
+    fn denied(&self) -> bool {
+        let mut d = self.denied_until.lock();
+        match *d {
+            Some(until) if Instant::now() < until => true,
+            Some(_) => {
+                *d = None;
+                false
+            }
+            None => false,
+        }
     }
 
     /// The path for a transfer of `len` bytes at `at` of `r` needing `perm`.
     async fn path(&self, r: &RemoteRange, at: u64, len: usize, perm: u32) -> Result<Path> {
         check_sub_range(r.len(), at, len)?;
-        if r.ucx_route == 0 || self.denied.load(Ordering::Relaxed) {
+        if r.ucx_route == 0 || self.denied() {
             return Ok(Path::Tcp);
         }
         if r.scope.perm & perm == 0 {
@@ -143,21 +171,24 @@ impl UcxTransport {
         }
         // A one-sided write must be over well before its grant ends: once
         // it has, the master may reallocate the range, and no node fence
-        // stops a late write. Too close to the end: the node's fenced TCP.
-        let timeout = match perm {
+        // stops a late write. The deadline is fixed before anything else
+        // (the route fetch) takes time.
+        let deadline = match perm {
             PERM_WRITE => {
                 let left = Duration::from_millis(r.scope.expires_unix_ms - now);
-                let t = left.saturating_sub(WRITE_MARGIN).min(self.cfg.timeout);
-                if t < MIN_WRITE_TIME {
-                    return Ok(Path::Tcp);
-                }
-                t
+                Instant::now() + left.saturating_sub(WRITE_MARGIN).min(self.cfg.timeout)
             }
-            _ => self.cfg.timeout,
+            _ => Instant::now() + self.cfg.timeout,
         };
         let Some(route) = self.route(r).await else {
             return Ok(Path::Tcp);
         };
+        // Too close to the end (or past it, after the fetch): the node's
+        // fenced TCP path.
+        if perm == PERM_WRITE && deadline.saturating_duration_since(Instant::now()) < MIN_WRITE_TIME
+        {
+            return Ok(Path::Tcp);
+        }
         let end = r
             .scope
             .offset
@@ -165,70 +196,80 @@ impl UcxTransport {
             .and_then(|o| o.checked_add(len as u64));
         if end.is_none_or(|e| e > route.size) {
             return Err(Error::invalid(format!(
-                "range [{}, +{}) is outside the segment of {} bytes",
-                r.scope.offset + at,
-                len,
-                route.size
+                "{len} bytes at {at} of the range at {} exceed the segment of {} bytes",
+                r.scope.offset, route.size
             )));
         }
-        Ok(Path::Ucx(route, timeout))
+        Ok(Path::Ucx(route, deadline))
     }
 
+    /// `r`'s route, from the cache or (once per segment registration) the
+    /// master.
     async fn route(&self, r: &RemoteRange) -> Option<Arc<Route>> {
-        match self.routes.lock().get(&r.ucx_route) {
+        match self.routes.lock().get(&key_of(r)) {
             Some(Known::Ucx(route)) => return route.serves(r).then(|| route.clone()),
             Some(Known::Tcp(until)) if Instant::now() < *until => return None,
             _ => {}
         }
-        let fetched = self.source.routes(vec![r.scope.segment_id]).await;
-        let routes = match fetched {
-            Ok(v) => v,
-            Err(e) if matches!(e.code, Code::PermissionDenied | Code::Unauthenticated) => {
-                if !self.denied.swap(true, Ordering::Relaxed) {
+        self.fetch(&[r]).await;
+        match self.routes.lock().get(&key_of(r)) {
+            Some(Known::Ucx(route)) => route.serves(r).then(|| route.clone()),
+            _ => None,
+        }
+    }
+
+    /// Asks the master for the routes of `ranges` (one request) and caches
+    /// the answer, a route or (none published, no answer) a while of TCP.
+    async fn fetch(&self, ranges: &[&RemoteRange]) {
+        let mut ids: Vec<u64> = ranges.iter().map(|r| r.scope.segment_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let fetched = tokio::time::timeout(ROUTE_FETCH_TIMEOUT, self.source.routes(ids)).await;
+        let (routes, retry) = match fetched {
+            Ok(Ok(v)) => (v, self.cfg.retry_after),
+            Ok(Err(e)) if matches!(e.code, Code::PermissionDenied | Code::Unauthenticated) => {
+                let mut d = self.denied_until.lock();
+                if d.is_none() {
                     tracing::warn!(error = %e, "the master gives UCX routes to rdma clients only; reading and writing over TCP");
                 }
-                return None;
+                *d = Some(Instant::now() + self.cfg.retry_after);
+                return;
             }
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot fetch UCX routes; this transfer goes over TCP");
-                return None;
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot fetch UCX routes; these transfers go over TCP");
+                (Vec::new(), FETCH_RETRY)
+            }
+            Err(_) => {
+                tracing::debug!(
+                    "the master did not answer for UCX routes in time; these transfers go over TCP"
+                );
+                (Vec::new(), FETCH_RETRY)
             }
         };
-        // Only the route the replica named, at the node the replica named:
-        // segment ids are reassigned by a new master.
-        let found = routes
-            .into_iter()
-            .map(|x| {
-                let fp = x.fingerprint;
-                let route = Route {
-                    peer: Peer {
-                        worker: x.worker.into(),
-                        rkey: x.rkey.into(),
-                    },
-                    base: x.base,
-                    size: x.size,
-                    segment_id: x.segment_id,
-                    data_addr: x.data_addr,
-                };
-                (fp, route)
-            })
-            .find(|(fp, route)| *fp == r.ucx_route && route.serves(r));
         let mut cache = self.routes.lock();
         if cache.len() >= MAX_ROUTES {
             cache.clear();
         }
-        match found {
-            Some((_, route)) => {
-                let route = Arc::new(route);
-                cache.insert(r.ucx_route, Known::Ucx(route.clone()));
-                Some(route)
-            }
-            None => {
-                cache.insert(
-                    r.ucx_route,
-                    Known::Tcp(Instant::now() + self.cfg.retry_after),
-                );
-                None
+        for x in routes {
+            let route = Route {
+                peer: Peer {
+                    worker: x.worker.into(),
+                    rkey: x.rkey.into(),
+                    same_host: on_this_host(&x.data_addr),
+                },
+                base: x.base,
+                size: x.size,
+                segment_id: x.segment_id,
+                data_addr: x.data_addr,
+            };
+            cache.insert((x.fingerprint, x.segment_id), Known::Ucx(Arc::new(route)));
+        }
+        // Ranges whose route the answer did not hold (or another one: a
+        // newer registration) go over TCP for a while.
+        for r in ranges {
+            let found = matches!(cache.get(&key_of(r)), Some(Known::Ucx(x)) if x.serves(r));
+            if !found {
+                cache.insert(key_of(r), Known::Tcp(Instant::now() + retry));
             }
         }
     }
@@ -237,10 +278,9 @@ impl UcxTransport {
     /// or UCX cannot reach it from here).
     fn demote(&self, r: &RemoteRange, e: &Error) {
         tracing::warn!(node = r.addr, error = %e, "UCX transfer failed; using TCP for this segment for a while");
-        self.routes.lock().insert(
-            r.ucx_route,
-            Known::Tcp(Instant::now() + self.cfg.retry_after),
-        );
+        self.routes
+            .lock()
+            .insert(key_of(r), Known::Tcp(Instant::now() + self.cfg.retry_after));
     }
 
     fn addr(route: &Route, r: &RemoteRange, at: u64) -> u64 {
@@ -248,6 +288,16 @@ impl UcxTransport {
         // checked that base + size does not overflow.
         route.base + r.scope.offset + at
     }
+}
+
+/// Whether `data_addr` (HOST:PORT) is on this host: a loopback address, or
+/// one a socket here can bind. Co-located nodes are reached over shared
+/// memory.
+fn on_this_host(data_addr: &str) -> bool {
+    let Ok(sa) = data_addr.parse::<std::net::SocketAddr>() else {
+        return false;
+    };
+    sa.ip().is_loopback() || std::net::UdpSocket::bind((sa.ip(), 0)).is_ok()
 }
 
 impl Transport for UcxTransport {
@@ -258,11 +308,11 @@ impl Transport for UcxTransport {
         data: &'a [u8],
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            if let Path::Ucx(route, timeout) = self.path(dst, at, data.len(), PERM_WRITE).await? {
+            if let Path::Ucx(route, deadline) = self.path(dst, at, data.len(), PERM_WRITE).await? {
                 let addr = Self::addr(&route, dst, at);
                 match self
                     .engine
-                    .put(&route.peer, addr, data.to_vec(), timeout)
+                    .put_by(&route.peer, addr, data.to_vec(), deadline)
                     .await
                 {
                     Ok(()) => {
@@ -284,9 +334,13 @@ impl Transport for UcxTransport {
         buf: &'a mut [u8],
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            if let Path::Ucx(route, timeout) = self.path(src, at, buf.len(), PERM_READ).await? {
+            if let Path::Ucx(route, deadline) = self.path(src, at, buf.len(), PERM_READ).await? {
                 let addr = Self::addr(&route, src, at);
-                match self.engine.get(&route.peer, addr, buf.len(), timeout).await {
+                match self
+                    .engine
+                    .get_by(&route.peer, addr, buf.len(), deadline)
+                    .await
+                {
                     Ok(bytes) => {
                         buf.copy_from_slice(&bytes);
                         self.counts.ucx.fetch_add(1, Ordering::Relaxed);
@@ -307,10 +361,22 @@ impl Transport for UcxTransport {
         Box::pin(async move {
             // Ranges without a route go to TCP as one batch per node; the
             // rest are read one-sided, all at once.
+            let denied = self.denied();
             let (ucx, tcp): (Vec<_>, Vec<_>) = items
                 .into_iter()
                 .enumerate()
-                .partition(|(_, (r, _))| r.ucx_route != 0 && !self.denied.load(Ordering::Relaxed));
+                .partition(|(_, (r, _))| r.ucx_route != 0 && !denied);
+            // Routes this batch lacks, in one request.
+            let missing: Vec<&RemoteRange> = {
+                let cache = self.routes.lock();
+                ucx.iter()
+                    .map(|(_, (r, _))| *r)
+                    .filter(|r| !cache.contains_key(&key_of(r)))
+                    .collect()
+            };
+            if !missing.is_empty() {
+                self.fetch(&missing).await;
+            }
             let n = ucx.len() + tcp.len();
             let (tcp_idx, tcp_items): (Vec<usize>, Vec<_>) = tcp.into_iter().unzip();
             let ucx_reads = futures::future::join_all(
@@ -343,5 +409,17 @@ impl Transport for UcxTransport {
 
     fn name(&self) -> &'static str {
         "ucx"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn co_located_nodes_are_recognised() {
+        assert!(super::on_this_host("127.0.0.1:7500"));
+        assert!(super::on_this_host("[::1]:7500"));
+        // TEST-NET-1 is nobody's address here; a name is not an address.
+        assert!(!super::on_this_host("192.0.2.1:7500"));
+        assert!(!super::on_this_host("node-a:7500"));
     }
 }

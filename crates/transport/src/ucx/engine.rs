@@ -28,6 +28,8 @@ use tokio::sync::oneshot;
 pub struct Peer {
     pub worker: Arc<[u8]>,
     pub rkey: Arc<[u8]>,
+    /// The peer runs on this host: connect for shared memory.
+    pub same_host: bool,
 }
 
 /// A region registered with an engine.
@@ -161,7 +163,19 @@ impl Engine {
         data: Vec<u8>,
         timeout: Duration,
     ) -> Result<()> {
-        let deadline = Instant::now() + timeout;
+        self.put_by(peer, addr, data, Instant::now() + timeout)
+            .await
+    }
+
+    /// [`Engine::put`] that must be done by `deadline`: past it the
+    /// endpoint is torn down, which ends the transfer.
+    pub async fn put_by(
+        &self,
+        peer: &Peer,
+        addr: u64,
+        data: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<()> {
         self.call(|done| Cmd::Put {
             peer: peer.clone(),
             addr,
@@ -180,7 +194,17 @@ impl Engine {
         len: usize,
         timeout: Duration,
     ) -> Result<Vec<u8>> {
-        let deadline = Instant::now() + timeout;
+        self.get_by(peer, addr, len, Instant::now() + timeout).await
+    }
+
+    /// [`Engine::get`] that must be done by `deadline`.
+    pub async fn get_by(
+        &self,
+        peer: &Peer,
+        addr: u64,
+        len: usize,
+        deadline: Instant,
+    ) -> Result<Vec<u8>> {
         self.call(|done| Cmd::Get {
             peer: peer.clone(),
             addr,
@@ -372,7 +396,7 @@ impl Progress {
     /// The endpoint to `peer` (connected on first use) and its key.
     fn key(&mut self, peer: &Peer) -> Result<(&Endpoint, &RemoteKey)> {
         if !self.conns.contains_key(&peer.worker) {
-            let ep = Endpoint::connect(&self.worker, &peer.worker)?;
+            let ep = Endpoint::connect(&self.worker, &peer.worker, peer.same_host)?;
             self.conns.insert(
                 peer.worker.clone(),
                 Conn {

@@ -61,7 +61,7 @@ fn round_trip(tls: &'static str) {
     let target = Target::start(tls, 1 << 20);
     let ctx = Context::new(Some(tls)).unwrap();
     let worker = Worker::new(&ctx).unwrap();
-    let ep = Endpoint::connect(&worker, &target.addr).unwrap();
+    let ep = Endpoint::connect(&worker, &target.addr, tls.starts_with("sm")).unwrap();
     let key = ep.remote_key(&target.key).unwrap();
     let data: Vec<u8> = (0..65536u32).map(|i| (i * 7 % 251) as u8).collect();
     // SAFETY: `data` lives until the flush below completes.
@@ -106,10 +106,10 @@ fn one_sided_put_and_get_over_shared_memory() {
 fn bad_addresses_and_keys_are_errors_not_crashes() {
     let ctx = Context::new(Some("tcp")).unwrap();
     let worker = Worker::new(&ctx).unwrap();
-    assert!(Endpoint::connect(&worker, &[]).is_err());
+    assert!(Endpoint::connect(&worker, &[], false).is_err());
     assert!(Context::new(Some("no-such-transport")).is_err());
     let target = Target::start("tcp", 4096);
-    let ep = Endpoint::connect(&worker, &target.addr).unwrap();
+    let ep = Endpoint::connect(&worker, &target.addr, false).unwrap();
     assert!(ep.remote_key(&[]).is_err());
     drop(ep);
     target.finish();
@@ -147,6 +147,7 @@ mod engine {
         let peer = Peer {
             worker: target.address().into(),
             rkey: reg.rkey.clone().into(),
+            same_host: tls.starts_with("sm"),
         };
         let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
         client
