@@ -322,8 +322,12 @@ async fn ssd_reads_survive_a_master_restart() {
     let m = strata_tests::procs::RestartableMaster::new(state.path(), &extra);
     let (addr, admin_addr) = (m.addr.clone(), m.admin);
     let master = m.start().await;
-    let (_node, _) =
-        start_node_with(&addr, "n1", &["--token-file", member.to_str().unwrap()]).await;
+    let (_node, _, node_admin) = strata_tests::procs::start_node_admin(
+        &addr,
+        "n1",
+        &["--token-file", member.to_str().unwrap()],
+    )
+    .await;
     let (_agent, _) = start_agent(
         &addr,
         "h/0",
@@ -340,6 +344,21 @@ async fn ssd_reads_survive_a_master_restart() {
         .unwrap();
     // SSD-only from here on: the node's DRAM copy would survive the restart.
     strata_tests::make_ssd_only(&cl, admin_addr, "ssd-only").await;
+    // ...once the node has dropped it too (it learns of the eviction from
+    // its object log; killed before that, the master would hear of the
+    // copy again when the node re-registers).
+    let t0 = std::time::Instant::now();
+    while http_get(node_admin, "/api/v1/objects")
+        .await
+        .1
+        .contains("ssd-only")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the node kept its DRAM copy"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     drop(master); // SIGKILL
     let _master = m.start().await;
     // The agent re-registers and re-reports its copy.

@@ -331,6 +331,9 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         let ops = ops_for(&args, size);
         if args.baselines {
             report.rows.push(baselines::memcpy(size, ops));
+            if args.compare_transports {
+                report.rows.push(baselines::memcpy_dram(size, ops));
+            }
             report
                 .rows
                 .push(baselines::tcp_get(size, ops, args.clients, quiet).await?);

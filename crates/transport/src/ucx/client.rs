@@ -52,6 +52,9 @@ impl Default for UcxClientConfig {
 /// A segment reachable one-sided.
 struct Route {
     peer: Peer,
+    /// Co-located and reachable over shared memory (cleared when the
+    /// shared-memory engine fails on it).
+    local: std::sync::atomic::AtomicBool,
     base: u64,
     size: u64,
     segment_id: u64,
@@ -110,6 +113,11 @@ pub struct PathCounts {
 
 pub struct UcxTransport {
     engine: Engine,
+    /// A shared-memory-only engine for co-located nodes: with network
+    /// transports in the same context UCX picks them even for a peer on
+    /// this host (measured: 1.1 GB/s over UCX tcp against 7 GB/s over
+    /// shared memory for 16 MiB reads).
+    local: Option<Engine>,
     tcp: Arc<TcpTransport>,
     source: Arc<dyn RouteSource>,
     cfg: UcxClientConfig,
@@ -130,8 +138,14 @@ impl UcxTransport {
         tcp: Arc<TcpTransport>,
         source: Arc<dyn RouteSource>,
     ) -> Result<UcxTransport> {
+        let local = wants_shared_memory(cfg.tls.as_deref()).then(|| {
+            Engine::start(Some("sm,self"))
+                .inspect_err(|e| tracing::debug!(error = %e, "no UCX shared memory here; co-located nodes are reached like the others"))
+                .ok()
+        });
         Ok(UcxTransport {
             engine: Engine::start(cfg.tls.as_deref())?,
+            local: local.flatten(),
             tcp,
             source,
             cfg,
@@ -251,11 +265,13 @@ impl UcxTransport {
             cache.clear();
         }
         for x in routes {
+            let same_host = on_this_host(&x.data_addr);
             let route = Route {
+                local: same_host.into(),
                 peer: Peer {
                     worker: x.worker.into(),
                     rkey: x.rkey.into(),
-                    same_host: on_this_host(&x.data_addr),
+                    same_host,
                 },
                 base: x.base,
                 size: x.size,
@@ -283,11 +299,85 @@ impl UcxTransport {
             .insert(key_of(r), Known::Tcp(Instant::now() + self.cfg.retry_after));
     }
 
+    /// Reads into `buf` (and with `crc`, returns the bytes' crc32c, else 0).
+    async fn read_in(&self, src: &RemoteRange, at: u64, buf: &mut [u8], crc: bool) -> Result<u32> {
+        if let Path::Ucx(route, deadline) = self.path(src, at, buf.len(), PERM_READ).await? {
+            let addr = Self::addr(&route, src, at);
+            let mut r = self
+                .engine_for(&route)
+                .get_pooled(&route.peer, addr, buf.len(), deadline)
+                .await;
+            if let Err(e) = &r {
+                if self.leave_shared_memory(&route, e) {
+                    r = self
+                        .engine
+                        .get_pooled(&route.peer, addr, buf.len(), deadline)
+                        .await;
+                }
+            }
+            match r {
+                Ok(bytes) => {
+                    self.counts.ucx.fetch_add(1, Ordering::Relaxed);
+                    return Ok(copy_crc(&bytes, buf, crc));
+                }
+                Err(e) => self.demote(src, &e),
+            }
+        }
+        self.counts.tcp.fetch_add(1, Ordering::Relaxed);
+        if crc {
+            self.tcp.read_crc32c(src, at, buf).await
+        } else {
+            self.tcp.read(src, at, buf).await.map(|()| 0)
+        }
+    }
+
+    /// The engine for `route`: shared memory for a co-located node.
+    fn engine_for(&self, route: &Route) -> &Engine {
+        match &self.local {
+            Some(l) if route.local.load(Ordering::Relaxed) => l,
+            _ => &self.engine,
+        }
+    }
+
+    /// A shared-memory transfer to `route` failed: reach it like a remote
+    /// node from now on (e.g. a node in another container, on this host's
+    /// network but not its shared memory). Whether that was the case.
+    fn leave_shared_memory(&self, route: &Route, e: &Error) -> bool {
+        let was = self.local.is_some() && route.local.swap(false, Ordering::Relaxed);
+        if was {
+            tracing::info!(error = %e, "UCX shared memory failed for a co-located node; using its network transports");
+        }
+        was
+    }
+
     fn addr(route: &Route, r: &RemoteRange, at: u64) -> u64 {
         // In range: `path` checked offset + at + len <= size, and the master
         // checked that base + size does not overflow.
         route.base + r.scope.offset + at
     }
+}
+
+/// Copies `from` into `to` and (with `crc`) checksums it in the same pass,
+/// a cache-sized chunk at a time: one trip through memory instead of two.
+fn copy_crc(from: &[u8], to: &mut [u8], crc: bool) -> u32 {
+    const CHUNK: usize = 64 << 10;
+    let mut c = 0;
+    for (f, t) in from.chunks(CHUNK).zip(to.chunks_mut(CHUNK)) {
+        if crc {
+            c = crc32c::crc32c_append(c, f);
+        }
+        t.copy_from_slice(f);
+    }
+    c
+}
+
+/// Whether a client configured with `tls` (else `UCX_TLS`, else every
+/// transport) may use UCX shared memory.
+fn wants_shared_memory(tls: Option<&str>) -> bool {
+    let env = std::env::var("UCX_TLS").ok();
+    let list = tls.or(env.as_deref()).unwrap_or("all");
+    list.split(',')
+        .any(|t| matches!(t.trim(), "all" | "sm" | "shm" | "posix" | "sysv" | "cma"))
 }
 
 /// Whether `data_addr` (HOST:PORT) is on this host: a loopback address, or
@@ -310,11 +400,19 @@ impl Transport for UcxTransport {
         Box::pin(async move {
             if let Path::Ucx(route, deadline) = self.path(dst, at, data.len(), PERM_WRITE).await? {
                 let addr = Self::addr(&route, dst, at);
-                match self
-                    .engine
-                    .put_by(&route.peer, addr, data.to_vec(), deadline)
-                    .await
-                {
+                let mut r = self
+                    .engine_for(&route)
+                    .put_slice(&route.peer, addr, data, deadline)
+                    .await;
+                if let Err(e) = &r {
+                    if self.leave_shared_memory(&route, e) {
+                        r = self
+                            .engine
+                            .put_slice(&route.peer, addr, data, deadline)
+                            .await;
+                    }
+                }
+                match r {
                     Ok(()) => {
                         self.counts.ucx.fetch_add(1, Ordering::Relaxed);
                         return Ok(());
@@ -333,25 +431,16 @@ impl Transport for UcxTransport {
         at: u64,
         buf: &'a mut [u8],
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
-            if let Path::Ucx(route, deadline) = self.path(src, at, buf.len(), PERM_READ).await? {
-                let addr = Self::addr(&route, src, at);
-                match self
-                    .engine
-                    .get_by(&route.peer, addr, buf.len(), deadline)
-                    .await
-                {
-                    Ok(bytes) => {
-                        buf.copy_from_slice(&bytes);
-                        self.counts.ucx.fetch_add(1, Ordering::Relaxed);
-                        return Ok(());
-                    }
-                    Err(e) => self.demote(src, &e),
-                }
-            }
-            self.counts.tcp.fetch_add(1, Ordering::Relaxed);
-            self.tcp.read(src, at, buf).await
-        })
+        Box::pin(async move { self.read_in(src, at, buf, false).await.map(|_| ()) })
+    }
+
+    fn read_crc32c<'a>(
+        &'a self,
+        src: &'a RemoteRange,
+        at: u64,
+        buf: &'a mut [u8],
+    ) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(self.read_in(src, at, buf, true))
     }
 
     fn read_many<'a>(
@@ -414,6 +503,26 @@ impl Transport for UcxTransport {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn copies_and_checksums_in_one_pass() {
+        let from: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let mut to = vec![0u8; from.len()];
+        assert_eq!(super::copy_crc(&from, &mut to, true), crc32c::crc32c(&from));
+        assert_eq!(to, from);
+        let mut to = vec![0u8; 10];
+        assert_eq!(super::copy_crc(&from[..10], &mut to, false), 0);
+        assert_eq!(to, from[..10]);
+    }
+
+    #[test]
+    fn shared_memory_follows_the_transport_list() {
+        assert!(super::wants_shared_memory(Some("sm,self")));
+        assert!(super::wants_shared_memory(Some("rc,cma,self")));
+        assert!(super::wants_shared_memory(Some("all")));
+        assert!(!super::wants_shared_memory(Some("tcp")));
+        assert!(!super::wants_shared_memory(Some("rc,self")));
+    }
+
     #[test]
     fn co_located_nodes_are_recognised() {
         assert!(super::on_this_host("127.0.0.1:7500"));

@@ -42,6 +42,73 @@ pub struct Registered {
     pub base: u64,
 }
 
+/// Transfer buffers kept for reuse: a fresh large buffer costs a page fault
+/// per 4 KiB on first touch, more than the transfer itself.
+#[derive(Default)]
+pub struct Pool {
+    free: parking_lot::Mutex<Vec<Vec<u8>>>,
+}
+
+/// Buffers kept at most, and their total size.
+const POOL_BUFFERS: usize = 64;
+const POOL_BYTES: usize = 256 << 20;
+
+impl Pool {
+    /// A buffer of exactly `len` bytes (contents unspecified: a previous
+    /// transfer's, or zeros).
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut free = self.free.lock();
+        // The smallest that fits and wastes at most half of itself.
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len && b.capacity() / 2 <= len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let mut b = free.swap_remove(i);
+                drop(free);
+                b.truncate(len);
+                b.resize(len, 0);
+                b
+            }
+            None => vec![0u8; len],
+        }
+    }
+
+    fn give(&self, mut b: Vec<u8>) {
+        let mut free = self.free.lock();
+        let held: usize = free.iter().map(Vec::capacity).sum();
+        if free.len() < POOL_BUFFERS && held + b.capacity() <= POOL_BYTES {
+            // Full length, so a later `take` of up to its capacity needs no
+            // zeroing.
+            let cap = b.capacity();
+            b.resize(cap, 0);
+            free.push(b);
+        }
+    }
+}
+
+/// A received buffer; it goes back to its engine's pool when dropped.
+pub struct Pooled {
+    buf: Vec<u8>,
+    pool: Arc<Pool>,
+}
+
+impl std::ops::Deref for Pooled {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        self.pool.give(std::mem::take(&mut self.buf));
+    }
+}
+
 enum Cmd {
     Register {
         ptr: usize,
@@ -77,6 +144,7 @@ pub struct Engine {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     address: Vec<u8>,
+    pool: Arc<Pool>,
 }
 
 fn gone() -> Error {
@@ -92,6 +160,8 @@ impl Engine {
         let stop = Arc::new(AtomicBool::new(false));
         let halt = stop.clone();
         let tls = tls.map(str::to_string);
+        let pool = Arc::new(Pool::default());
+        let thread_pool = pool.clone();
         let thread = std::thread::Builder::new()
             .name("strata-ucx".into())
             .spawn(move || {
@@ -104,7 +174,7 @@ impl Engine {
                     }
                     Ok((addr, worker, ctx)) => {
                         let _ = ready_tx.send(Ok((addr, worker.raw() as usize)));
-                        Progress::new(ctx, worker).run(&rx, &halt);
+                        Progress::new(ctx, worker, thread_pool).run(&rx, &halt);
                     }
                 }
             })
@@ -116,6 +186,7 @@ impl Engine {
             stop,
             thread: Some(thread),
             address,
+            pool,
         })
     }
 
@@ -186,6 +257,35 @@ impl Engine {
         .await
     }
 
+    /// [`Engine::put_by`] of a copy of `data` (in a reused buffer).
+    pub async fn put_slice(
+        &self,
+        peer: &Peer,
+        addr: u64,
+        data: &[u8],
+        deadline: Instant,
+    ) -> Result<()> {
+        let mut buf = self.pool.take(data.len());
+        buf.copy_from_slice(data);
+        self.put_by(peer, addr, buf, deadline).await
+    }
+
+    /// Reads `len` bytes at `addr` of the peer's region into a reused
+    /// buffer.
+    pub async fn get_pooled(
+        &self,
+        peer: &Peer,
+        addr: u64,
+        len: usize,
+        deadline: Instant,
+    ) -> Result<Pooled> {
+        let buf = self.get_by(peer, addr, len, deadline).await?;
+        Ok(Pooled {
+            buf,
+            pool: self.pool.clone(),
+        })
+    }
+
     /// Reads `len` bytes at `addr` of the peer's region.
     pub async fn get(
         &self,
@@ -237,15 +337,16 @@ struct InFlight {
 }
 
 enum Done {
-    Put(oneshot::Sender<Result<()>>, #[allow(dead_code)] Vec<u8>),
+    Put(oneshot::Sender<Result<()>>, Vec<u8>),
     Get(oneshot::Sender<Result<Vec<u8>>>, Vec<u8>),
 }
 
 impl Done {
-    fn finish(self, r: Result<()>) {
+    fn finish(self, r: Result<()>, pool: &Pool) {
         match self {
-            Done::Put(tx, _) => {
+            Done::Put(tx, buf) => {
                 let _ = tx.send(r);
+                pool.give(buf);
             }
             Done::Get(tx, buf) => {
                 let _ = tx.send(r.map(|()| buf));
@@ -281,10 +382,11 @@ struct Progress {
     regions: HashMap<u64, Region>,
     next_region: u64,
     inflight: Vec<InFlight>,
+    pool: Arc<Pool>,
 }
 
 impl Progress {
-    fn new(ctx: Rc<Context>, worker: Rc<Worker>) -> Self {
+    fn new(ctx: Rc<Context>, worker: Rc<Worker>, pool: Arc<Pool>) -> Self {
         Progress {
             ctx,
             worker,
@@ -292,6 +394,7 @@ impl Progress {
             regions: HashMap::new(),
             next_region: 1,
             inflight: Vec::new(),
+            pool,
         }
     }
 
@@ -317,7 +420,7 @@ impl Progress {
         let left = std::mem::take(&mut self.inflight);
         self.conns.clear();
         for op in left {
-            op.done.finish(Err(gone()));
+            op.done.finish(Err(gone()), &self.pool);
         }
         self.regions.clear();
     }
@@ -364,7 +467,7 @@ impl Progress {
                 deadline,
                 done,
             } => {
-                let mut buf = vec![0u8; len];
+                let mut buf = self.pool.take(len);
                 // SAFETY: `buf` moves into the in-flight entry (a Vec's heap
                 // buffer does not move) and stays there until completion.
                 let issued = self
@@ -389,7 +492,7 @@ impl Progress {
                 deadline,
                 done,
             }),
-            Err(e) => done.finish(Err(e)),
+            Err(e) => done.finish(Err(e), &self.pool),
         }
     }
 
@@ -430,7 +533,7 @@ impl Progress {
             match outcome(&op.reqs) {
                 Some(r) => {
                     let op = self.inflight.swap_remove(i);
-                    op.done.finish(r);
+                    op.done.finish(r, &self.pool);
                 }
                 None if now >= op.deadline => {
                     broken.push((
@@ -464,7 +567,35 @@ impl Progress {
         for op in dead {
             let InFlight { reqs, done, .. } = op;
             drop(reqs);
-            done.finish(Err(e.clone()));
+            done.finish(Err(e.clone()), &self.pool);
         }
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::{Pool, POOL_BYTES};
+
+    #[test]
+    fn buffers_are_reused_within_limits() {
+        let pool = Pool::default();
+        let b = pool.take(1000);
+        assert_eq!(b.len(), 1000);
+        let ptr = b.as_ptr();
+        pool.give(b);
+        // Reused for a size it fits without wasting more than half...
+        let b = pool.take(600);
+        assert_eq!((b.len(), b.as_ptr()), (600, ptr));
+        pool.give(b);
+        // ...and not for a much smaller one, nor a larger one.
+        let small = pool.take(100);
+        assert_ne!(small.as_ptr(), ptr);
+        let big = pool.take(1001);
+        assert_ne!(big.as_ptr(), ptr);
+        assert_eq!(big.len(), 1001);
+        // A buffer beyond the pool's byte budget is not kept.
+        let huge = vec![0u8; POOL_BYTES + 1];
+        pool.give(huge);
+        assert!(pool.free.lock().iter().all(|b| b.capacity() <= POOL_BYTES));
     }
 }

@@ -26,6 +26,32 @@ pub fn memcpy(size: u64, ops: u64) -> Row {
     phase.finish("memcpy", size, 1, size, t0.elapsed())
 }
 
+/// Bytes of distinct source objects `memcpy_dram` cycles through: far more
+/// than any last-level cache, so every copy reads DRAM, as a get of an
+/// object that was put a while ago does.
+const DRAM_SET: usize = 512 << 20;
+
+/// Single-threaded memcpy bandwidth for `size`-byte copies from DRAM (a
+/// source set larger than the caches) into one reused buffer.
+pub fn memcpy_dram(size: u64, ops: u64) -> Row {
+    let size = size as usize;
+    let n = (DRAM_SET / size.max(1)).max(2);
+    // Written, so its pages are resident (not the shared zero page).
+    let src: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; size]).collect();
+    let mut dst = vec![0u8; size];
+    let phase = Phase::new("memcpy dram", ops, true);
+    let t0 = Instant::now();
+    let mut i = 0;
+    while phase.take().is_some() {
+        let t = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src[i % n]));
+        std::hint::black_box(&mut dst);
+        phase.record(t);
+        i += 1;
+    }
+    phase.finish("memcpy dram", size as u64, 1, size as u64, t0.elapsed())
+}
+
 /// A minimal request/response server: 8-byte request (the size), then that
 /// many bytes back. The floor of any TCP "get".
 pub async fn tcp_get(size: u64, ops: u64, conns: usize, quiet: bool) -> anyhow::Result<Row> {

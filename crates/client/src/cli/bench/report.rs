@@ -40,8 +40,12 @@ impl Report {
             let against: &[&str] = match r.scenario.as_str() {
                 "strata get" | "strata batch_get" => &["raw tcp get", "redis GET"],
                 "strata put" | "strata batch_put" => &["raw tcp get", "redis SET"],
-                "strata get (ucx)" | "strata batch_get (ucx)" => &["memcpy", "raw tcp get"],
-                "strata put (ucx)" | "strata batch_put (ucx)" => &["memcpy", "raw tcp get"],
+                "strata get (ucx)" | "strata batch_get (ucx)" => {
+                    &["memcpy", "memcpy dram", "raw tcp get"]
+                }
+                "strata put (ucx)" | "strata batch_put (ucx)" => {
+                    &["memcpy", "memcpy dram", "raw tcp get"]
+                }
                 _ => &[],
             };
             let mut parts = Vec::new();
