@@ -144,3 +144,82 @@ async fn a_mixed_cluster_serves_ucx_and_tcp_clients() {
     let e = rdma.get("missing").await.unwrap_err();
     assert_eq!(e.code, Code::NotFound);
 }
+
+/// A UCX node killed (SIGKILL) under an rdma client: its transfers fail
+/// retryably and never hang; restarted on the same address (a new process,
+/// so a new worker and new routes), it is reached one-sided again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rdma_client_rides_out_a_ucx_node_killed_and_restarted() {
+    use strata_tests::procs::{free_port, spawn, wait_ready};
+    let dir = tempfile::tempdir().unwrap();
+    let t = token_files(dir.path());
+    let mut args = t.master_args();
+    args.extend(["--node-ttl".to_string(), "2s".to_string()]);
+    let m = start_master(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let (d, a) = (free_port(), free_port());
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{a}").parse().unwrap();
+    let node_args: Vec<String> = [
+        "--master",
+        &m.addr,
+        "--listen",
+        &format!("127.0.0.1:{d}"),
+        "--admin-addr",
+        &admin.to_string(),
+        "--node-id",
+        "n1",
+        "--capacity",
+        "64MiB",
+        "--transport",
+        "ucx",
+        "--token-file",
+        t.member.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let node = spawn("strata-store-node", &node_args);
+    wait_ready(admin).await;
+    assert!(nodes_registered(m.admin, 1).await);
+    let (_, body) = http_get(admin, "/metrics").await;
+    assert_eq!(
+        metric(&body, "strata_store_node_ucx_exposed_bytes"),
+        64.0 * 1048576.0
+    );
+
+    let mut cfg = client(&m.addr, &t.rdma, TransportKind::Ucx);
+    cfg.backoff.deadline = Duration::from_secs(5);
+    let rdma = Client::connect(cfg).await.unwrap();
+    for i in 0..8u64 {
+        rdma.put(&format!("a{i}"), &payload(i, 65536), &PutOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(rdma.get(&format!("a{i}")).await.unwrap(), payload(i, 65536));
+    }
+    drop(node); // SIGKILL
+    let t0 = std::time::Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(60), rdma.get("a0"))
+        .await
+        .expect("a read from a killed node ends");
+    let e = r.unwrap_err();
+    assert!(e.retryable() || e.code == Code::NotFound, "{e:?}");
+    assert!(t0.elapsed() < Duration::from_secs(60));
+
+    let _node = spawn("strata-store-node", &node_args);
+    wait_ready(admin).await;
+    for i in 0..8u64 {
+        let k = format!("b{i}");
+        let v = payload(100 + i, 65536);
+        let t0 = std::time::Instant::now();
+        // The master may still hold the old registration for a moment.
+        while let Err(e) = rdma.put(&k, &v, &PutOptions::default()).await {
+            assert!(
+                e.retryable() && t0.elapsed() < Duration::from_secs(30),
+                "{e:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(rdma.get(&k).await.unwrap(), v);
+    }
+    // One-sided again: the new process's TCP data plane moved none of it.
+    assert_eq!(node_bytes(admin).await, (0.0, 0.0));
+}

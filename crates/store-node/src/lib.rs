@@ -47,6 +47,7 @@ impl StoreNodeHandle {
 struct NodeMetrics {
     registry: Registry,
     capacity: IntGauge,
+    ucx_exposed: IntGauge,
     objects: IntGauge,
     object_bytes: IntGauge,
     registrations: IntCounter,
@@ -62,6 +63,10 @@ impl NodeMetrics {
             capacity: g(
                 "strata_store_node_capacity_bytes",
                 "DRAM this node contributes",
+            ),
+            ucx_exposed: g(
+                "strata_store_node_ucx_exposed_bytes",
+                "DRAM registered with UCX for one-sided access by rdma clients (0: TCP only; one-sided traffic bypasses the data-plane byte counters)",
             ),
             objects: g(
                 "strata_store_node_objects",
@@ -146,6 +151,9 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
     metrics.capacity.set(cfg.capacity as i64);
 
     let ucx = expose_over_ucx(&cfg, &segments).await?;
+    if ucx.is_some() {
+        metrics.ucx_exposed.set(cfg.capacity as i64);
+    }
 
     let mut tasks = JoinSet::new();
     tasks.spawn(strata_transport::tcp::serve_with(

@@ -52,9 +52,8 @@ impl Default for UcxClientConfig {
 /// A segment reachable one-sided.
 struct Route {
     peer: Peer,
-    /// Co-located and reachable over shared memory (cleared when the
-    /// shared-memory engine fails on it).
-    local: std::sync::atomic::AtomicBool,
+    /// Co-located: reached through the shared-memory engine.
+    local: bool,
     base: u64,
     size: u64,
     segment_id: u64,
@@ -95,6 +94,9 @@ enum Path {
 /// How long before its grant ends a one-sided write must be done (clock
 /// skew between client and master hosts must stay below it).
 pub const WRITE_MARGIN: Duration = Duration::from_secs(2);
+/// A shared-memory transfer to a co-located node takes at most this (plus
+/// 1 ms per MB): the only way to learn that the node died.
+const SHARED_MEMORY_TIME: Duration = Duration::from_secs(1);
 /// Below this much time for a one-sided write, it goes over TCP.
 const MIN_WRITE_TIME: Duration = Duration::from_millis(200);
 /// Bound on asking the master for routes; past it the transfer goes over
@@ -267,7 +269,7 @@ impl UcxTransport {
         for x in routes {
             let same_host = on_this_host(&x.data_addr);
             let route = Route {
-                local: same_host.into(),
+                local: same_host,
                 peer: Peer {
                     worker: x.worker.into(),
                     rkey: x.rkey.into(),
@@ -291,7 +293,9 @@ impl UcxTransport {
     }
 
     /// UCX failed on `r`'s route: TCP for a while (the node may have died,
-    /// or UCX cannot reach it from here).
+    /// or UCX cannot reach it from here), then the route is fetched and
+    /// tried again. The transfer itself is retried over TCP at once, which
+    /// fails fast if the node is gone.
     fn demote(&self, r: &RemoteRange, e: &Error) {
         tracing::warn!(node = r.addr, error = %e, "UCX transfer failed; using TCP for this segment for a while");
         self.routes
@@ -303,18 +307,10 @@ impl UcxTransport {
     async fn read_in(&self, src: &RemoteRange, at: u64, buf: &mut [u8], crc: bool) -> Result<u32> {
         if let Path::Ucx(route, deadline) = self.path(src, at, buf.len(), PERM_READ).await? {
             let addr = Self::addr(&route, src, at);
-            let mut r = self
-                .engine_for(&route)
+            let (engine, deadline) = self.engine_for(&route, buf.len(), deadline);
+            let r = engine
                 .get_pooled(&route.peer, addr, buf.len(), deadline)
                 .await;
-            if let Err(e) = &r {
-                if self.leave_shared_memory(&route, e) {
-                    r = self
-                        .engine
-                        .get_pooled(&route.peer, addr, buf.len(), deadline)
-                        .await;
-                }
-            }
             match r {
                 Ok(bytes) => {
                     self.counts.ucx.fetch_add(1, Ordering::Relaxed);
@@ -331,23 +327,18 @@ impl UcxTransport {
         }
     }
 
-    /// The engine for `route`: shared memory for a co-located node.
-    fn engine_for(&self, route: &Route) -> &Engine {
+    /// The engine for a transfer of `len` bytes to `route`, and its
+    /// deadline: shared memory for a co-located node, where UCX cannot tell
+    /// a dead peer from a slow one, so the transfer gets a tighter deadline
+    /// (`SHARED_MEMORY_TIME` plus 1 ms per MB).
+    fn engine_for(&self, route: &Route, len: usize, deadline: Instant) -> (&Engine, Instant) {
         match &self.local {
-            Some(l) if route.local.load(Ordering::Relaxed) => l,
-            _ => &self.engine,
+            Some(l) if route.local => {
+                let bound = SHARED_MEMORY_TIME + Duration::from_nanos(len as u64);
+                (l, deadline.min(Instant::now() + bound))
+            }
+            _ => (&self.engine, deadline),
         }
-    }
-
-    /// A shared-memory transfer to `route` failed: reach it like a remote
-    /// node from now on (e.g. a node in another container, on this host's
-    /// network but not its shared memory). Whether that was the case.
-    fn leave_shared_memory(&self, route: &Route, e: &Error) -> bool {
-        let was = self.local.is_some() && route.local.swap(false, Ordering::Relaxed);
-        if was {
-            tracing::info!(error = %e, "UCX shared memory failed for a co-located node; using its network transports");
-        }
-        was
     }
 
     fn addr(route: &Route, r: &RemoteRange, at: u64) -> u64 {
@@ -400,18 +391,8 @@ impl Transport for UcxTransport {
         Box::pin(async move {
             if let Path::Ucx(route, deadline) = self.path(dst, at, data.len(), PERM_WRITE).await? {
                 let addr = Self::addr(&route, dst, at);
-                let mut r = self
-                    .engine_for(&route)
-                    .put_slice(&route.peer, addr, data, deadline)
-                    .await;
-                if let Err(e) = &r {
-                    if self.leave_shared_memory(&route, e) {
-                        r = self
-                            .engine
-                            .put_slice(&route.peer, addr, data, deadline)
-                            .await;
-                    }
-                }
+                let (engine, deadline) = self.engine_for(&route, data.len(), deadline);
+                let r = engine.put_slice(&route.peer, addr, data, deadline).await;
                 match r {
                     Ok(()) => {
                         self.counts.ucx.fetch_add(1, Ordering::Relaxed);
