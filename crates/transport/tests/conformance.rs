@@ -499,7 +499,8 @@ async fn a_route_is_used_only_for_the_replicas_that_name_it() {
     assert_eq!((f.one_sided)(), one_sided);
     // The node registered again with a new master: same worker and key
     // (same fingerprint), a new segment id. The new id's route is fetched
-    // and used; the old id's is not.
+    // and used (the same fingerprint names the same memory, so the old
+    // id's cached route stays right too).
     let renumbered = {
         let mut routes = source.routes.lock();
         let v = routes.as_mut().unwrap();
@@ -547,18 +548,42 @@ async fn routes_are_fetched_once_per_batch_and_outages_are_not_hammered() {
         .unwrap();
     assert_eq!(source.calls.load(Relaxed), 1);
     // ...after it (what is tested is a time: sleeping is the condition),
-    // one batch read asks once and goes one-sided.
+    // one batch over the segment it had no answer for and 8 segments it
+    // never asked about (the same memory published under 8 more ids) asks
+    // the master once, and goes one-sided.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let mut bufs = vec![vec![0u8; 4096]; 8];
-    let items = ranges
+    let ids: Vec<u64> = (0..8).map(|i| SEGMENT + 10 + i).collect();
+    {
+        let mut routes = source.routes.lock();
+        let v = routes.as_mut().unwrap();
+        let r0 = v[0].clone();
+        v.extend(ids.iter().map(|&id| strata_proto::UcxRoute {
+            segment_id: id,
+            ..r0.clone()
+        }));
+    }
+    let renamed: Vec<RemoteRange> = ranges
         .iter()
+        .zip(&ids)
+        .map(|(r, &id)| {
+            let mut r = r.clone();
+            r.scope.segment_id = id;
+            r.mac = f.key.sign(&r.scope);
+            r
+        })
+        .collect();
+    let all: Vec<&RemoteRange> = ranges.iter().chain(&renamed).collect();
+    let mut bufs = vec![vec![0u8; 4096]; all.len()];
+    let items = all
+        .iter()
+        .copied()
         .zip(bufs.iter_mut().map(|b| &mut b[..]))
         .collect();
-    for (r, got) in ranges.iter().zip(f.transport.read_many(items).await) {
+    for (r, got) in all.iter().zip(f.transport.read_many(items).await) {
         assert_eq!(got.unwrap(), crc32c::crc32c(&data(r.scope.offset, 4096)));
     }
     assert_eq!(source.calls.load(Relaxed), 2);
-    assert_eq!((f.one_sided)(), 8);
+    assert_eq!((f.one_sided)(), 16);
     (f.kill)();
 }
 

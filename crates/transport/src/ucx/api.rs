@@ -295,6 +295,9 @@ struct EpInner {
     /// Set by UCX's error callback when the peer fails; boxed so its
     /// address stays fixed.
     failed: Box<Cell<sys::ucs_status_t>>,
+    /// Set when the endpoint's close completed (on drop): only then is UCX
+    /// done with the buffers of its transfers.
+    closed: Rc<Cell<bool>>,
 }
 
 unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
@@ -361,6 +364,7 @@ impl Endpoint {
             h,
             peer_errors,
             failed,
+            closed: Rc::new(Cell::new(false)),
         })))
     }
 
@@ -371,11 +375,23 @@ impl Endpoint {
     }
 
     /// Closes without flushing (what is in flight completes with an error);
-    /// for a peer that failed or stopped answering.
-    pub fn close_forced(self) {
+    /// for a peer that failed or stopped answering. Whether the close
+    /// completed: if not (or if remote keys still hold the endpoint), UCX
+    /// may still touch the buffers of transfers that were in flight.
+    pub fn close_forced(self) -> bool {
         if self.0.failed.get() == sys::UCS_OK {
             self.0.failed.set(sys::UCS_ERR_CANCELED);
         }
+        let closed = self.0.closed.clone();
+        drop(self);
+        closed.get()
+    }
+
+    /// Closes (flushing, bounded); whether the close completed.
+    pub fn close(self) -> bool {
+        let closed = self.0.closed.clone();
+        drop(self);
+        closed.get()
     }
 
     /// Unpacks a region's remote key for use on this endpoint.
@@ -484,6 +500,7 @@ impl Drop for EpInner {
         let closed = self
             .worker
             .progress_until(CLOSE_TIMEOUT, || req.status().is_some());
+        self.closed.set(closed);
         if !closed {
             // UCX may still call the error handler: keep its cell alive.
             Box::leak(std::mem::replace(

@@ -267,7 +267,9 @@ impl UcxTransport {
             cache.clear();
         }
         for x in routes {
-            let same_host = on_this_host(&x.data_addr);
+            // Only with the shared-memory engine: a same-host peer is
+            // connected without peer failure handling.
+            let same_host = self.local.is_some() && on_this_host(&x.data_addr);
             let route = Route {
                 local: same_host,
                 peer: Peer {
@@ -352,6 +354,7 @@ impl UcxTransport {
 /// a cache-sized chunk at a time: one trip through memory instead of two.
 fn copy_crc(from: &[u8], to: &mut [u8], crc: bool) -> u32 {
     const CHUNK: usize = 64 << 10;
+    assert_eq!(from.len(), to.len(), "a transfer read what was asked");
     let mut c = 0;
     for (f, t) in from.chunks(CHUNK).zip(to.chunks_mut(CHUNK)) {
         if crc {
@@ -366,19 +369,62 @@ fn copy_crc(from: &[u8], to: &mut [u8], crc: bool) -> u32 {
 /// transport) may use UCX shared memory.
 fn wants_shared_memory(tls: Option<&str>) -> bool {
     let env = std::env::var("UCX_TLS").ok();
-    let list = tls.or(env.as_deref()).unwrap_or("all");
-    list.split(',')
-        .any(|t| matches!(t.trim(), "all" | "sm" | "shm" | "posix" | "sysv" | "cma"))
+    let list = tls.or(env.as_deref()).unwrap_or("all").trim();
+    let shm = |t: &str| {
+        matches!(
+            t.trim(),
+            "all" | "sm" | "shm" | "posix" | "sysv" | "cma" | "knem" | "xpmem"
+        )
+    };
+    match list.strip_prefix('^') {
+        // "Everything but": shared memory unless it is excluded.
+        Some(but) => !but.split(',').any(|t| matches!(t.trim(), "sm" | "shm")),
+        None => list.split(',').any(shm),
+    }
 }
 
 /// Whether `data_addr` (HOST:PORT) is on this host: a loopback address, or
-/// one a socket here can bind. Co-located nodes are reached over shared
+/// one of this host's interfaces. Co-located nodes are reached over shared
 /// memory.
 fn on_this_host(data_addr: &str) -> bool {
     let Ok(sa) = data_addr.parse::<std::net::SocketAddr>() else {
         return false;
     };
-    sa.ip().is_loopback() || std::net::UdpSocket::bind((sa.ip(), 0)).is_ok()
+    let ip = sa.ip();
+    ip.is_loopback() || (!ip.is_unspecified() && local_addresses().contains(&ip))
+}
+
+/// This host's interface addresses (getifaddrs).
+fn local_addresses() -> Vec<std::net::IpAddr> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below, once.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points at a sockaddr of the family it names.
+            match i32::from(unsafe { (*ifa.ifa_addr).sa_family }) {
+                libc::AF_INET => {
+                    let a = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                    out.push(std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)).into());
+                }
+                libc::AF_INET6 => {
+                    let a = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                    out.push(std::net::Ipv6Addr::from(a.sin6_addr.s6_addr).into());
+                }
+                _ => {}
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: the list getifaddrs allocated, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
 }
 
 impl Transport for UcxTransport {
@@ -439,9 +485,14 @@ impl Transport for UcxTransport {
             // Routes this batch lacks, in one request.
             let missing: Vec<&RemoteRange> = {
                 let cache = self.routes.lock();
+                let now = Instant::now();
                 ucx.iter()
                     .map(|(_, (r, _))| *r)
-                    .filter(|r| !cache.contains_key(&key_of(r)))
+                    .filter(|r| match cache.get(&key_of(r)) {
+                        Some(Known::Ucx(_)) => false,
+                        Some(Known::Tcp(until)) => now >= *until,
+                        None => true,
+                    })
                     .collect()
             };
             if !missing.is_empty() {
@@ -502,14 +553,27 @@ mod tests {
         assert!(super::wants_shared_memory(Some("all")));
         assert!(!super::wants_shared_memory(Some("tcp")));
         assert!(!super::wants_shared_memory(Some("rc,self")));
+        // "Everything but": shared memory unless it is the exception.
+        assert!(super::wants_shared_memory(Some("^ib")));
+        assert!(!super::wants_shared_memory(Some("^sm,ib")));
     }
 
     #[test]
     fn co_located_nodes_are_recognised() {
         assert!(super::on_this_host("127.0.0.1:7500"));
         assert!(super::on_this_host("[::1]:7500"));
-        // TEST-NET-1 is nobody's address here; a name is not an address.
+        // TEST-NET-1 is nobody's address here; a name is not an address;
+        // the wildcard is no host.
         assert!(!super::on_this_host("192.0.2.1:7500"));
+        assert!(!super::on_this_host("0.0.0.0:7500"));
+        // Every interface address of this host is.
+        let mine = super::local_addresses();
+        assert!(mine.iter().any(|ip| ip.is_loopback()), "{mine:?}");
+        for ip in mine {
+            assert!(super::on_this_host(
+                &std::net::SocketAddr::new(ip, 7500).to_string()
+            ));
+        }
         assert!(!super::on_this_host("node-a:7500"));
     }
 }

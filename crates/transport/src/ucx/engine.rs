@@ -69,7 +69,7 @@ impl Pool {
             Some(i) => {
                 let mut b = free.swap_remove(i);
                 drop(free);
-                b.truncate(len);
+                // Zeroes only what grows past its last length.
                 b.resize(len, 0);
                 b
             }
@@ -77,14 +77,13 @@ impl Pool {
         }
     }
 
-    fn give(&self, mut b: Vec<u8>) {
+    fn give(&self, b: Vec<u8>) {
+        if b.capacity() == 0 {
+            return;
+        }
         let mut free = self.free.lock();
         let held: usize = free.iter().map(Vec::capacity).sum();
         if free.len() < POOL_BUFFERS && held + b.capacity() <= POOL_BYTES {
-            // Full length, so a later `take` of up to its capacity needs no
-            // zeroing.
-            let cap = b.capacity();
-            b.resize(cap, 0);
             free.push(b);
         }
     }
@@ -342,6 +341,27 @@ enum Done {
 }
 
 impl Done {
+    /// Answers a transfer that ended early (a failed peer, a deadline, a
+    /// stop). Its buffer is reused only if its endpoint's close completed;
+    /// otherwise UCX may still write into it or send from it, so it is
+    /// leaked rather than freed or handed to another transfer.
+    fn settle(self, r: Result<()>, closed: bool, pool: &Pool) {
+        if closed {
+            return self.finish(r, pool);
+        }
+        tracing::warn!("a UCX endpoint did not close in time; the buffer of a transfer it had in flight is leaked");
+        match self {
+            Done::Put(tx, buf) => {
+                let _ = tx.send(r);
+                std::mem::forget(buf);
+            }
+            Done::Get(tx, buf) => {
+                let _ = tx.send(r.map(|()| Vec::new()));
+                std::mem::forget(buf);
+            }
+        }
+    }
+
     fn finish(self, r: Result<()>, pool: &Pool) {
         match self {
             Done::Put(tx, buf) => {
@@ -416,11 +436,18 @@ impl Progress {
             }
         }
         // Close the endpoints first (their closes complete what is in
-        // flight), then fail what was left and free its buffers.
+        // flight), then fail what was left and free its buffers: unless a
+        // close did not complete, when UCX may still use them (leaked).
         let left = std::mem::take(&mut self.inflight);
-        self.conns.clear();
+        let mut closed = true;
+        for (_, Conn { ep, keys }) in self.conns.drain() {
+            drop(keys);
+            closed &= ep.close();
+        }
         for op in left {
-            op.done.finish(Err(gone()), &self.pool);
+            let InFlight { reqs, done, .. } = op;
+            drop(reqs);
+            done.settle(Err(gone()), closed, &self.pool);
         }
         self.regions.clear();
     }
@@ -563,11 +590,11 @@ impl Progress {
         self.inflight = live;
         let Conn { ep, keys } = conn;
         drop(keys);
-        ep.close_forced();
+        let closed = ep.close_forced();
         for op in dead {
             let InFlight { reqs, done, .. } = op;
             drop(reqs);
-            done.finish(Err(e.clone()), &self.pool);
+            done.settle(Err(e.clone()), closed, &self.pool);
         }
     }
 }
