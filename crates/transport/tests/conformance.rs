@@ -465,9 +465,7 @@ mod ucx {
             kill: n.kill,
             ucx_route: ROUTE,
             checks_signatures: !rdma,
-            one_sided: Box::new(move || {
-                counts.counts.ucx.load(std::sync::atomic::Ordering::Relaxed)
-            }),
+            one_sided: Box::new(move || counts.one_sided_transfers()),
         };
         (f, source)
     }

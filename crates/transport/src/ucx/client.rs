@@ -106,13 +106,6 @@ const ROUTE_FETCH_TIMEOUT: Duration = Duration::from_secs(2);
 /// before asking again.
 const FETCH_RETRY: Duration = Duration::from_secs(1);
 
-/// Counts of transfers by path, for tests and metrics.
-#[derive(Debug, Default)]
-pub struct PathCounts {
-    pub ucx: std::sync::atomic::AtomicU64,
-    pub tcp: std::sync::atomic::AtomicU64,
-}
-
 pub struct UcxTransport {
     engine: Engine,
     /// A shared-memory-only engine for co-located nodes: with network
@@ -127,7 +120,8 @@ pub struct UcxTransport {
     /// The master refused us routes (no rdma role): TCP until then, when
     /// it is asked again (credentials may be rotated meanwhile).
     denied_until: Mutex<Option<Instant>>,
-    pub counts: PathCounts,
+    /// Transfers that went one-sided (tests check the path taken).
+    one_sided: std::sync::atomic::AtomicU64,
 }
 
 /// Routes cached at most; beyond it the cache starts over (segments are few;
@@ -153,7 +147,7 @@ impl UcxTransport {
             cfg,
             routes: Mutex::new(HashMap::new()),
             denied_until: Mutex::new(None),
-            counts: PathCounts::default(),
+            one_sided: Default::default(),
         })
     }
 
@@ -222,16 +216,27 @@ impl UcxTransport {
     /// `r`'s route, from the cache or (once per segment registration) the
     /// master.
     async fn route(&self, r: &RemoteRange) -> Option<Arc<Route>> {
-        match self.routes.lock().get(&key_of(r)) {
-            Some(Known::Ucx(route)) => return route.serves(r).then(|| route.clone()),
-            Some(Known::Tcp(until)) if Instant::now() < *until => return None,
-            _ => {}
+        if let Some(known) = self.cached(r) {
+            return known;
         }
         self.fetch(&[r]).await;
+        self.cached(r).flatten()
+    }
+
+    /// What the cache says of `r`'s route: `None` when the master must be
+    /// asked (never asked, or a while of TCP has passed), else the route to
+    /// use (`Some(None)`: TCP for now).
+    fn cached(&self, r: &RemoteRange) -> Option<Option<Arc<Route>>> {
         match self.routes.lock().get(&key_of(r)) {
-            Some(Known::Ucx(route)) => route.serves(r).then(|| route.clone()),
+            Some(Known::Ucx(route)) => Some(route.serves(r).then(|| route.clone())),
+            Some(Known::Tcp(until)) if Instant::now() < *until => Some(None),
             _ => None,
         }
+    }
+
+    /// Transfers that went one-sided so far.
+    pub fn one_sided_transfers(&self) -> u64 {
+        self.one_sided.load(Ordering::Relaxed)
     }
 
     /// Asks the master for the routes of `ranges` (one request) and caches
@@ -315,13 +320,12 @@ impl UcxTransport {
                 .await;
             match r {
                 Ok(bytes) => {
-                    self.counts.ucx.fetch_add(1, Ordering::Relaxed);
+                    self.one_sided.fetch_add(1, Ordering::Relaxed);
                     return Ok(copy_crc(&bytes, buf, crc));
                 }
                 Err(e) => self.demote(src, &e),
             }
         }
-        self.counts.tcp.fetch_add(1, Ordering::Relaxed);
         if crc {
             self.tcp.read_crc32c(src, at, buf).await
         } else {
@@ -441,13 +445,12 @@ impl Transport for UcxTransport {
                 let r = engine.put_slice(&route.peer, addr, data, deadline).await;
                 match r {
                     Ok(()) => {
-                        self.counts.ucx.fetch_add(1, Ordering::Relaxed);
+                        self.one_sided.fetch_add(1, Ordering::Relaxed);
                         return Ok(());
                     }
                     Err(e) => self.demote(dst, &e),
                 }
             }
-            self.counts.tcp.fetch_add(1, Ordering::Relaxed);
             self.tcp.write(dst, at, data).await
         })
     }
@@ -483,18 +486,11 @@ impl Transport for UcxTransport {
                 .enumerate()
                 .partition(|(_, (r, _))| r.ucx_route != 0 && !denied);
             // Routes this batch lacks, in one request.
-            let missing: Vec<&RemoteRange> = {
-                let cache = self.routes.lock();
-                let now = Instant::now();
-                ucx.iter()
-                    .map(|(_, (r, _))| *r)
-                    .filter(|r| match cache.get(&key_of(r)) {
-                        Some(Known::Ucx(_)) => false,
-                        Some(Known::Tcp(until)) => now >= *until,
-                        None => true,
-                    })
-                    .collect()
-            };
+            let missing: Vec<&RemoteRange> = ucx
+                .iter()
+                .map(|(_, (r, _))| *r)
+                .filter(|r| self.cached(r).is_none())
+                .collect();
             if !missing.is_empty() {
                 self.fetch(&missing).await;
             }
@@ -508,9 +504,6 @@ impl Transport for UcxTransport {
                 if tcp_items.is_empty() {
                     Vec::new()
                 } else {
-                    self.counts
-                        .tcp
-                        .fetch_add(tcp_items.len() as u64, Ordering::Relaxed);
                     self.tcp.read_many(tcp_items).await
                 }
             };

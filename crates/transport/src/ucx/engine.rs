@@ -239,13 +239,7 @@ impl Engine {
 
     /// [`Engine::put`] that must be done by `deadline`: past it the
     /// endpoint is torn down, which ends the transfer.
-    pub async fn put_by(
-        &self,
-        peer: &Peer,
-        addr: u64,
-        data: Vec<u8>,
-        deadline: Instant,
-    ) -> Result<()> {
+    async fn put_by(&self, peer: &Peer, addr: u64, data: Vec<u8>, deadline: Instant) -> Result<()> {
         self.call(|done| Cmd::Put {
             peer: peer.clone(),
             addr,
@@ -256,7 +250,8 @@ impl Engine {
         .await
     }
 
-    /// [`Engine::put_by`] of a copy of `data` (in a reused buffer).
+    /// Writes a copy of `data` (in a reused buffer) at `addr`, to be done by
+    /// `deadline`.
     pub async fn put_slice(
         &self,
         peer: &Peer,
@@ -297,7 +292,7 @@ impl Engine {
     }
 
     /// [`Engine::get`] that must be done by `deadline`.
-    pub async fn get_by(
+    async fn get_by(
         &self,
         peer: &Peer,
         addr: u64,
