@@ -4,12 +4,9 @@ use crate::bin;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// A loopback port for a child process (see `strata_common::ports`).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    strata_common::ports::unused_loopback_port().expect("a free loopback port")
 }
 
 /// A child process killed (SIGKILL) when dropped.

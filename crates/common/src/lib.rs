@@ -10,6 +10,7 @@ pub mod grpc;
 pub mod leader;
 pub mod limits;
 pub mod metrics;
+pub mod ports;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;

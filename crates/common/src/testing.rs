@@ -16,11 +16,7 @@ impl Drop for EtcdServer {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    crate::ports::unused_loopback_port().expect("a free loopback port")
 }
 
 impl EtcdServer {

@@ -108,10 +108,7 @@ impl Drop for Redis {
 
 impl Redis {
     pub async fn start(bin: &str) -> anyhow::Result<Redis> {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-            l.local_addr()?.port()
-        };
+        let port = strata_common::ports::unused_loopback_port()?;
         let child = tokio::process::Command::new(bin)
             .args([
                 "--port",

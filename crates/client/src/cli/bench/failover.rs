@@ -45,9 +45,7 @@ impl Drop for Masters {
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(strata_common::ports::unused_loopback_port()?)
 }
 
 impl Masters {
