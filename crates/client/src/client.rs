@@ -1,3 +1,4 @@
+use crate::locations::{spawn_reporter, Locations};
 use crate::retry::Backoff;
 use futures::StreamExt;
 use std::sync::Arc;
@@ -21,6 +22,12 @@ pub struct ClientConfig {
     pub token: Option<strata_common::auth::Secret>,
     /// How object bytes move.
     pub data_transport: TransportKind,
+    /// Keys whose DRAM locations are cached between reads, inside the read
+    /// lease the master gave with them (0: ask the master on every read).
+    pub location_cache_keys: usize,
+    /// How often reads served from that cache are reported to the master
+    /// (for its read-count policies and LRU).
+    pub read_report_interval: std::time::Duration,
 }
 
 impl ClientConfig {
@@ -32,7 +39,15 @@ impl ClientConfig {
             batch_concurrency: 16,
             token: None,
             data_transport: TransportKind::Tcp,
+            location_cache_keys: 65_536,
+            read_report_interval: std::time::Duration::from_millis(500),
         }
+    }
+
+    /// Caches the locations of up to `keys` objects (0 turns it off).
+    pub fn with_location_cache(mut self, keys: usize) -> Self {
+        self.location_cache_keys = keys;
+        self
     }
 
     /// Moves object bytes over `t`.
@@ -77,6 +92,7 @@ pub struct Client {
     master: MasterClient<MasterChannel>,
     transport: Arc<dyn Transport>,
     cfg: Arc<ClientConfig>,
+    locations: Option<Arc<Locations>>,
 }
 
 pub use strata_transport::remote_range;
@@ -86,6 +102,12 @@ fn from_status(s: Option<pb::Status>) -> Result<()> {
         Some(s) if s.code != 0 => Err(Error::from_parts(s.code, s.message, s.retryable)),
         _ => Ok(()),
     }
+}
+
+/// A batch's replicas, per key, and which came from the location cache.
+struct Located {
+    infos: Vec<Result<pb::GetReplicasResponse>>,
+    cached: Vec<bool>,
 }
 
 /// An object's bytes and the tier that served them.
@@ -111,11 +133,28 @@ impl Client {
             TransportKind::Tcp => tcp,
             TransportKind::Ucx => crate::ucx::transport(&cfg, master.clone(), tcp)?,
         };
+        let locations = (cfg.location_cache_keys > 0).then(|| {
+            let l = Arc::new(Locations::new(cfg.location_cache_keys));
+            spawn_reporter(Arc::downgrade(&l), master.clone(), cfg.read_report_interval);
+            l
+        });
         Ok(Client {
             master,
             transport,
             cfg: Arc::new(cfg),
+            locations,
         })
+    }
+
+    /// Reads served from the location cache (no master round trip) since
+    /// this client was made: for engines' own metrics.
+    pub fn cached_reads(&self) -> u64 {
+        self.locations.as_ref().map_or(0, |l| l.hits())
+    }
+
+    /// The configuration it was made with.
+    pub fn config(&self) -> &ClientConfig {
+        &self.cfg
     }
 
     fn m(&self) -> MasterClient<MasterChannel> {
@@ -222,9 +261,17 @@ impl Client {
     /// Reads `key` into a new buffer, verifying its checksum.
     #[tracing::instrument(name = "strata.get", skip_all, fields(key = key))]
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let info = self.replicas(key).await?;
+        let (info, cached) = self.replicas(key).await?;
         let mut buf = vec![0u8; info.size as usize];
-        self.read_verified(key, info, &mut buf).await?;
+        match self.read_verified(key, info, &mut buf, cached).await {
+            // Replaced (forced remove, put again) at another size.
+            Err(e) if cached && e.code == Code::Unavailable => {
+                let (info, _) = self.replicas(key).await?;
+                buf = vec![0u8; info.size as usize];
+                self.read_verified(key, info, &mut buf, false).await?;
+            }
+            r => r?,
+        }
         Ok(buf)
     }
 
@@ -232,7 +279,7 @@ impl Client {
     /// the object's size. The buffer must be at least that large.
     #[tracing::instrument(name = "strata.get", skip_all, fields(key = key))]
     pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
-        let info = self.replicas(key).await?;
+        let (info, cached) = self.replicas(key).await?;
         let n = info.size as usize;
         if buf.len() < n {
             return Err(Error::invalid(format!(
@@ -240,32 +287,69 @@ impl Client {
                 buf.len()
             )));
         }
-        self.read_verified(key, info, &mut buf[..n]).await?;
+        self.read_verified(key, info, &mut buf[..n], cached).await?;
         Ok(n)
     }
 
-    async fn replicas(&self, key: &str) -> Result<pb::GetReplicasResponse> {
+    /// Where `key`'s bytes are: from the location cache if a lease still
+    /// covers them (true), else from the master.
+    async fn replicas(&self, key: &str) -> Result<(pb::GetReplicasResponse, bool)> {
+        if let Some(info) = self.locations.as_ref().and_then(|l| l.get(key)) {
+            return Ok(((*info).clone(), true));
+        }
+        Ok((self.lookup(key).await?, false))
+    }
+
+    /// Asks the master where `key`'s bytes are (and caches the answer).
+    async fn lookup(&self, key: &str) -> Result<pb::GetReplicasResponse> {
         self.cfg
             .backoff
             .run(|| async {
+                let asked = std::time::Instant::now();
                 let r = self
                     .m()
                     .get_replicas(pb::GetReplicasRequest {
                         key: key.to_string(),
                     })
                     .await;
-                Ok(r.map_err(Error::from)?.into_inner())
+                let info = r.map_err(Error::from)?.into_inner();
+                if let Some(l) = &self.locations {
+                    l.insert(key, &info, asked);
+                }
+                Ok(info)
             })
             .await
     }
 
+    fn forget(&self, key: &str) {
+        if let Some(l) = &self.locations {
+            l.forget(key);
+        }
+    }
+
     /// Tries each replica in turn; a replica that fails or returns bytes with
-    /// the wrong checksum is skipped. If every grant expired, asks again once.
+    /// the wrong checksum is skipped. If every grant expired, or the
+    /// replicas came from the location cache, asks the master again once.
     async fn read_verified(
+        &self,
+        key: &str,
+        info: pb::GetReplicasResponse,
+        buf: &mut [u8],
+        cached: bool,
+    ) -> Result<()> {
+        let r = self.read_replicas(key, info, buf, cached).await;
+        if r.is_err() {
+            self.forget(key);
+        }
+        r
+    }
+
+    async fn read_replicas(
         &self,
         key: &str,
         mut info: pb::GetReplicasResponse,
         buf: &mut [u8],
+        cached: bool,
     ) -> Result<()> {
         for round in 0..2 {
             let mut last = Error::unavailable(format!("key {key:?} has no readable replica"));
@@ -293,10 +377,13 @@ impl Client {
                     }
                 }
             }
-            // A replica that vanished (its SSD bucket was evicted) or expired:
-            // ask the master again, once.
-            if round == 0 && (expired || last.retryable() || last.code == Code::NotFound) {
-                info = self.replicas(key).await?;
+            // A replica that vanished (its SSD bucket was evicted) or expired,
+            // or a cached location the master revoked (its range was freed:
+            // refused, or other bytes): ask the master again, once.
+            if round == 0 && (cached || expired || last.retryable() || last.code == Code::NotFound)
+            {
+                self.forget(key);
+                info = self.lookup(key).await?;
                 if buf.len() as u64 != info.size {
                     return Err(Error::unavailable(format!(
                         "key {key:?} changed while being read"
@@ -496,7 +583,7 @@ impl Client {
     /// engines that account cache hits per tier.
     #[tracing::instrument(name = "strata.batch_get", skip_all, fields(items = keys.len()))]
     pub async fn batch_get_tiered(&self, keys: &[&str]) -> Result<Vec<Result<Tiered>>> {
-        let infos = self.batch_replicas(keys).await?;
+        let Located { infos, cached } = self.batch_replicas(keys).await?;
         let tiers: Vec<Tier> = infos
             .iter()
             .map(|i| match i {
@@ -515,7 +602,7 @@ impl Client {
             .map(|i| vec![0u8; i.as_ref().map_or(0, |i| i.size as usize)])
             .collect();
         let slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-        let done = self.batch_read(keys, infos, slices).await;
+        let done = self.batch_read(keys, infos, &cached, slices).await;
         Ok(done
             .into_iter()
             .zip(bufs)
@@ -533,7 +620,7 @@ impl Client {
         items: &mut [(&str, &mut [u8])],
     ) -> Result<Vec<Result<usize>>> {
         let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
-        let infos = self.batch_replicas(&keys).await?;
+        let Located { infos, cached } = self.batch_replicas(&keys).await?;
         let mut sizes = Vec::with_capacity(items.len());
         let mut slices = Vec::with_capacity(items.len());
         let mut infos_ok = Vec::with_capacity(items.len());
@@ -553,7 +640,7 @@ impl Client {
             slices.push(&mut buf[..n]);
             infos_ok.push(info);
         }
-        let done = self.batch_read(&keys, infos_ok, slices).await;
+        let done = self.batch_read(&keys, infos_ok, &cached, slices).await;
         Ok(done
             .into_iter()
             .zip(sizes)
@@ -568,6 +655,7 @@ impl Client {
         &self,
         keys: &[&str],
         infos: Vec<Result<pb::GetReplicasResponse>>,
+        cached: &[bool],
         mut bufs: Vec<&mut [u8]>,
     ) -> Vec<Result<()>> {
         let mut pending: Vec<Option<pb::GetReplicasResponse>> = Vec::with_capacity(keys.len());
@@ -623,7 +711,8 @@ impl Client {
             if let Some(info) = p {
                 which.push(i);
                 let key = keys[i];
-                futs.push(async move { self.read_verified(key, info, buf).await });
+                let cached = cached[i];
+                futs.push(async move { self.read_verified(key, info, buf, cached).await });
             }
         }
         let rest: Vec<Result<()>> = futures::stream::iter(futs)
@@ -636,29 +725,59 @@ impl Client {
         out
     }
 
-    async fn batch_replicas(&self, keys: &[&str]) -> Result<Vec<Result<pb::GetReplicasResponse>>> {
-        let res = self
-            .m()
-            .batch_get_replicas(pb::BatchGetReplicasRequest {
-                keys: keys.iter().map(|k| k.to_string()).collect(),
+    /// Where each key's bytes are, and whether that came from the location
+    /// cache: one BatchGetReplicas for the keys it does not hold.
+    async fn batch_replicas(&self, keys: &[&str]) -> Result<Located> {
+        let mut infos: Vec<Option<Result<pb::GetReplicasResponse>>> = keys
+            .iter()
+            .map(|k| {
+                let hit = self.locations.as_ref().and_then(|l| l.get(k))?;
+                Some(Ok((*hit).clone()))
             })
-            .await
-            .map_err(Error::from)?
-            .into_inner()
-            .results;
-        if res.len() != keys.len() {
-            return Err(Error::internal(
-                "master answered a batch with the wrong count",
-            ));
+            .collect();
+        let cached: Vec<bool> = infos.iter().map(Option::is_some).collect();
+        let missing: Vec<&str> = keys
+            .iter()
+            .zip(&cached)
+            .filter(|(_, &c)| !c)
+            .map(|(k, _)| *k)
+            .collect();
+        if !missing.is_empty() {
+            let asked = std::time::Instant::now();
+            let res = self
+                .m()
+                .batch_get_replicas(pb::BatchGetReplicasRequest {
+                    keys: missing.iter().map(|k| k.to_string()).collect(),
+                })
+                .await
+                .map_err(Error::from)?
+                .into_inner()
+                .results;
+            if res.len() != missing.len() {
+                return Err(Error::internal(
+                    "master answered a batch with the wrong count",
+                ));
+            }
+            let mut res = res.into_iter();
+            for (slot, key) in infos.iter_mut().zip(keys).filter(|(s, _)| s.is_none()) {
+                let r = res.next().expect("counted above");
+                let info = from_status(r.status).and_then(|()| {
+                    r.replicas
+                        .ok_or_else(|| Error::internal("missing replicas in batch result"))
+                });
+                if let (Ok(i), Some(l)) = (&info, &self.locations) {
+                    l.insert(key, i, asked);
+                }
+                *slot = Some(info);
+            }
         }
-        Ok(res
-            .into_iter()
-            .map(|r| {
-                from_status(r.status)?;
-                r.replicas
-                    .ok_or_else(|| Error::internal("missing replicas in batch result"))
-            })
-            .collect())
+        Ok(Located {
+            infos: infos
+                .into_iter()
+                .map(|i| i.expect("filled above"))
+                .collect(),
+            cached,
+        })
     }
 
     #[tracing::instrument(name = "strata.exists", skip_all, fields(key = key))]
@@ -682,6 +801,7 @@ impl Client {
     /// an attempt whose outcome is unknown counts as removed.
     #[tracing::instrument(name = "strata.remove", skip_all, fields(key = key, force = force))]
     pub async fn remove(&self, key: &str, force: bool) -> Result<()> {
+        self.forget(key);
         let ambiguous = std::sync::atomic::AtomicBool::new(false);
         let ambiguous = &ambiguous;
         self.cfg
@@ -718,6 +838,9 @@ impl Client {
     /// Removes every committed object (leased ones unless `force`).
     /// Returns (removed, skipped).
     pub async fn remove_all(&self, force: bool) -> Result<(u64, u64)> {
+        if let Some(l) = &self.locations {
+            l.clear();
+        }
         let r = self
             .m()
             .remove_all(pb::RemoveAllRequest { force })

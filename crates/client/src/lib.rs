@@ -15,6 +15,7 @@ pub mod cli;
 mod client;
 #[cfg(feature = "cli")]
 pub mod local;
+mod locations;
 mod retry;
 mod ucx;
 

@@ -687,7 +687,39 @@ impl Master {
             crc32c: crc,
             replicas: views,
             lease_until_unix_ms: lease,
+            lease_ms: lease.saturating_sub(now),
         })
+    }
+
+    /// Counts reads a client served from its location cache, as if each
+    /// had been a lookup: read-count admission and LRU age see them. Never
+    /// extends a lease (the client's cache lives inside the one it was
+    /// given). Keys gone meanwhile are skipped.
+    pub fn report_reads(&self, reads: &[pb::KeyReads]) -> Result<()> {
+        for r in reads {
+            validate_key(&r.key)?;
+        }
+        let now = unix_ms();
+        let mut total = 0u64;
+        for r in reads.iter().filter(|r| r.count > 0) {
+            let (size, n, on_ssd) = {
+                let mut shard = self.objects.shard(&r.key);
+                let Some(obj) = shard.get_mut(&r.key) else {
+                    continue;
+                };
+                if !obj.is_complete() || obj.replicas().is_empty() {
+                    continue;
+                }
+                obj.last_access_ms = obj.last_access_ms.max(now);
+                let add = u16::try_from(r.count).unwrap_or(u16::MAX);
+                obj.reads = obj.reads.saturating_add(add);
+                (obj.size, obj.reads, !obj.ssd().is_empty())
+            };
+            total += u64::from(r.count);
+            self.admit_on_read(&r.key, size, u32::from(n), on_ssd);
+        }
+        self.metrics.cached_reads.inc_by(total);
+        Ok(())
     }
 
     pub fn inspect(&self, key: &str) -> Result<pb::InspectResponse> {

@@ -32,6 +32,9 @@ pub struct MasterMetrics {
     /// (only an SSD copy), `miss` (no such committed key): the per-tier
     /// hit rates of the dashboard.
     pub lookups: IntCounterVec,
+    /// Reads clients served from their location cache (inside a lease the
+    /// master gave), as they report them: DRAM hits no lookup counted.
+    pub cached_reads: IntCounter,
     /// Registered SSD owners by `state`: live (heartbeating) or gone.
     pub ssd_owners: IntGaugeVec,
     pub segments: IntGauge,
@@ -228,6 +231,10 @@ impl MasterMetrics {
             term: g("strata_master_term", "Leadership term of this master"),
             nodes: g("strata_master_nodes", "Live store nodes"),
             segments: g("strata_master_segments", "Mounted segments"),
+            cached_reads: c(
+                "strata_master_cached_reads_total",
+                "Reads clients served from their location cache within a read lease (reported by them; DRAM hits beside lookups_total)",
+            ),
             reclaimed_puts: c(
                 "strata_master_reclaimed_puts_total",
                 "PutStarts never ended and reclaimed after --put-timeout",

@@ -37,7 +37,7 @@ pub fn policy_of(method: &str) -> MethodPolicy {
         "EvictMemory" => (Role::Admin, BATCH_REQUEST, Some(MAX_BATCH)),
         "RemoveAll" => (Role::Admin, SMALL_REQUEST, None),
         "GetUcxRoutes" => (Role::Rdma, SMALL_REQUEST, None),
-        "BatchPutStart" | "BatchPutEnd" | "BatchPutRevoke" | "BatchGetReplicas" => {
+        "BatchPutStart" | "BatchPutEnd" | "BatchPutRevoke" | "BatchGetReplicas" | "ReportReads" => {
             (Role::Client, BATCH_REQUEST, Some(MAX_BATCH))
         }
         _ => (Role::Client, SMALL_REQUEST, None),
@@ -306,6 +306,22 @@ impl MasterRpc for MasterService {
             routes: self.master.ucx_routes(ids),
         });
         self.done("get_ucx_routes", t0, r)
+    }
+
+    async fn report_reads(
+        &self,
+        req: Request<pb::ReportReadsRequest>,
+    ) -> Result<Response<pb::ReportReadsResponse>, Status> {
+        let t0 = Instant::now();
+        let reads = req.into_inner().reads;
+        let r = match check_batch(reads.len()) {
+            Ok(()) => self
+                .blocking(move |m| m.report_reads(&reads))
+                .await
+                .map(|()| pb::ReportReadsResponse {}),
+            Err(e) => Err(e),
+        };
+        self.done("report_reads", t0, r)
     }
 
     async fn exists(

@@ -268,7 +268,11 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         Some(c) => (c.master_addr(), c.client_config()),
         None => (conn.master.clone(), conn.config()?),
     };
-    let client = Client::connect(cfg).await?;
+    // Every get of the main client asks the master; `cached` keeps
+    // locations between reads (the library's default) for the repeat-read
+    // phase.
+    let cached = Client::connect(cfg.clone()).await?;
+    let client = Client::connect(cfg.with_location_cache(0)).await?;
     client
         .stat()
         .await
@@ -284,11 +288,12 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
     );
     // The same cluster through a UCX (rdma) client.
     let ucx_client = match &local {
-        Some(c) if args.compare_transports => Some(
-            Client::connect(c.rdma_client_config())
+        Some(c) if args.compare_transports => Some((
+            Client::connect(c.rdma_client_config().with_location_cache(0))
                 .await
                 .context("cannot start a UCX client")?,
-        ),
+            Client::connect(c.rdma_client_config()).await?,
+        )),
         _ => None,
     };
     // The same cluster once more, in protected mode (no credentials).
@@ -306,7 +311,10 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         _ => None,
     };
     let plain_client = match &plain {
-        Some(c) => Some(c.client().await?),
+        Some(c) => Some((
+            Client::connect(c.client_config().with_location_cache(0)).await?,
+            c.client().await?,
+        )),
         None => None,
     };
     let mut report = Report::default();
@@ -348,6 +356,7 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         }
         let w = Workload {
             client: client.clone(),
+            cached: cached.clone(),
             run: run_id.clone(),
             size,
             keys: ops.min(capacity * 3 / 10 / size).max(args.batch as u64),
@@ -357,10 +366,11 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         };
         report.rows.extend(w.phases(ops).await?);
         client.remove_all(true).await?;
-        if let Some(pc) = &plain_client {
+        if let Some((pc, pcached)) = &plain_client {
             // Interleaved size by size, so drift hits both alike.
             let w = Workload {
                 client: pc.clone(),
+                cached: pcached.clone(),
                 run: w.run.clone(),
                 ..w
             };
@@ -370,9 +380,10 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
             }
             pc.remove_all(true).await?;
         }
-        if let Some(uc) = &ucx_client {
+        if let Some((uc, ucached)) = &ucx_client {
             let w = Workload {
                 client: uc.clone(),
+                cached: ucached.clone(),
                 ..w
             };
             for mut r in w.phases(ops).await? {
@@ -402,7 +413,7 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
             .await?,
         );
         client.remove_all(true).await?;
-        if let Some(pc) = &plain_client {
+        if let Some((pc, _)) = &plain_client {
             let mut r = meta_path(
                 pc,
                 &run_id,
@@ -435,7 +446,10 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
 
 /// One object size's Strata phases.
 struct Workload {
+    /// Asks the master on every read.
     client: Client,
+    /// The same cluster through a client that keeps locations (repeat reads).
+    cached: Client,
     run: String,
     size: u64,
     /// Objects stored by the put phases (get phases cycle over them).
@@ -456,6 +470,7 @@ impl Workload {
         Ok(vec![
             self.put().await?,
             self.get(ops).await?,
+            self.get_cached(ops).await?,
             self.batch(true, self.keys).await?,
             self.batch(false, ops).await?,
         ])
@@ -484,13 +499,35 @@ impl Workload {
     }
 
     async fn get(&self, ops: u64) -> anyhow::Result<Row> {
+        self.get_with(&self.client, "strata get", ops).await
+    }
+
+    /// Repeat reads: every key read once (untimed) so its location is
+    /// cached, then the timed reads, which ask the master only when a
+    /// location's lease ran out.
+    async fn get_cached(&self, ops: u64) -> anyhow::Result<Row> {
+        let mut buf = self.buffer();
+        let keys = self.keys_fn("s");
+        for i in 0..self.keys.min(ops) {
+            self.cached.get_into(&keys(i), &mut buf).await?;
+        }
+        let before = self.cached.cached_reads();
+        let mut row = self
+            .get_with(&self.cached, "strata get cached", ops)
+            .await?;
+        let hits = self.cached.cached_reads() - before;
+        row.note = format!("{:.0}% from cache", 100.0 * hits as f64 / ops.max(1) as f64);
+        Ok(row)
+    }
+
+    async fn get_with(&self, client: &Client, name: &str, ops: u64) -> anyhow::Result<Row> {
         let phase = Phase::new(
-            &format!("strata get {}", format_size(self.size)),
+            &format!("{name} {}", format_size(self.size)),
             ops,
             self.quiet,
         );
         let el = drive(&phase, self.clients, |_, ph| {
-            let (c, mut buf, keys) = (self.client.clone(), self.buffer(), self.keys_fn("s"));
+            let (c, mut buf, keys) = (client.clone(), self.buffer(), self.keys_fn("s"));
             async move {
                 while let Some(i) = ph.take() {
                     let t0 = Instant::now();
@@ -501,7 +538,7 @@ impl Workload {
             }
         })
         .await?;
-        Ok(phase.finish("strata get", self.size, self.clients, self.size, el))
+        Ok(phase.finish(name, self.size, self.clients, self.size, el))
     }
 
     /// Key names as an owned closure, for tasks that outlive `&self`.

@@ -691,3 +691,41 @@ async fn a_removal_waits_for_the_owner_to_drop_its_copy() {
     assert!(hb(0, 0, false).drops.is_empty());
     m.await_synced(u, "removal").await.unwrap();
 }
+
+#[tokio::test]
+async fn reads_served_from_client_caches_count_towards_admission_but_extend_no_lease() {
+    let (m, _, _) = with_owner(OffloadPolicy::Reads(3), 1 << 20, 0.9).await;
+    put(&m, "k", 100);
+    put(&m, "other", 100);
+    let r = m.get_replicas("k").unwrap();
+    assert!(
+        r.lease_ms > 0 && r.lease_ms <= 1,
+        "time left: {}",
+        r.lease_ms
+    );
+    let reads = |key: &str, count| pb::KeyReads {
+        key: key.into(),
+        count,
+    };
+    // One lookup plus one cached read: two of three.
+    m.report_reads(&[reads("k", 1), reads("gone", 5), reads("other", 0)])
+        .unwrap();
+    assert!(queued_keys(&m).is_empty());
+    m.report_reads(&[reads("k", 1)]).unwrap();
+    assert_eq!(queued_keys(&m), ["k"]);
+    assert_eq!(
+        m.metrics.cached_reads.get(),
+        2,
+        "unknown keys are not counted"
+    );
+    // Counting never leases: the object stays evictable.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    m.report_reads(&[reads("other", 100)]).unwrap();
+    assert!(m.inspect("other").unwrap().lease_until_unix_ms == 0);
+    // A bad key fails the whole report, before anything is counted.
+    let e = m
+        .report_reads(&[reads("other", 1), reads("", 1)])
+        .unwrap_err();
+    assert_eq!(e.code, strata_common::Code::InvalidArgument);
+    assert_eq!(m.metrics.cached_reads.get(), 102);
+}

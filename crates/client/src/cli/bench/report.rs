@@ -38,9 +38,11 @@ impl Report {
             .collect();
         for r in &mut self.rows {
             let against: &[&str] = match r.scenario.as_str() {
-                "strata get" | "strata batch_get" => &["raw tcp get", "redis GET"],
+                "strata get" | "strata get cached" | "strata batch_get" => {
+                    &["raw tcp get", "redis GET"]
+                }
                 "strata put" | "strata batch_put" => &["raw tcp get", "redis SET"],
-                "strata get (ucx)" | "strata batch_get (ucx)" => {
+                "strata get (ucx)" | "strata get cached (ucx)" | "strata batch_get (ucx)" => {
                     &["memcpy", "memcpy dram", "raw tcp get"]
                 }
                 "strata put (ucx)" | "strata batch_put (ucx)" => {

@@ -1,0 +1,190 @@
+//! The client's location cache: repeat reads inside a read lease skip the
+//! master, are reported to it, never outlive the lease, and a location the
+//! master revoked (forced remove, replaced object) is never served.
+
+use std::time::{Duration, Instant};
+use strata_client::{Client, ClusterBuilder, Code, LocalCluster, PutOptions};
+
+fn dram_lookups(c: &LocalCluster) -> u64 {
+    c.master.metrics.lookups.with_label_values(&["dram"]).get()
+}
+
+/// One store node; reads leased for `lease`.
+async fn cluster(lease: Duration) -> LocalCluster {
+    ClusterBuilder::new()
+        .store_nodes(1)
+        .master(|m| m.lease_ttl = lease)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// A client that asks the master on every read.
+async fn uncached(c: &LocalCluster) -> Client {
+    Client::connect(c.client_config().with_location_cache(0))
+        .await
+        .unwrap()
+}
+
+async fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < within {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeat_reads_inside_a_lease_skip_the_master_and_are_reported() {
+    let c = cluster(Duration::from_secs(60)).await;
+    let cl = c.client().await.unwrap();
+    let keys: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        cl.put(k, k.as_bytes(), &PutOptions::default())
+            .await
+            .unwrap();
+    }
+    let before = dram_lookups(&c);
+    for _ in 0..10 {
+        assert_eq!(cl.get("k0").await.unwrap(), b"k0");
+    }
+    assert_eq!(
+        dram_lookups(&c) - before,
+        1,
+        "one lookup, nine cached reads"
+    );
+    assert_eq!(cl.cached_reads(), 9);
+    // A batch asks only for the keys it does not hold.
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for (k, v) in keys.iter().zip(cl.batch_get(&refs).await.unwrap()) {
+        assert_eq!(v.unwrap(), k.as_bytes());
+    }
+    assert_eq!(dram_lookups(&c) - before, 4, "k1..k3 looked up once");
+    assert_eq!(cl.cached_reads(), 10);
+    for (k, v) in keys.iter().zip(cl.batch_get(&refs).await.unwrap()) {
+        assert_eq!(v.unwrap(), k.as_bytes());
+    }
+    assert_eq!(dram_lookups(&c) - before, 4);
+    assert_eq!(cl.cached_reads(), 14);
+    // The master hears of every cached read (for its read-count policies).
+    let m = c.master.clone();
+    assert!(
+        wait_until(Duration::from_secs(10), || m.metrics.cached_reads.get()
+            == 14)
+        .await,
+        "reported {}",
+        m.metrics.cached_reads.get()
+    );
+
+    // Without the cache, every read asks.
+    let plain = uncached(&c).await;
+    let before = dram_lookups(&c);
+    for _ in 0..5 {
+        plain.get("k0").await.unwrap();
+    }
+    assert_eq!(dram_lookups(&c) - before, 5);
+    assert_eq!(plain.cached_reads(), 0);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_location_never_outlives_its_lease() {
+    let c = cluster(Duration::from_millis(800)).await;
+    let reader = c.client().await.unwrap();
+    let other = uncached(&c).await;
+    other
+        .put("k", b"leased", &PutOptions::default())
+        .await
+        .unwrap();
+    reader.get("k").await.unwrap();
+    reader.get("k").await.unwrap();
+    assert_eq!(reader.cached_reads(), 1);
+    // An unforced remove succeeds only once the master's lease ended...
+    let t0 = Instant::now();
+    loop {
+        match other.remove("k", false).await {
+            Ok(()) => break,
+            Err(e) => assert_eq!(e.code, Code::Leased, "{e}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the lease ends");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ...and by then the reader's cache no longer serves the location.
+    assert_eq!(reader.get("k").await.unwrap_err().code, Code::NotFound);
+    assert_eq!(reader.cached_reads(), 1, "no read served past the lease");
+    c.shutdown().await;
+}
+
+/// Reads `key` until it answers `want`, checking every answer on the way is
+/// `old` (a lease still covers it) or `want`.
+async fn converges(cl: &Client, key: &str, old: &[u8], want: Result<&[u8], Code>) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        match (cl.get(key).await, want) {
+            (Ok(v), Ok(w)) if v == w => return true,
+            (Err(e), Err(code)) if e.code == code => return true,
+            (Ok(v), _) => assert_eq!(v, old, "only the old or the new bytes"),
+            (Err(e), _) => panic!("unexpected error {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_location_the_master_revokes_is_not_served() {
+    // Leases far longer than the test: only revocation can end them.
+    let c = cluster(Duration::from_secs(120)).await;
+    let reader = c.client().await.unwrap();
+    let admin = uncached(&c).await;
+    let (old, new) = (vec![1u8; 64 << 10], vec![2u8; 64 << 10]);
+    for k in ["gone", "replaced"] {
+        admin.put(k, &old, &PutOptions::default()).await.unwrap();
+        assert_eq!(reader.get(k).await.unwrap(), old);
+    }
+    // A forced remove frees the range: the reader sees the key gone.
+    admin.remove("gone", true).await.unwrap();
+    assert!(converges(&reader, "gone", &old, Err(Code::NotFound)).await);
+    // Removed and put again with other bytes (likely in the same range):
+    // the reader gets the new bytes, never a mix.
+    admin.remove("replaced", true).await.unwrap();
+    admin
+        .put("replaced", &new, &PutOptions::default())
+        .await
+        .unwrap();
+    assert!(converges(&reader, "replaced", &old, Ok(&new)).await);
+    // And again at another size: a cached size is no promise either.
+    admin.remove("replaced", true).await.unwrap();
+    admin
+        .put("replaced", &old[..1000], &PutOptions::default())
+        .await
+        .unwrap();
+    assert!(converges(&reader, "replaced", &new, Ok(&old[..1000])).await);
+    let mut buf = vec![0u8; 64 << 10];
+    assert_eq!(reader.get_into("replaced", &mut buf).await.unwrap(), 1000);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_forgets_what_it_removes() {
+    let c = cluster(Duration::from_secs(120)).await;
+    let cl = c.client().await.unwrap();
+    cl.put("k", b"first", &PutOptions::default()).await.unwrap();
+    assert_eq!(cl.get("k").await.unwrap(), b"first");
+    cl.remove("k", true).await.unwrap();
+    // Its own remove: no cached read at all afterwards.
+    assert_eq!(cl.get("k").await.unwrap_err().code, Code::NotFound);
+    cl.put("k", b"second", &PutOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(cl.get("k").await.unwrap(), b"second");
+    assert_eq!(cl.get("k").await.unwrap(), b"second");
+    assert_eq!(cl.cached_reads(), 1);
+    assert_eq!(cl.remove_all(true).await.unwrap().0, 1);
+    assert_eq!(cl.get("k").await.unwrap_err().code, Code::NotFound);
+    assert_eq!(cl.cached_reads(), 1);
+    c.shutdown().await;
+}
