@@ -166,6 +166,8 @@ async fn prometheus_evaluates_every_dashboard_query_and_alert_on_a_live_cluster(
             .await
             .unwrap();
         assert!(cl.get(&k).await.unwrap() == payload(i, 64 << 10));
+        // Read again: served from the client's location cache (reported).
+        assert!(cl.get(&k).await.unwrap() == payload(i, 64 << 10));
         assert!(cl.get(&format!("absent-{i}")).await.is_err());
         if i % 40 == 5 {
             // An object nobody read yet (a read's lease would keep it in
