@@ -408,6 +408,8 @@ mod ucx {
         pub routes: parking_lot::Mutex<Option<Vec<strata_proto::UcxRoute>>>,
         pub down: std::sync::atomic::AtomicBool,
         pub calls: std::sync::atomic::AtomicUsize,
+        /// How long the master takes to answer (a slow or loaded one).
+        pub delay_ms: std::sync::atomic::AtomicU64,
     }
 
     impl RouteSource for Routes {
@@ -429,7 +431,11 @@ mod ucx {
                     )),
                 }
             };
-            Box::pin(async move { r })
+            let delay = Duration::from_millis(self.delay_ms.load(Relaxed));
+            Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                r
+            })
         }
     }
 
@@ -455,6 +461,7 @@ mod ucx {
             routes: parking_lot::Mutex::new(rdma.then(|| vec![route])),
             down: Default::default(),
             calls: Default::default(),
+            delay_ms: Default::default(),
         });
         let t = Arc::new(UcxTransport::new(cfg, tcp, source.clone()).unwrap());
         let counts = t.clone();
@@ -581,6 +588,40 @@ async fn routes_are_fetched_once_per_batch_and_outages_are_not_hammered() {
         assert_eq!(got.unwrap(), crc32c::crc32c(&data(r.scope.offset, 4096)));
     }
     assert_eq!(source.calls.load(Relaxed), 2);
+    assert_eq!((f.one_sided)(), 16);
+    (f.kill)();
+}
+
+#[cfg(feature = "ucx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_that_miss_together_share_one_route_fetch() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (f, source) = ucx::fixture_with("tcp", true).await;
+    // A slow master: every transfer below misses while the first fetch is
+    // still out.
+    source.delay_ms.store(300, Relaxed);
+    let ranges: Vec<RemoteRange> = (0..8u64)
+        .map(|i| f.range(i * 4096, 4096, PERM_WRITE | PERM_READ, 1))
+        .collect();
+    let payloads: Vec<Vec<u8>> = ranges.iter().map(|r| data(r.scope.offset, 4096)).collect();
+    let writes = ranges
+        .iter()
+        .zip(&payloads)
+        .map(|(r, p)| f.transport.write(r, 0, p));
+    for w in futures::future::join_all(writes).await {
+        w.unwrap();
+    }
+    assert_eq!(source.calls.load(Relaxed), 1, "one fetch for the burst");
+    assert_eq!((f.one_sided)(), 8, "and every transfer used its answer");
+    let mut bufs = vec![vec![0u8; 4096]; ranges.len()];
+    let reads = ranges
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(r, b)| f.transport.read_crc32c(r, 0, b));
+    for (r, got) in ranges.iter().zip(futures::future::join_all(reads).await) {
+        assert_eq!(got.unwrap(), crc32c::crc32c(&data(r.scope.offset, 4096)));
+    }
+    assert_eq!(source.calls.load(Relaxed), 1);
     assert_eq!((f.one_sided)(), 16);
     (f.kill)();
 }

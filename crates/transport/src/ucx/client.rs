@@ -122,6 +122,13 @@ pub struct UcxTransport {
     denied_until: Mutex<Option<Instant>>,
     /// Transfers that went one-sided (tests check the path taken).
     one_sided: std::sync::atomic::AtomicU64,
+    /// One route fetch at a time: transfers that miss together (a burst
+    /// on a new segment) wait for it and find its answer, instead of each
+    /// asking the master.
+    fetching: tokio::sync::Mutex<()>,
+    /// Demotions so far: a fetch that saw one happen while it was in flight
+    /// does not overwrite the demotion with the (older) route.
+    demotions: std::sync::atomic::AtomicU64,
 }
 
 /// Routes cached at most; beyond it the cache starts over (segments are few;
@@ -148,6 +155,8 @@ impl UcxTransport {
             routes: Mutex::new(HashMap::new()),
             denied_until: Mutex::new(None),
             one_sided: Default::default(),
+            fetching: tokio::sync::Mutex::new(()),
+            demotions: Default::default(),
         })
     }
 
@@ -219,8 +228,27 @@ impl UcxTransport {
         if let Some(known) = self.cached(r) {
             return known;
         }
-        self.fetch(&[r]).await;
+        self.fetch_missing(&[r]).await;
         self.cached(r).flatten()
+    }
+
+    /// Fetches the routes of those of `ranges` the cache knows nothing of,
+    /// one fetch at a time: transfers that miss together wait for the fetch
+    /// in flight (bounded like a fetch; past it they go over TCP uncached)
+    /// and ask only for what its answer did not hold.
+    async fn fetch_missing(&self, ranges: &[&RemoteRange]) {
+        let Ok(_turn) = tokio::time::timeout(ROUTE_FETCH_TIMEOUT, self.fetching.lock()).await
+        else {
+            return;
+        };
+        let missing: Vec<&RemoteRange> = ranges
+            .iter()
+            .copied()
+            .filter(|r| self.cached(r).is_none())
+            .collect();
+        if !missing.is_empty() {
+            self.fetch(&missing).await;
+        }
     }
 
     /// What the cache says of `r`'s route: `None` when the master must be
@@ -245,6 +273,7 @@ impl UcxTransport {
         let mut ids: Vec<u64> = ranges.iter().map(|r| r.scope.segment_id).collect();
         ids.sort_unstable();
         ids.dedup();
+        let demotions = self.demotions.load(Ordering::Acquire);
         let fetched = tokio::time::timeout(ROUTE_FETCH_TIMEOUT, self.source.routes(ids)).await;
         let (routes, retry) = match fetched {
             Ok(Ok(v)) => (v, self.cfg.retry_after),
@@ -271,7 +300,14 @@ impl UcxTransport {
         if cache.len() >= MAX_ROUTES {
             cache.clear();
         }
+        // A demotion while the master answered: its TCP pause stands.
+        let demoted = self.demotions.load(Ordering::Acquire) != demotions;
+        let now = Instant::now();
         for x in routes {
+            let key = (x.fingerprint, x.segment_id);
+            if demoted && matches!(cache.get(&key), Some(Known::Tcp(until)) if *until > now) {
+                continue;
+            }
             // Only with the shared-memory engine: a same-host peer is
             // connected without peer failure handling.
             let same_host = self.local.is_some() && on_this_host(&x.data_addr);
@@ -287,7 +323,7 @@ impl UcxTransport {
                 segment_id: x.segment_id,
                 data_addr: x.data_addr,
             };
-            cache.insert((x.fingerprint, x.segment_id), Known::Ucx(Arc::new(route)));
+            cache.insert(key, Known::Ucx(Arc::new(route)));
         }
         // Ranges whose route the answer did not hold (or another one: a
         // newer registration) go over TCP for a while.
@@ -305,9 +341,9 @@ impl UcxTransport {
     /// fails fast if the node is gone.
     fn demote(&self, r: &RemoteRange, e: &Error) {
         tracing::warn!(node = r.addr, error = %e, "UCX transfer failed; using TCP for this segment for a while");
-        self.routes
-            .lock()
-            .insert(key_of(r), Known::Tcp(Instant::now() + self.cfg.retry_after));
+        let mut cache = self.routes.lock();
+        cache.insert(key_of(r), Known::Tcp(Instant::now() + self.cfg.retry_after));
+        self.demotions.fetch_add(1, Ordering::Release);
     }
 
     /// Reads into `buf` (and with `crc`, returns the bytes' crc32c, else 0).
@@ -492,7 +528,7 @@ impl Transport for UcxTransport {
                 .filter(|r| self.cached(r).is_none())
                 .collect();
             if !missing.is_empty() {
-                self.fetch(&missing).await;
+                self.fetch_missing(&missing).await;
             }
             let n = ucx.len() + tcp.len();
             let (tcp_idx, tcp_items): (Vec<usize>, Vec<_>) = tcp.into_iter().unzip();
