@@ -92,7 +92,7 @@ async fn repeat_reads_inside_a_lease_skip_the_master_and_are_reported() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cached_location_never_outlives_its_lease() {
-    let c = cluster(Duration::from_millis(800)).await;
+    let c = cluster(Duration::from_secs(3)).await;
     let reader = c.client().await.unwrap();
     let other = uncached(&c).await;
     other
@@ -162,9 +162,24 @@ async fn a_location_the_master_revokes_is_not_served() {
         .put("replaced", &old[..1000], &PutOptions::default())
         .await
         .unwrap();
-    assert!(converges(&reader, "replaced", &new, Ok(&old[..1000])).await);
+    // Read into a buffer sized for the old object: the new size comes back.
     let mut buf = vec![0u8; 64 << 10];
-    assert_eq!(reader.get_into("replaced", &mut buf).await.unwrap(), 1000);
+    let t0 = Instant::now();
+    loop {
+        let n = reader.get_into("replaced", &mut buf).await.unwrap();
+        if n == 1000 {
+            assert_eq!(&buf[..n], &old[..1000]);
+            break;
+        }
+        assert_eq!(
+            (n, &buf[..n]),
+            (new.len(), &new[..]),
+            "old or new bytes only"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(10), "revoked in time");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(converges(&reader, "replaced", &new, Ok(&old[..1000])).await);
     c.shutdown().await;
 }
 
@@ -186,5 +201,83 @@ async fn a_client_forgets_what_it_removes() {
     assert_eq!(cl.remove_all(true).await.unwrap().0, 1);
     assert_eq!(cl.get("k").await.unwrap_err().code, Code::NotFound);
     assert_eq!(cl.cached_reads(), 1);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_location_with_a_failed_replica_is_asked_for_again() {
+    let mut c = ClusterBuilder::new()
+        .store_nodes(2)
+        .master(|m| m.lease_ttl = Duration::from_secs(120))
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let opts = PutOptions {
+        replicas: 2,
+        ..Default::default()
+    };
+    cl.put("k", b"two copies", &opts).await.unwrap();
+    assert_eq!(cl.get("k").await.unwrap(), b"two copies");
+    let first = cl
+        .master_client()
+        .get_replicas(strata_proto::GetReplicasRequest { key: "k".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .replicas[0]
+        .node_id
+        .clone();
+    let node = c.nodes.iter_mut().find(|n| n.node_id == first).unwrap();
+    node.stop().await;
+    let before = dram_lookups(&c);
+    // The first replica fails, the second serves the read...
+    assert_eq!(cl.get("k").await.unwrap(), b"two copies");
+    assert_eq!(cl.cached_reads(), 1);
+    assert_eq!(dram_lookups(&c), before, "served from the cache");
+    // ...and the location that failed once is not used again.
+    assert_eq!(cl.get("k").await.unwrap(), b"two copies");
+    assert_eq!(dram_lookups(&c), before + 1, "asked the master again");
+    c.shutdown().await;
+}
+
+fn master_calls(c: &LocalCluster, op: &str) -> u64 {
+    ["ok", "not_found"]
+        .iter()
+        .map(|code| {
+            c.master
+                .metrics
+                .requests
+                .with_label_values(&[op, code])
+                .get()
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_lookups_ride_one_request() {
+    let c = cluster(Duration::from_secs(60)).await;
+    let cl = uncached(&c).await;
+    let keys: Vec<String> = (0..32).map(|i| format!("k{i}")).collect();
+    for k in &keys[..24] {
+        cl.put(k, k.as_bytes(), &PutOptions::default())
+            .await
+            .unwrap();
+    }
+    let calls =
+        |c: &LocalCluster| master_calls(c, "get_replicas") + master_calls(c, "batch_get_replicas");
+    let before = calls(&c);
+    let gets = keys.iter().map(|k| cl.get(k));
+    let got = futures::future::join_all(gets).await;
+    for (i, (k, r)) in keys.iter().zip(got).enumerate() {
+        match r {
+            Ok(v) => assert!(i < 24 && v == k.as_bytes(), "{k}"),
+            // Each key gets its own answer: the absent ones alone fail.
+            Err(e) => assert!(i >= 24 && e.code == Code::NotFound, "{k}: {e}"),
+        }
+    }
+    let made = calls(&c) - before;
+    assert!(made < 16, "32 concurrent lookups took {made} master calls");
+    assert!(master_calls(&c, "batch_get_replicas") > 0);
     c.shutdown().await;
 }

@@ -1,4 +1,5 @@
 use crate::locations::{spawn_reporter, Locations};
+use crate::lookups::Lookups;
 use crate::retry::Backoff;
 use futures::StreamExt;
 use std::sync::Arc;
@@ -93,6 +94,7 @@ pub struct Client {
     transport: Arc<dyn Transport>,
     cfg: Arc<ClientConfig>,
     locations: Option<Arc<Locations>>,
+    lookups: Lookups,
 }
 
 pub use strata_transport::remote_range;
@@ -102,6 +104,13 @@ fn from_status(s: Option<pb::Status>) -> Result<()> {
         Some(s) if s.code != 0 => Err(Error::from_parts(s.code, s.message, s.retryable)),
         _ => Ok(()),
     }
+}
+
+/// One item of a `BatchGetReplicas` answer.
+pub(crate) fn replicas_of(r: pb::GetReplicasResult) -> Result<pb::GetReplicasResponse> {
+    from_status(r.status)?;
+    r.replicas
+        .ok_or_else(|| Error::internal("missing replicas in batch result"))
 }
 
 /// A batch's replicas, per key, and which came from the location cache.
@@ -134,11 +143,15 @@ impl Client {
             TransportKind::Ucx => crate::ucx::transport(&cfg, master.clone(), tcp)?,
         };
         let locations = (cfg.location_cache_keys > 0).then(|| {
-            let l = Arc::new(Locations::new(cfg.location_cache_keys));
+            let l = Arc::new(Locations::new(
+                cfg.location_cache_keys,
+                cfg.data_transport == TransportKind::Ucx,
+            ));
             spawn_reporter(Arc::downgrade(&l), master.clone(), cfg.read_report_interval);
             l
         });
         Ok(Client {
+            lookups: Lookups::start(master.clone()),
             master,
             transport,
             cfg: Arc::new(cfg),
@@ -261,17 +274,15 @@ impl Client {
     /// Reads `key` into a new buffer, verifying its checksum.
     #[tracing::instrument(name = "strata.get", skip_all, fields(key = key))]
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let (info, cached) = self.replicas(key).await?;
-        let mut buf = vec![0u8; info.size as usize];
-        match self.read_verified(key, info, &mut buf, cached).await {
-            // Replaced (forced remove, put again) at another size.
-            Err(e) if cached && e.code == Code::Unavailable => {
-                let (info, _) = self.replicas(key).await?;
-                buf = vec![0u8; info.size as usize];
-                self.read_verified(key, info, &mut buf, false).await?;
+        if let Some(info) = self.cached(key) {
+            let mut buf = vec![0u8; info.size as usize];
+            if self.read_cached(key, &info, &mut buf).await {
+                return Ok(buf);
             }
-            r => r?,
         }
+        let info = self.lookup(key).await?;
+        let mut buf = vec![0u8; info.size as usize];
+        self.read_verified(key, info, &mut buf).await?;
         Ok(buf)
     }
 
@@ -279,7 +290,13 @@ impl Client {
     /// the object's size. The buffer must be at least that large.
     #[tracing::instrument(name = "strata.get", skip_all, fields(key = key))]
     pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
-        let (info, cached) = self.replicas(key).await?;
+        if let Some(info) = self.cached(key) {
+            let n = info.size as usize;
+            if buf.len() >= n && self.read_cached(key, &info, &mut buf[..n]).await {
+                return Ok(n);
+            }
+        }
+        let info = self.lookup(key).await?;
         let n = info.size as usize;
         if buf.len() < n {
             return Err(Error::invalid(format!(
@@ -287,17 +304,14 @@ impl Client {
                 buf.len()
             )));
         }
-        self.read_verified(key, info, &mut buf[..n], cached).await?;
+        self.read_verified(key, info, &mut buf[..n]).await?;
         Ok(n)
     }
 
-    /// Where `key`'s bytes are: from the location cache if a lease still
-    /// covers them (true), else from the master.
-    async fn replicas(&self, key: &str) -> Result<(pb::GetReplicasResponse, bool)> {
-        if let Some(info) = self.locations.as_ref().and_then(|l| l.get(key)) {
-            return Ok(((*info).clone(), true));
-        }
-        Ok((self.lookup(key).await?, false))
+    /// `key`'s replicas from the location cache, if a lease still covers
+    /// them.
+    fn cached(&self, key: &str) -> Option<Arc<pb::GetReplicasResponse>> {
+        self.locations.as_ref().and_then(|l| l.get(key))
     }
 
     /// Asks the master where `key`'s bytes are (and caches the answer).
@@ -306,13 +320,7 @@ impl Client {
             .backoff
             .run(|| async {
                 let asked = std::time::Instant::now();
-                let r = self
-                    .m()
-                    .get_replicas(pb::GetReplicasRequest {
-                        key: key.to_string(),
-                    })
-                    .await;
-                let info = r.map_err(Error::from)?.into_inner();
+                let info = self.lookups.get(key).await?;
                 if let Some(l) = &self.locations {
                     l.insert(key, &info, asked);
                 }
@@ -327,17 +335,58 @@ impl Client {
         }
     }
 
+    /// One pass over cached replicas. Any failure (refused: the master
+    /// freed the range; other bytes; a dead node) forgets the location,
+    /// even when a later replica serves the read, and false sends the
+    /// caller to the master, exactly as if nothing had been cached.
+    async fn read_cached(&self, key: &str, info: &pb::GetReplicasResponse, buf: &mut [u8]) -> bool {
+        let mut failed = false;
+        let mut done = false;
+        for r in &info.replicas {
+            let Ok(range) = remote_range(r) else {
+                failed = true;
+                continue;
+            };
+            match self.transport.read_crc32c(&range, 0, buf).await {
+                Ok(crc) if crc == info.crc32c => {
+                    done = true;
+                    break;
+                }
+                Ok(_) | Err(_) => failed = true,
+            }
+        }
+        if let Some(l) = &self.locations {
+            if failed {
+                l.forget(key);
+            }
+            if done {
+                l.hit(key);
+            }
+        }
+        done
+    }
+
+    /// Reads `key` into `buf` after a cached location failed: asks the
+    /// master, and reads if the object still has `buf`'s size.
+    async fn reread(&self, key: &str, buf: &mut [u8]) -> Result<()> {
+        let info = self.lookup(key).await?;
+        if info.size != buf.len() as u64 {
+            return Err(Error::unavailable(format!(
+                "key {key:?} was replaced by an object of another size while being read; read it again"
+            )));
+        }
+        self.read_verified(key, info, buf).await
+    }
+
     /// Tries each replica in turn; a replica that fails or returns bytes with
-    /// the wrong checksum is skipped. If every grant expired, or the
-    /// replicas came from the location cache, asks the master again once.
+    /// the wrong checksum is skipped. If every grant expired, asks again once.
     async fn read_verified(
         &self,
         key: &str,
         info: pb::GetReplicasResponse,
         buf: &mut [u8],
-        cached: bool,
     ) -> Result<()> {
-        let r = self.read_replicas(key, info, buf, cached).await;
+        let r = self.read_replicas(key, info, buf).await;
         if r.is_err() {
             self.forget(key);
         }
@@ -349,7 +398,6 @@ impl Client {
         key: &str,
         mut info: pb::GetReplicasResponse,
         buf: &mut [u8],
-        cached: bool,
     ) -> Result<()> {
         for round in 0..2 {
             let mut last = Error::unavailable(format!("key {key:?} has no readable replica"));
@@ -377,11 +425,9 @@ impl Client {
                     }
                 }
             }
-            // A replica that vanished (its SSD bucket was evicted) or expired,
-            // or a cached location the master revoked (its range was freed:
-            // refused, or other bytes): ask the master again, once.
-            if round == 0 && (cached || expired || last.retryable() || last.code == Code::NotFound)
-            {
+            // A replica that vanished (its SSD bucket was evicted) or expired:
+            // ask the master again, once.
+            if round == 0 && (expired || last.retryable() || last.code == Code::NotFound) {
                 self.forget(key);
                 info = self.lookup(key).await?;
                 if buf.len() as u64 != info.size {
@@ -712,7 +758,15 @@ impl Client {
                 which.push(i);
                 let key = keys[i];
                 let cached = cached[i];
-                futs.push(async move { self.read_verified(key, info, buf, cached).await });
+                futs.push(async move {
+                    if !cached {
+                        self.read_verified(key, info, buf).await
+                    } else if self.read_cached(key, &info, buf).await {
+                        Ok(())
+                    } else {
+                        self.reread(key, buf).await
+                    }
+                });
             }
         }
         let rest: Vec<Result<()>> = futures::stream::iter(futs)
@@ -731,7 +785,7 @@ impl Client {
         let mut infos: Vec<Option<Result<pb::GetReplicasResponse>>> = keys
             .iter()
             .map(|k| {
-                let hit = self.locations.as_ref().and_then(|l| l.get(k))?;
+                let hit = self.cached(k)?;
                 Some(Ok((*hit).clone()))
             })
             .collect();
@@ -761,10 +815,7 @@ impl Client {
             let mut res = res.into_iter();
             for (slot, key) in infos.iter_mut().zip(keys).filter(|(s, _)| s.is_none()) {
                 let r = res.next().expect("counted above");
-                let info = from_status(r.status).and_then(|()| {
-                    r.replicas
-                        .ok_or_else(|| Error::internal("missing replicas in batch result"))
-                });
+                let info = replicas_of(r);
                 if let (Ok(i), Some(l)) = (&info, &self.locations) {
                     l.insert(key, i, asked);
                 }
@@ -801,7 +852,15 @@ impl Client {
     /// an attempt whose outcome is unknown counts as removed.
     #[tracing::instrument(name = "strata.remove", skip_all, fields(key = key, force = force))]
     pub async fn remove(&self, key: &str, force: bool) -> Result<()> {
+        // Before and after: a lookup that raced the remove may have cached
+        // the old location meanwhile.
         self.forget(key);
+        let r = self.remove_once(key, force).await;
+        self.forget(key);
+        r
+    }
+
+    async fn remove_once(&self, key: &str, force: bool) -> Result<()> {
         let ambiguous = std::sync::atomic::AtomicBool::new(false);
         let ambiguous = &ambiguous;
         self.cfg

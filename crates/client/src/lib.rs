@@ -16,6 +16,7 @@ mod client;
 #[cfg(feature = "cli")]
 pub mod local;
 mod locations;
+mod lookups;
 mod retry;
 mod ucx;
 

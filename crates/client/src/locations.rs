@@ -34,8 +34,15 @@ pub(crate) struct Locations {
     /// Of the lease: the share the cache uses (the rest covers the trip to
     /// the node and clock rate differences).
     use_of_lease: f64,
-    unreported: Mutex<HashMap<String, u32>>,
+    /// Reads served and not reported yet, sharded like the entries; at
+    /// most `per_shard` keys a shard (beyond, counts are dropped: they
+    /// steer policies, they are not data).
+    unreported: Vec<Mutex<HashMap<String, u32>>>,
     hits: AtomicU64,
+    /// The client reads one-sided (UCX): no node sees those reads, so none
+    /// could refuse a revoked location; answers naming a UCX route are not
+    /// kept.
+    one_sided: bool,
 }
 
 struct Entry {
@@ -44,47 +51,61 @@ struct Entry {
 }
 
 impl Locations {
-    /// Holds up to `capacity` keys.
-    pub(crate) fn new(capacity: usize) -> Self {
+    /// Holds up to `capacity` keys; `one_sided`: the client reads over UCX.
+    pub(crate) fn new(capacity: usize, one_sided: bool) -> Self {
         Locations {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::new(),
             per_shard: capacity.div_ceil(SHARDS).max(1),
             use_of_lease: 0.75,
-            unreported: Mutex::default(),
+            unreported: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hits: AtomicU64::new(0),
+            one_sided,
         }
     }
 
+    fn index(&self, key: &str) -> usize {
+        (self.hasher.hash_one(key) % SHARDS as u64) as usize
+    }
+
     fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        let i = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
-        self.shards[i]
+        self.shards[self.index(key)]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The replicas of `key` if a lease still covers them; counts the read.
+    /// The replicas of `key` if a lease still covers them.
     pub(crate) fn get(&self, key: &str) -> Option<Arc<pb::GetReplicasResponse>> {
         let now = Instant::now();
-        let info = {
-            let mut shard = self.shard(key);
-            match shard.get(key) {
-                Some(e) if e.until > now => e.info.clone(),
-                Some(_) => {
-                    shard.remove(key);
-                    return None;
-                }
-                None => return None,
+        let mut shard = self.shard(key);
+        match shard.get(key) {
+            Some(e) if e.until > now => Some(e.info.clone()),
+            Some(_) => {
+                shard.remove(key);
+                None
             }
-        };
+            None => None,
+        }
+    }
+
+    /// A read of `key` was served through its cached location.
+    pub(crate) fn hit(&self, key: &str) {
         self.hits.fetch_add(1, Ordering::Relaxed);
-        *self
-            .unreported
+        self.count(key.to_string(), 1);
+    }
+
+    fn count(&self, key: String, n: u32) {
+        let mut u = self.unreported[self.index(&key)]
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(key.to_string())
-            .or_default() += 1;
-        Some(info)
+            .unwrap_or_else(PoisonError::into_inner);
+        let len = u.len();
+        match u.get_mut(&key) {
+            Some(c) => *c = c.saturating_add(n),
+            None if len < self.per_shard => {
+                u.insert(key, n);
+            }
+            None => {}
+        }
     }
 
     /// Remembers an answer to a lookup sent at `asked`. Only objects read
@@ -95,6 +116,7 @@ impl Locations {
         if info.lease_ms == 0
             || info.replicas.is_empty()
             || info.replicas.iter().any(|r| r.kind != memory)
+            || (self.one_sided && info.replicas.iter().any(|r| r.ucx_route != 0))
         {
             return;
         }
@@ -146,21 +168,31 @@ impl Locations {
     }
 
     fn take_unreported(&self) -> Vec<pb::KeyReads> {
-        std::mem::take(
-            &mut *self
-                .unreported
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        )
-        .into_iter()
-        .map(|(key, count)| pb::KeyReads { key, count })
-        .collect()
+        let mut out = Vec::new();
+        for u in &self.unreported {
+            let taken = std::mem::take(&mut *u.lock().unwrap_or_else(PoisonError::into_inner));
+            out.extend(
+                taken
+                    .into_iter()
+                    .map(|(key, count)| pb::KeyReads { key, count }),
+            );
+        }
+        out
+    }
+
+    /// Counts a report could not deliver, for the next one.
+    fn unreport(&self, reads: Vec<pb::KeyReads>) {
+        for r in reads {
+            self.count(r.key, r.count);
+        }
     }
 }
 
 /// Reports cached reads to the master every `every`, until the cache is
-/// dropped (the last clone of its client). A report that fails is dropped:
-/// the counts steer policies, they are not data.
+/// dropped (the last clone of its client). Counts a report could not
+/// deliver wait for the next one (bounded like all unreported counts); what
+/// is left when the client drops is lost: the counts steer policies, they
+/// are not data.
 pub(crate) fn spawn_reporter(
     cache: Weak<Locations>,
     master: strata_proto::master_client::MasterClient<strata_common::grpc::MasterChannel>,
@@ -172,11 +204,9 @@ pub(crate) fn spawn_reporter(
         tick.tick().await;
         loop {
             tick.tick().await;
-            let Some(cache) = cache.upgrade() else {
+            let Some(reads) = cache.upgrade().map(|c| c.take_unreported()) else {
                 return;
             };
-            let reads = cache.take_unreported();
-            drop(cache);
             for chunk in reads.chunks(REPORT_CHUNK) {
                 let req = pb::ReportReadsRequest {
                     reads: chunk.to_vec(),
@@ -184,10 +214,21 @@ pub(crate) fn spawn_reporter(
                 let mut m = master.clone();
                 let sent =
                     tokio::time::timeout(every.max(Duration::from_secs(1)), m.report_reads(req));
-                match sent.await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => tracing::debug!(error = %e, "reporting cached reads failed"),
-                    Err(_) => tracing::debug!("reporting cached reads timed out"),
+                let delivered = match sent.await {
+                    Ok(Ok(_)) => true,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "reporting cached reads failed; next time");
+                        false
+                    }
+                    Err(_) => {
+                        tracing::debug!("reporting cached reads timed out; next time");
+                        false
+                    }
+                };
+                if !delivered {
+                    if let Some(c) = cache.upgrade() {
+                        c.unreport(chunk.to_vec());
+                    }
                 }
             }
         }
@@ -214,40 +255,60 @@ mod tests {
         }
     }
 
+    const DRAM: &[pb::ReplicaKind] = &[pb::ReplicaKind::Memory];
+
     #[test]
     fn an_entry_lives_inside_its_lease_and_counts_its_reads() {
-        let c = Locations::new(100);
+        let c = Locations::new(100, false);
         let asked = Instant::now();
-        c.insert("k", &answer(60_000, &[pb::ReplicaKind::Memory]), asked);
+        c.insert("k", &answer(60_000, DRAM), asked);
         assert_eq!(c.get("k").unwrap().crc32c, 7);
-        assert_eq!(c.get("k").unwrap().crc32c, 7);
+        assert!(c.take_unreported().is_empty(), "a lookup is not a read");
+        c.hit("k");
+        c.hit("k");
         let r = c.take_unreported();
         assert_eq!((r.len(), r[0].key.as_str(), r[0].count), (1, "k", 2));
         assert!(c.take_unreported().is_empty(), "reported once");
+        // A report that failed is kept for the next one.
+        c.unreport(r);
+        c.hit("k");
+        assert_eq!(c.take_unreported()[0].count, 3);
+        assert_eq!(c.hits(), 3);
         c.forget("k");
         assert!(c.get("k").is_none());
     }
 
     #[test]
+    fn unreported_counts_are_bounded() {
+        let c = Locations::new(SHARDS, false); // one key per shard
+        for i in 0..1000 {
+            c.hit(&format!("k{i}"));
+        }
+        let r = c.take_unreported();
+        assert!(!r.is_empty() && r.len() <= SHARDS, "{}", r.len());
+    }
+
+    #[test]
     fn a_lease_measured_from_the_request_ends_early_enough() {
-        let c = Locations::new(100);
-        // Asked 800 ms ago with a 1 s lease: 0.75 of it is already gone.
-        let asked = Instant::now() - Duration::from_millis(800);
-        c.insert("old", &answer(1000, &[pb::ReplicaKind::Memory]), asked);
+        let c = Locations::new(100, false);
+        // Asked 3.2 s ago with a 4 s lease: its usable 3 s are gone.
+        let asked = Instant::now() - Duration::from_millis(3200);
+        c.insert("old", &answer(4000, DRAM), asked);
         assert!(c.get("old").is_none());
-        // Asked 700 ms ago: 50 ms of the usable part are left.
-        let asked = Instant::now() - Duration::from_millis(700);
-        c.insert("young", &answer(1000, &[pb::ReplicaKind::Memory]), asked);
+        // Asked 2.6 s ago: 400 ms of the usable part are left...
+        let asked = Instant::now() - Duration::from_millis(2600);
+        c.insert("young", &answer(4000, DRAM), asked);
         assert!(c.get("young").is_some());
-        std::thread::sleep(Duration::from_millis(60));
+        // ...and then they are not.
+        std::thread::sleep(Duration::from_millis(450));
         assert!(c.get("young").is_none(), "expired entries are not served");
     }
 
     #[test]
     fn only_leased_dram_answers_are_kept() {
-        let c = Locations::new(100);
+        let c = Locations::new(100, false);
         let now = Instant::now();
-        c.insert("none", &answer(0, &[pb::ReplicaKind::Memory]), now);
+        c.insert("none", &answer(0, DRAM), now);
         c.insert("ssd", &answer(60_000, &[pb::ReplicaKind::Ssd]), now);
         c.insert(
             "mixed",
@@ -256,42 +317,44 @@ mod tests {
         );
         c.insert("empty", &answer(60_000, &[]), now);
         assert_eq!(c.len(), 0);
-        c.insert("dram", &answer(60_000, &[pb::ReplicaKind::Memory]), now);
+        c.insert("dram", &answer(60_000, DRAM), now);
         assert_eq!(c.len(), 1);
-        assert!(c.take_unreported().is_empty(), "inserts are not reads");
+    }
+
+    #[test]
+    fn a_one_sided_client_keeps_no_location_it_would_read_one_sided() {
+        let mut a = answer(60_000, DRAM);
+        a.replicas[0].ucx_route = 42;
+        let now = Instant::now();
+        let ucx = Locations::new(100, true);
+        ucx.insert("k", &a, now);
+        assert_eq!(ucx.len(), 0, "no node would refuse a revoked one");
+        ucx.insert("tcp-node", &answer(60_000, DRAM), now);
+        assert_eq!(ucx.len(), 1, "a TCP-only node's replicas are fenced");
+        let tcp = Locations::new(100, false);
+        tcp.insert("k", &a, now);
+        assert_eq!(tcp.len(), 1, "a TCP client reads it through the node");
     }
 
     #[test]
     fn capacity_is_a_bound() {
-        let c = Locations::new(SHARDS); // one key per shard
+        let c = Locations::new(SHARDS, false); // one key per shard
         let now = Instant::now();
         for i in 0..1000 {
-            c.insert(
-                &format!("k{i}"),
-                &answer(60_000, &[pb::ReplicaKind::Memory]),
-                now,
-            );
+            c.insert(&format!("k{i}"), &answer(60_000, DRAM), now);
         }
         assert_eq!(c.len(), SHARDS);
         // Expired entries make room.
-        let c = Locations::new(SHARDS);
-        let old = Instant::now() - Duration::from_millis(700);
+        let c = Locations::new(SHARDS, false);
+        let old = Instant::now() - Duration::from_millis(2600);
         for i in 0..1000 {
-            c.insert(
-                &format!("k{i}"),
-                &answer(1000, &[pb::ReplicaKind::Memory]),
-                old,
-            );
+            c.insert(&format!("k{i}"), &answer(4000, DRAM), old);
         }
         assert_eq!(c.len(), SHARDS);
-        std::thread::sleep(Duration::from_millis(60));
+        std::thread::sleep(Duration::from_millis(450));
         let now = Instant::now();
         for i in 0..1000 {
-            c.insert(
-                &format!("n{i}"),
-                &answer(60_000, &[pb::ReplicaKind::Memory]),
-                now,
-            );
+            c.insert(&format!("n{i}"), &answer(60_000, DRAM), now);
         }
         assert_eq!(c.len(), SHARDS);
         assert!((0..1000).filter_map(|i| c.get(&format!("n{i}"))).count() == SHARDS);
