@@ -1,8 +1,9 @@
-//! Lookups batched by default: reads that ask the master while another
-//! lookup of this client is in flight ride the next request together
-//! (`BatchGetReplicas`), so many concurrent single gets cost few round trips.
-//! Nothing waits to fill a batch: a lookup with none in flight goes at once,
-//! alone (`GetReplicas`); batches form only from what queued meanwhile.
+//! Lookups batched by default: while a few lookups of this client are in
+//! flight, each goes at once, alone, from the caller's task (`GetReplicas`:
+//! the cheapest request, no hand-off). Beyond that, lookups queue and ride
+//! the next request together (`BatchGetReplicas`, one at a time), so many
+//! concurrent single gets cost few round trips. Nothing ever waits to fill
+//! a batch: batches form only from what queued meanwhile.
 
 use std::sync::Arc;
 use strata_common::grpc::MasterChannel;
@@ -14,9 +15,11 @@ use tracing::Instrument;
 
 /// Keys one request carries at most (well under the master's batch limit).
 const MAX_KEYS: usize = 256;
-/// Requests in flight at once per client: a second one keeps a slow
-/// answer from stalling every lookup behind it.
-const IN_FLIGHT: usize = 2;
+/// Single lookups in flight at once per client before lookups queue into
+/// batches (measured across processes, 4 KiB gets: batching every lookup
+/// through a dispatcher task cost a quarter of the rate at 4 concurrent
+/// readers and gained a sixth at 16).
+const IN_FLIGHT: usize = 4;
 
 type Reply = oneshot::Sender<Result<pb::GetReplicasResponse>>;
 /// A queued lookup: its key, where to answer, and the caller's span (the
@@ -27,18 +30,35 @@ type Item = (String, Reply, tracing::Span);
 /// The queue of lookups; the dispatcher ends when the last handle drops.
 #[derive(Clone)]
 pub(crate) struct Lookups {
+    master: MasterClient<MasterChannel>,
+    singles: Arc<Semaphore>,
     tx: mpsc::UnboundedSender<Item>,
 }
 
 impl Lookups {
     pub(crate) fn start(master: MasterClient<MasterChannel>) -> Lookups {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch(master, rx));
-        Lookups { tx }
+        tokio::spawn(dispatch(master.clone(), rx));
+        Lookups {
+            master,
+            singles: Arc::new(Semaphore::new(IN_FLIGHT)),
+            tx,
+        }
     }
 
     /// Where `key`'s bytes are (one attempt; callers retry with backoff).
     pub(crate) async fn get(&self, key: &str) -> Result<pb::GetReplicasResponse> {
+        if let Ok(_single) = self.singles.try_acquire() {
+            return self
+                .master
+                .clone()
+                .get_replicas(pb::GetReplicasRequest {
+                    key: key.to_string(),
+                })
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(Error::from);
+        }
         let (reply, answer) = oneshot::channel();
         self.tx
             .send((key.to_string(), reply, tracing::Span::current()))
@@ -49,16 +69,10 @@ impl Lookups {
     }
 }
 
-async fn dispatch(master: MasterClient<MasterChannel>, mut rx: mpsc::UnboundedReceiver<Item>) {
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
-    loop {
-        // Wait for a free slot first: what queues meanwhile is the batch.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let Some(first) = rx.recv().await else {
-            return;
-        };
+/// Sends what queued, one request at a time: while one is out, the next
+/// batch gathers.
+async fn dispatch(mut master: MasterClient<MasterChannel>, mut rx: mpsc::UnboundedReceiver<Item>) {
+    while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_KEYS {
             match rx.try_recv() {
@@ -66,15 +80,8 @@ async fn dispatch(master: MasterClient<MasterChannel>, mut rx: mpsc::UnboundedRe
                 Err(_) => break,
             }
         }
-        let mut m = master.clone();
         let span = batch[0].2.clone();
-        tokio::spawn(
-            async move {
-                send(&mut m, batch).await;
-                drop(slot);
-            }
-            .instrument(span),
-        );
+        send(&mut master, batch).instrument(span).await;
     }
 }
 

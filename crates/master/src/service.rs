@@ -50,6 +50,9 @@ pub fn policy_of(method: &str) -> MethodPolicy {
         },
     }
 }
+/// Batches up to this many items run on the async worker, not a blocking
+/// thread: microseconds of metadata work.
+const INLINE_BATCH: usize = 32;
 /// Default and maximum page of `List`.
 const LIST_DEFAULT: usize = 1000;
 const LIST_MAX: usize = 100_000;
@@ -93,6 +96,12 @@ impl MasterService {
         f: impl FnOnce(&Master) -> T + Send + 'static,
     ) -> Result<T> {
         check_batch(n)?;
+        // A small batch costs less than the hand-off to a blocking thread
+        // (measured: clients' batched lookups of 2 to 4 keys were slower
+        // than single ones through it).
+        if n <= INLINE_BATCH {
+            return Ok(f(&self.master));
+        }
         self.blocking(move |m| Ok(f(m))).await
     }
 
