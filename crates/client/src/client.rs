@@ -798,24 +798,12 @@ impl Client {
             .collect();
         if !missing.is_empty() {
             let asked = std::time::Instant::now();
-            let res = self
-                .m()
-                .batch_get_replicas(pb::BatchGetReplicasRequest {
-                    keys: missing.iter().map(|k| k.to_string()).collect(),
-                })
-                .await
-                .map_err(Error::from)?
-                .into_inner()
-                .results;
-            if res.len() != missing.len() {
-                return Err(Error::internal(
-                    "master answered a batch with the wrong count",
-                ));
-            }
-            let mut res = res.into_iter();
+            let ask = missing.iter().map(|k| k.to_string()).collect();
+            let mut res = crate::lookups::batch_get(&mut self.m(), ask)
+                .await?
+                .into_iter();
             for (slot, key) in infos.iter_mut().zip(keys).filter(|(s, _)| s.is_none()) {
-                let r = res.next().expect("counted above");
-                let info = replicas_of(r);
+                let info = res.next().expect("one answer per missing key");
                 if let (Ok(i), Some(l)) = (&info, &self.locations) {
                     l.insert(key, i, asked);
                 }

@@ -98,24 +98,10 @@ async fn send(m: &mut MasterClient<MasterChannel>, mut batch: Vec<Item>) {
         return;
     }
     let keys = batch.iter().map(|(k, _, _)| k.clone()).collect();
-    let answer = m
-        .batch_get_replicas(pb::BatchGetReplicasRequest { keys })
-        .await
-        .map(tonic::Response::into_inner)
-        .map_err(Error::from)
-        .and_then(|r| {
-            if r.results.len() == batch.len() {
-                Ok(r.results)
-            } else {
-                Err(Error::internal(
-                    "master answered a batch with the wrong count",
-                ))
-            }
-        });
-    match answer {
+    match batch_get(m, keys).await {
         Ok(results) => {
             for ((_, reply, _), r) in batch.into_iter().zip(results) {
-                let _ = reply.send(crate::client::replicas_of(r));
+                let _ = reply.send(r);
             }
         }
         Err(e) => {
@@ -124,4 +110,27 @@ async fn send(m: &mut MasterClient<MasterChannel>, mut batch: Vec<Item>) {
             }
         }
     }
+}
+
+/// One `BatchGetReplicas`: each key's replicas or its own error, in order.
+pub(crate) async fn batch_get(
+    m: &mut MasterClient<MasterChannel>,
+    keys: Vec<String>,
+) -> Result<Vec<Result<pb::GetReplicasResponse>>> {
+    let n = keys.len();
+    let results = m
+        .batch_get_replicas(pb::BatchGetReplicasRequest { keys })
+        .await
+        .map_err(Error::from)?
+        .into_inner()
+        .results;
+    if results.len() != n {
+        return Err(Error::internal(
+            "master answered a batch with the wrong count",
+        ));
+    }
+    Ok(results
+        .into_iter()
+        .map(crate::client::replicas_of)
+        .collect())
 }
