@@ -97,3 +97,35 @@ pub async fn make_ssd_only(cl: &strata_client::Client, admin: std::net::SocketAd
         .into_inner();
     assert_eq!(r.results[0].code, 0, "{}", r.results[0].message);
 }
+
+/// Puts `keys` (object i = payload(i, size)), waits until each is on SSD and
+/// drops its DRAM copy, so reads must go through the agent.
+pub async fn put_on_ssd_only(
+    c: &LocalCluster,
+    cl: &strata_client::Client,
+    keys: &[String],
+    size: usize,
+    seed: u64,
+) {
+    for (i, k) in keys.iter().enumerate() {
+        cl.put(
+            k,
+            &payload(seed + i as u64, size),
+            &strata_client::PutOptions::default(),
+        )
+        .await
+        .unwrap();
+    }
+    assert!(wait_until(std::time::Duration::from_secs(20), || drained(c)).await);
+    let r = cl
+        .master_client()
+        .evict_memory(strata_proto::EvictMemoryRequest {
+            keys: keys.to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for (k, s) in keys.iter().zip(r.results) {
+        assert_eq!(s.code, 0, "{k}: {}", s.message);
+    }
+}

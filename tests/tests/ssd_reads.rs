@@ -3,33 +3,11 @@
 //! real files, RocksDB and sockets.
 
 use std::time::Duration;
-use strata_client::{Client, Code, PutOptions};
+use strata_client::Code;
 use strata_proto as pb;
 use strata_tests::{
-    drained, eager, http_get, metric, payload, wait_until, ClusterBuilder, LocalCluster,
+    eager, http_get, metric, payload, put_on_ssd_only, wait_until, ClusterBuilder, LocalCluster,
 };
-
-/// Puts `keys` (object i = payload(i, size)), waits until each is on SSD and
-/// drops its DRAM copy, so reads must go through the agent.
-async fn put_on_ssd_only(c: &LocalCluster, cl: &Client, keys: &[String], size: usize, seed: u64) {
-    for (i, k) in keys.iter().enumerate() {
-        cl.put(k, &payload(seed + i as u64, size), &PutOptions::default())
-            .await
-            .unwrap();
-    }
-    assert!(wait_until(Duration::from_secs(20), || drained(c)).await);
-    let r = cl
-        .master_client()
-        .evict_memory(pb::EvictMemoryRequest {
-            keys: keys.to_vec(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    for (k, s) in keys.iter().zip(r.results) {
-        assert_eq!(s.code, 0, "{k}: {}", s.message);
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_readers_each_four_times_the_arena_all_read_correct_bytes() {
@@ -99,7 +77,14 @@ async fn a_full_arena_times_out_readers_with_the_setting_named_and_recovers_when
     let staging = c.agents[0].staging.clone();
     // A reader that never gives its space back (a remote reader holding a
     // lease far longer than the wait).
-    let lease = staging.lend(arena, Duration::from_secs(600)).await.unwrap();
+    let lend = |ttl| {
+        let staging = staging.clone();
+        async move {
+            let g = staging.acquire(arena, arena).await.unwrap();
+            staging.lend(g, Box::new(()), ttl)
+        }
+    };
+    let (lease, token) = lend(Duration::from_secs(600)).await;
     let tries: Vec<_> = keys
         .iter()
         .map(|k| {
@@ -133,7 +118,7 @@ async fn a_full_arena_times_out_readers_with_the_setting_named_and_recovers_when
     // A reader cancelled while it waits leaves nothing behind.
     let cancelled = tokio::time::timeout(Duration::from_millis(50), cl.get(&keys[0])).await;
     assert!(cancelled.is_err());
-    assert!(staging.give_back(lease));
+    assert!(staging.give_back(lease, token));
     for (i, k) in keys.iter().enumerate() {
         assert_eq!(cl.get(k).await.unwrap(), payload(7 + i as u64, 64 << 10));
     }
@@ -141,10 +126,7 @@ async fn a_full_arena_times_out_readers_with_the_setting_named_and_recovers_when
     let (_, m) = http_get(c.agents[0].admin_addr, "/metrics").await;
     assert_eq!(metric(&m, "strata_ssd_agent_staging_waiters"), 0.0);
     // Space lent and never returned is reclaimed after its TTL.
-    staging
-        .lend(arena, Duration::from_millis(100))
-        .await
-        .unwrap();
+    lend(Duration::from_millis(100)).await;
     assert!(wait_until(Duration::from_secs(5), || staging.in_use() == 0).await);
     assert_eq!(cl.get(&keys[1]).await.unwrap(), payload(8, 64 << 10));
     c.shutdown().await;

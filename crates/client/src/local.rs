@@ -105,7 +105,8 @@ impl ClusterBuilder {
         self.credentials = on;
         self
     }
-    /// What the store nodes serve: TCP, or (`Ucx`) UCX as well.
+    /// What the store nodes and SSD agents serve: TCP, or (`Ucx`) UCX as
+    /// well (segments one-sided, SSD reads through lent staging).
     pub fn node_transport(mut self, t: crate::TransportKind) -> Self {
         self.transport = t;
         self
@@ -270,6 +271,7 @@ impl LocalCluster {
             self.ssd_capacity,
         );
         cfg.token = self.credentials.member.clone();
+        cfg.transport = self.transport;
         if let Some(f) = &self.ssd_cfg {
             f(&mut cfg);
         }

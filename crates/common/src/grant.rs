@@ -8,6 +8,10 @@ pub const PERM_WRITE: u32 = 2;
 /// Read of an SSD bucket range, served by the owning agent. Distinct from
 /// PERM_READ so a DRAM grant can never be replayed against a bucket.
 pub const PERM_SSD_READ: u32 = 4;
+/// An SSD range may also be staged into the agent's lent window and read
+/// one-sided (UCX). The window's remote key opens every slot of it, so the
+/// master sets this bit only for rdma callers, like segment routes.
+pub const PERM_STAGE: u32 = 8;
 
 /// The "segment id" a grant names for an SSD bucket: owner in the high bits,
 /// so one owner's grant cannot address another owner's bucket.

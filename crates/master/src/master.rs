@@ -20,7 +20,7 @@ use std::time::Instant;
 use strata_common::auth::ProofHash;
 use strata_common::grant::{
     node_member, owner_member, ssd_segment_id, GrantKey, GrantScope, PERM_READ, PERM_SSD_READ,
-    PERM_WRITE,
+    PERM_STAGE, PERM_WRITE,
 };
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
@@ -238,10 +238,18 @@ impl Master {
         self.member_key(&owner_member(owner_id), proof)
     }
 
-    fn ssd_view(&self, r: &SsdReplica, expires: u64, now: u64) -> Option<pb::Replica> {
+    /// An SSD replica as a client sees it; with `stage`, its grant also
+    /// lets the reader stage it for a one-sided read (rdma callers only:
+    /// the window's remote key opens all of it).
+    fn ssd_view(&self, r: &SsdReplica, expires: u64, now: u64, stage: bool) -> Option<pb::Replica> {
         let (addr, handle, key) = self.owners.endpoint(r.owner_id, now)?;
+        let perm = if stage {
+            PERM_SSD_READ | PERM_STAGE
+        } else {
+            PERM_SSD_READ
+        };
         let scope = GrantScope {
-            perm: PERM_SSD_READ,
+            perm,
             segment_id: ssd_segment_id(r.owner_id, r.bucket_id),
             offset: r.offset,
             length: r.length,
@@ -256,7 +264,7 @@ impl Master {
             offset: r.offset,
             length: r.length,
             grant: Some(pb::Grant {
-                perm: PERM_SSD_READ,
+                perm,
                 expires_unix_ms: expires,
                 generation: 0,
                 mac: key.sign(&scope).to_vec(),
@@ -624,6 +632,12 @@ impl Master {
     // ---------------- get ----------------
 
     pub fn get_replicas(&self, key: &str) -> Result<pb::GetReplicasResponse> {
+        self.get_replicas_for(key, false)
+    }
+
+    /// Like [`Master::get_replicas`]; with `stage` (an rdma caller), SSD
+    /// grants also allow staging for a one-sided read.
+    pub fn get_replicas_for(&self, key: &str, stage: bool) -> Result<pb::GetReplicasResponse> {
         validate_key(key)?;
         let now = unix_ms();
         let (size, crc, replicas, ssd, lease, reads) = {
@@ -676,7 +690,10 @@ impl Master {
             .iter()
             .map(|r| self.replica_view(r, size, PERM_READ, lease, true))
             .collect();
-        views.extend(ssd.iter().filter_map(|r| self.ssd_view(r, lease, now)));
+        views.extend(
+            ssd.iter()
+                .filter_map(|r| self.ssd_view(r, lease, now, stage)),
+        );
         if views.is_empty() {
             return Err(Error::unavailable(format!(
                 "key {key:?} has no live replica"
@@ -741,7 +758,7 @@ impl Master {
         replicas.extend(
             o.ssd()
                 .iter()
-                .filter_map(|r| self.ssd_view(r, 0, now))
+                .filter_map(|r| self.ssd_view(r, 0, now, false))
                 .map(|r| pb::Replica { grant: None, ..r }),
         );
         Ok(pb::InspectResponse {

@@ -88,6 +88,13 @@ impl MasterService {
         creds.check(roles, need)
     }
 
+    /// Whether the caller has `role` (everyone does without credentials),
+    /// for answers that depend on it; no error built.
+    fn has_role<T>(&self, req: &Request<T>, role: Role) -> bool {
+        self.master.config().credentials.is_empty()
+            || req.extensions().get::<Roles>().is_some_and(|r| r.has(role))
+    }
+
     /// Runs a batch call of `n` items (refused beyond MAX_BATCH) off the
     /// async workers: up to MAX_BATCH items of metadata work.
     async fn batch<T: Send + 'static>(
@@ -275,7 +282,8 @@ impl MasterRpc for MasterService {
         req: Request<pb::GetReplicasRequest>,
     ) -> Result<Response<pb::GetReplicasResponse>, Status> {
         let t0 = Instant::now();
-        let r = self.master.get_replicas(&req.get_ref().key);
+        let stage = self.has_role(&req, Role::Rdma);
+        let r = self.master.get_replicas_for(&req.get_ref().key, stage);
         self.done("get_replicas", t0, r)
     }
 
@@ -284,12 +292,13 @@ impl MasterRpc for MasterService {
         req: Request<pb::BatchGetReplicasRequest>,
     ) -> Result<Response<pb::BatchGetReplicasResponse>, Status> {
         let t0 = Instant::now();
+        let stage = self.has_role(&req, Role::Rdma);
         let keys = req.into_inner().keys;
         let r = self
             .batch(keys.len(), move |m| pb::BatchGetReplicasResponse {
                 results: keys
                     .iter()
-                    .map(|k| match m.get_replicas(k) {
+                    .map(|k| match m.get_replicas_for(k, stage) {
                         Ok(v) => pb::GetReplicasResult {
                             status: Some(pb::Status::default()),
                             replicas: Some(v),

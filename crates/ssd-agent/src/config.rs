@@ -6,6 +6,7 @@ use std::time::Duration;
 use strata_common::auth::Secret;
 use strata_common::units::{ByteSize, HumanDuration};
 use strata_common::{Error, Result};
+pub use strata_transport::TransportKind;
 
 #[derive(Debug, Clone)]
 pub struct SsdAgentConfig {
@@ -45,6 +46,9 @@ pub struct SsdAgentConfig {
     /// A data-plane reader that takes no bytes for this long is cut off,
     /// releasing its staging and its bucket's reader count.
     pub io_timeout: Duration,
+    /// `ucx`: reads are also lent one-sided to rdma readers, from a UCX
+    /// window of --staging-bytes beside the arena.
+    pub transport: TransportKind,
 }
 
 impl Default for SsdAgentConfig {
@@ -68,6 +72,7 @@ impl Default for SsdAgentConfig {
             sparse_below: 0.25,
             token: None,
             io_timeout: Duration::from_secs(30),
+            transport: TransportKind::Tcp,
         }
     }
 }
@@ -130,6 +135,12 @@ impl SsdAgentConfig {
         }
         if self.staging_bytes < 4096 {
             return Err(Error::invalid("--staging-bytes must be at least 4KiB"));
+        }
+        if self.transport == TransportKind::Ucx && !cfg!(feature = "ucx") {
+            return Err(Error::invalid(
+                "--transport ucx needs a build with UCX (cargo feature `ucx`, which needs \
+                 libucx-dev); this one serves --transport tcp only",
+            ));
         }
         if self.io_timeout < Duration::from_millis(10) {
             return Err(Error::invalid("--io-timeout must be at least 10ms"));
@@ -201,6 +212,9 @@ pub struct SsdAgentArgs {
     /// Cut off a data-plane reader that takes no bytes for this long [default: 30s]
     #[arg(long, env = "STRATA_IO_TIMEOUT")]
     pub io_timeout: Option<HumanDuration>,
+    /// Data-plane transport: tcp, or ucx (TCP plus reads lent one-sided to rdma clients from a UCX window of --staging-bytes; builds with the `ucx` feature) [default: tcp]
+    #[arg(long, env = "STRATA_TRANSPORT")]
+    pub transport: Option<String>,
     #[command(flatten)]
     #[serde(skip)]
     pub telemetry: strata_common::telemetry::TelemetryArgs,
@@ -234,7 +248,8 @@ impl SsdAgentArgs {
                     low_watermark,
                     sparse_below,
                     token_file,
-                    io_timeout
+                    io_timeout,
+                    transport
                 ]
             );
         }
@@ -258,6 +273,10 @@ impl SsdAgentArgs {
             sparse_below: self.sparse_below.unwrap_or(d.sparse_below),
             token: Secret::from_optional_file(self.token_file.as_deref(), "--token-file")?,
             io_timeout: self.io_timeout.map_or(d.io_timeout, |v| v.0),
+            transport: match self.transport {
+                Some(t) => t.parse().map_err(Error::invalid)?,
+                None => d.transport,
+            },
         };
         cfg.validate()?;
         Ok(cfg)

@@ -8,6 +8,7 @@ pub mod bucket;
 pub mod config;
 pub mod eviction;
 pub mod index;
+pub mod lending;
 pub mod lock;
 pub mod offload;
 pub mod promotion;
@@ -48,6 +49,8 @@ struct AgentMetrics {
     /// `offload_source` (a DRAM source handed to this agent).
     checksum_failures: IntCounterVec,
     staging: staging::StagingMetrics,
+    /// Bytes staged into the lend window for one-sided readers.
+    staged_bytes: prometheus::IntCounter,
     eviction: eviction::EvictionMetrics,
     server: ServerMetrics,
 }
@@ -145,6 +148,10 @@ impl AgentMetrics {
                     "Remote staging leases reclaimed after their TTL",
                 ),
             },
+            staged_bytes: c(
+                "strata_ssd_agent_staged_bytes_total",
+                "Bytes staged into the UCX lend window for one-sided (rdma) readers",
+            ),
             eviction: eviction::EvictionMetrics {
                 buckets: c(
                     "strata_ssd_agent_evicted_buckets_total",
@@ -312,6 +319,41 @@ impl Session {
     }
 }
 
+/// The window reads are lent one-sided from, with `--transport ucx`: as
+/// large as the arena, in slots of one staging piece.
+#[cfg(feature = "ucx")]
+async fn lend_window(
+    cfg: &SsdAgentConfig,
+    staging: &staging::Staging,
+) -> Result<Option<Arc<lending::LendWindow>>> {
+    if cfg.transport != config::TransportKind::Ucx {
+        return Ok(None);
+    }
+    let w = lending::start_ucx(cfg.staging_bytes, staging.piece_bytes())
+        .await
+        .map_err(|e| {
+            Error::new(
+                e.code,
+                format!("cannot serve --transport ucx: {}", e.message),
+            )
+        })?;
+    tracing::info!(
+        window_bytes = w.size(),
+        slot_bytes = w.slot_bytes(),
+        "SSD reads are lent to rdma readers over UCX"
+    );
+    Ok(Some(Arc::new(w)))
+}
+
+#[cfg(not(feature = "ucx"))]
+async fn lend_window(
+    _: &SsdAgentConfig,
+    _: &staging::Staging,
+) -> Result<Option<Arc<lending::LendWindow>>> {
+    // `validate` refused --transport ucx in this build.
+    Ok(None)
+}
+
 pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<SsdAgentHandle> {
     cfg.validate()?;
     let instance = strata_common::time::instance_id();
@@ -333,10 +375,13 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         .unwrap_or_else(|| data_addr.to_string());
     let staging =
         staging::Staging::new(cfg.staging_bytes, cfg.staging_wait, metrics.staging.clone());
+    let window = lend_window(&cfg, &staging).await?;
     let region = Arc::new(region::BucketRegion::new(
         staging.clone(),
+        window,
         instance.clone(),
         metrics.checksum_failures.with_label_values(&["read"]),
+        metrics.staged_bytes.clone(),
     ));
     let mut tasks = JoinSet::new();
     {

@@ -1,15 +1,18 @@
 //! Serves reads of this owner's buckets on the data plane. Grants are signed
 //! by the master with `PERM_SSD_READ` and name `(owner, bucket)`, so neither a
-//! DRAM grant nor another owner's grant can read these files.
+//! DRAM grant nor another owner's grant can read these files. With a lend
+//! window (`--transport ucx`) grants that also carry `PERM_STAGE` (rdma
+//! callers) may stage a piece into it for a one-sided read.
 
+use crate::lending::{LendWindow, LEND_TTL};
 use crate::staging::Staging;
 use crate::store::{BucketReadGuard, OwnerStore};
 use futures::future::BoxFuture;
 use parking_lot::RwLock;
 use std::sync::Arc;
-use strata_common::grant::{split_ssd_segment_id, GrantKey, PERM_SSD_READ};
+use strata_common::grant::{split_ssd_segment_id, GrantKey, PERM_SSD_READ, PERM_STAGE};
 use strata_common::{Code, Error, Result};
-use strata_transport::frame::Request;
+use strata_transport::frame::{Request, Staged};
 use strata_transport::region::{
     verify_grant, Chunk, ChunkStream, DataRegion, ReadSource, WriteTarget,
 };
@@ -18,21 +21,28 @@ pub struct BucketRegion {
     /// Installed once registered: grant key and the owner's store.
     state: RwLock<Option<(GrantKey, Arc<OwnerStore>)>>,
     staging: Staging,
+    /// Where reads are lent to one-sided readers (`--transport ucx`).
+    window: Option<Arc<LendWindow>>,
     instance: String,
     checksum_failures: prometheus::IntCounter,
+    staged_bytes: prometheus::IntCounter,
 }
 
 impl BucketRegion {
     pub fn new(
         staging: Staging,
+        window: Option<Arc<LendWindow>>,
         instance: String,
         checksum_failures: prometheus::IntCounter,
+        staged_bytes: prometheus::IntCounter,
     ) -> Self {
         BucketRegion {
             state: RwLock::new(None),
             staging,
+            window,
             instance,
             checksum_failures,
+            staged_bytes,
         }
     }
 
@@ -41,33 +51,118 @@ impl BucketRegion {
     }
 }
 
+impl BucketRegion {
+    /// Checks `req`'s grant for `perm` on this owner's buckets: the store
+    /// and the bucket it names.
+    fn authorize(&self, req: &Request, perm: u32, now_ms: u64) -> Result<(Arc<OwnerStore>, u64)> {
+        let (key, store) = self
+            .state
+            .read()
+            .clone()
+            .ok_or_else(|| Error::unavailable("SSD agent is still starting"))?;
+        verify_grant(
+            &key, &req.grant, &req.mac, perm, req.offset, req.length, now_ms,
+        )?;
+        let (owner, bucket) = split_ssd_segment_id(req.grant.segment_id);
+        if owner != store.owner_id {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "grant is for owner {owner}, this agent serves owner {}",
+                    store.owner_id
+                ),
+            ));
+        }
+        Ok((store, bucket))
+    }
+
+    /// Stages the first piece of `req`'s range into a lent window slot.
+    async fn stage_piece(&self, req: &Request, now_ms: u64) -> Result<Staged> {
+        let window = self.window.as_ref().ok_or_else(|| {
+            Error::invalid(
+                "this SSD agent lends no staging (it runs --transport tcp); read over TCP",
+            )
+        })?;
+        if req.grant.perm & PERM_SSD_READ == 0 {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                "grant does not allow this operation",
+            ));
+        }
+        let (store, bucket) = self.authorize(req, PERM_STAGE, now_ms)?;
+        if req.length == 0 {
+            return Err(Error::invalid("nothing to stage"));
+        }
+        let n = req.length.min(window.slot_bytes());
+        let _read = store.begin_read(bucket)?;
+        // A whole slot of the arena: with slots of one piece, the arena
+        // never lends more slots than the window has.
+        let guard = self
+            .staging
+            .acquire(window.slot_bytes(), req.length)
+            .await?;
+        let slot = window
+            .take()
+            .ok_or_else(|| Error::new(Code::ResourceExhausted, "no free staging slot"))?;
+        let object = store.object_at(bucket, req.offset);
+        let (w, at) = (window.clone(), req.offset);
+        let slot = tokio::task::spawn_blocking(move || {
+            // SAFETY: this Stage holds the slot; it is lent (readable by
+            // peers) only once filled, and written by nobody else.
+            let dst = unsafe { w.slot_mut(&slot, n) }?;
+            store.read_piece_into(bucket, at, dst)?;
+            if let Some((len, want)) = object.filter(|(len, _)| *len == n) {
+                if crc32c::crc32c(dst) != want {
+                    return Err(Error::new(
+                        Code::Corrupted,
+                        format!("object at bucket {bucket} offset {at} ({len} bytes) failed its checksum"),
+                    ));
+                }
+            }
+            if object.is_some() {
+                store.mark_read(bucket, at);
+            }
+            Ok(slot)
+        })
+        .await
+        .map_err(|e| Error::internal(format!("read task failed: {e}")))?
+        .inspect_err(|e| {
+            if e.code == Code::Corrupted {
+                self.checksum_failures.inc();
+                tracing::error!(error = %e, "object failed its checksum on read");
+            }
+        })?;
+        let window_offset = window.offset_of(&slot);
+        let (lease, token) = self.staging.lend(guard, Box::new(slot), LEND_TTL);
+        self.staged_bytes.inc_by(n);
+        let r = window.route();
+        Ok(Staged {
+            lease,
+            token,
+            window_offset,
+            length: n,
+            ttl_ms: LEND_TTL.as_millis() as u64,
+            fingerprint: r.fingerprint,
+            base: r.base,
+            size: window.size(),
+            worker: r.worker.clone(),
+            rkey: r.rkey.clone(),
+        })
+    }
+}
+
 impl DataRegion for BucketRegion {
+    fn stage<'a>(&'a self, req: &'a Request, now_ms: u64) -> BoxFuture<'a, Result<Staged>> {
+        Box::pin(self.stage_piece(req, now_ms))
+    }
+
+    fn give_back(&self, lease: u64, token: u64) -> bool {
+        self.staging.give_back(lease, token)
+    }
+
     fn read<'a>(&'a self, req: &'a Request, now_ms: u64) -> BoxFuture<'a, Result<ReadSource>> {
         Box::pin(async move {
-            let (key, store) = self
-                .state
-                .read()
-                .clone()
-                .ok_or_else(|| Error::unavailable("SSD agent is still starting"))?;
-            verify_grant(
-                &key,
-                &req.grant,
-                &req.mac,
-                PERM_SSD_READ,
-                req.offset,
-                req.length,
-                now_ms,
-            )?;
-            let (owner, bucket) = split_ssd_segment_id(req.grant.segment_id);
-            if owner != store.owner_id {
-                return Err(Error::new(
-                    Code::PermissionDenied,
-                    format!(
-                        "grant is for owner {owner}, this agent serves owner {}",
-                        store.owner_id
-                    ),
-                ));
-            }
+            let (store, bucket) = self.authorize(req, PERM_SSD_READ, now_ms)?;
             let read = store.begin_read(bucket)?;
             let expect = store
                 .object_at(bucket, req.offset)

@@ -45,11 +45,19 @@ struct Inner {
     capacity: u64,
     wait: Duration,
     m: StagingMetrics,
-    lent: Mutex<HashMap<u64, (Instant, StagingGuard)>>,
+    lent: Mutex<HashMap<u64, Lent>>,
     next_lease: AtomicU64,
     /// Piece buffers kept for reuse: staged reads do not fault in fresh
     /// pages for every piece. Bounded by the arena (pieces in use + idle).
     pool: Mutex<Vec<Vec<u8>>>,
+}
+
+/// Space lent to a remote reader.
+struct Lent {
+    deadline: Instant,
+    token: u64,
+    _guard: StagingGuard,
+    _hold: Box<dyn std::any::Any + Send>,
 }
 
 /// Staged bytes; released on drop.
@@ -178,37 +186,58 @@ impl Staging {
         }
     }
 
-    /// Stages `bytes` for a remote reader that will fetch them itself and
-    /// return the lease; if it never does, [`Staging::reap`] reclaims the
-    /// space after `ttl`. Returns the lease id.
-    pub async fn lend(&self, bytes: u64, ttl: Duration) -> Result<u64> {
-        let g = self.acquire(bytes, bytes).await?;
+    /// Lends staged space (`g`, and whatever `hold` keeps, e.g. the window
+    /// slot the bytes sit in) to a remote reader that fetches the bytes
+    /// itself and gives the lease back; if it never does, [`Staging::reap`]
+    /// reclaims it after `ttl`. Returns the lease and its token, a secret
+    /// only the reader learns: nobody else can return its space early.
+    pub fn lend(
+        &self,
+        g: StagingGuard,
+        hold: Box<dyn std::any::Any + Send>,
+        ttl: Duration,
+    ) -> (u64, u64) {
         let id = self.inner.next_lease.fetch_add(1, Ordering::Relaxed);
+        let token = rand::random::<u64>();
         let mut lent = self.inner.lent.lock();
-        lent.insert(id, (Instant::now() + ttl, g));
+        lent.insert(
+            id,
+            Lent {
+                deadline: Instant::now() + ttl,
+                token,
+                _guard: g,
+                _hold: hold,
+            },
+        );
         self.inner.m.remote_leases.set(lent.len() as i64);
-        Ok(id)
+        (id, token)
     }
 
     /// The remote reader is done with a lease. False if it was unknown
-    /// (already reclaimed).
-    pub fn give_back(&self, lease: u64) -> bool {
+    /// (already reclaimed) or the token is wrong.
+    pub fn give_back(&self, lease: u64, token: u64) -> bool {
         let mut lent = self.inner.lent.lock();
-        let found = lent.remove(&lease).is_some();
+        if lent.get(&lease).is_none_or(|l| l.token != token) {
+            return false;
+        }
+        let taken = lent.remove(&lease);
         self.inner.m.remote_leases.set(lent.len() as i64);
-        found
+        drop(lent);
+        // The space and slot are released outside the lock.
+        drop(taken);
+        true
     }
 
     /// Reclaims leases whose TTL passed. Returns how many.
     pub fn reap(&self, now: Instant) -> usize {
         let mut lent = self.inner.lent.lock();
         let before = lent.len();
-        lent.retain(|id, (deadline, g)| {
-            let keep = *deadline > now;
+        lent.retain(|id, l| {
+            let keep = l.deadline > now;
             if !keep {
                 tracing::warn!(
                     lease = id,
-                    bytes = g.bytes(),
+                    bytes = l._guard.bytes(),
                     "remote reader never returned its staging space; reclaimed"
                 );
             }
@@ -363,22 +392,28 @@ mod tests {
         assert_eq!((m.waiters.get(), m.in_use.get()), (0, 0));
     }
 
+    /// Lends `bytes` with a marker whose drop shows the hold was released.
+    async fn lend(s: &Staging, bytes: u64, ttl: Duration) -> (u64, u64, Arc<()>) {
+        let g = s.acquire(bytes, bytes).await.expect("space");
+        let held = Arc::new(());
+        let (id, token) = s.lend(g, Box::new(held.clone()), ttl);
+        (id, token, held)
+    }
+
     #[tokio::test]
     async fn remote_leases_are_given_back_or_reclaimed_after_their_ttl() {
         let m = metrics();
         let s = Staging::new(64 << 10, Duration::from_millis(50), m.clone());
-        let a = s
-            .lend(32 << 10, Duration::from_secs(60))
-            .await
-            .expect("lend a");
-        let _b = s
-            .lend(32 << 10, Duration::from_millis(10))
-            .await
-            .expect("lend b");
+        let (a, token, a_hold) = lend(&s, 32 << 10, Duration::from_secs(60)).await;
+        let (_b, _, b_hold) = lend(&s, 32 << 10, Duration::from_millis(10)).await;
         assert_eq!((s.in_use(), m.remote_leases.get()), (64 << 10, 2));
-        assert!(s.give_back(a));
-        assert!(!s.give_back(a), "a lease is returned once");
+        assert!(!s.give_back(a, token ^ 1), "a wrong token returns nothing");
+        assert_eq!(Arc::strong_count(&a_hold), 2);
+        assert!(s.give_back(a, token));
+        assert_eq!(Arc::strong_count(&a_hold), 1, "the hold went with it");
+        assert!(!s.give_back(a, token), "a lease is returned once");
         assert_eq!(s.reap(Instant::now() + Duration::from_millis(20)), 1);
+        assert_eq!(Arc::strong_count(&b_hold), 1, "reclaimed with its hold");
         assert_eq!(
             (s.in_use(), m.in_use.get(), m.remote_leases.get()),
             (0, 0, 0)
@@ -433,10 +468,10 @@ mod tests {
         let s = Staging::new(64 << 10, Duration::from_millis(50), m.clone());
         let ttl = Duration::from_secs(60);
         let before = Instant::now();
-        let id = s.lend(8 << 10, ttl).await.expect("lend");
+        let (id, token, _) = lend(&s, 8 << 10, ttl).await;
         let after = Instant::now();
-        let _later = s.lend(8 << 10, ttl * 2).await.expect("lend");
-        let deadline = s.inner.lent.lock()[&id].0;
+        let _later = lend(&s, 8 << 10, ttl * 2).await;
+        let deadline = s.inner.lent.lock()[&id].deadline;
         assert!(
             deadline >= before + ttl && deadline <= after + ttl,
             "the deadline is lend time plus the TTL"
@@ -448,6 +483,6 @@ mod tests {
             (s.in_use(), m.remote_leases.get(), m.remote_expired.get()),
             (8 << 10, 1, 1)
         );
-        assert!(!s.give_back(id), "already reclaimed");
+        assert!(!s.give_back(id, token), "already reclaimed");
     }
 }

@@ -28,6 +28,14 @@
 //! requests; the answer is a header whose `length` is N, followed by one
 //! complete response (header + data or error message) per item, in order.
 //! One item failing does not fail the others.
+//!
+//! Staging (`Stage`, `GiveBack`, added in version 1 without changing the
+//! layout; servers that predate them refuse them as unknown ops): a `Stage`
+//! is a read request whose range the server copies into a window of its
+//! memory that peers read one-sided, and it answers with a [`Staged`]
+//! descriptor instead of the bytes. A `GiveBack` returns that space: its
+//! `offset` is the lease and its `length` the lease's token; its grant
+//! fields are unused (zero).
 //! ```text
 //!  0 magic u32 "STRR" | 4 version u8 | 5 status u8 (Code) | 6 reserved u16
 //!  8 request id u64   | 16 length u64
@@ -59,6 +67,8 @@ pub enum Op {
     Read = 2,
     Ping = 3,
     ReadV = 4,
+    Stage = 5,
+    GiveBack = 6,
 }
 
 /// Most items one batch read may carry.
@@ -181,6 +191,8 @@ impl Request {
             2 => Op::Read,
             3 => Op::Ping,
             4 => Op::ReadV,
+            5 => Op::Stage,
+            6 => Op::GiveBack,
             o => {
                 return Ok((
                     Err(Error::invalid(format!("unknown data-plane op {o}"))),
@@ -236,6 +248,108 @@ impl Request {
             e = &e[2 + len..];
         }
         Ok(())
+    }
+}
+
+/// Where a `Stage` put the bytes asked for, and how to reach them: the body
+/// of a successful `Stage` response.
+/// ```text
+///  0 version u8 (1) | 1 reserved [7]
+///  8 lease u64 | 16 token u64 | 24 window offset u64 | 32 length u64
+/// 40 ttl ms u64 | 48 route fingerprint u64 | 56 window base u64
+/// 64 window size u64 | 72 worker length u32 | 76 key length u32
+/// 80 worker address | packed remote key
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Staged {
+    /// Names the space lent, with `token` (a secret only the stager
+    /// learns), for `GiveBack`.
+    pub lease: u64,
+    pub token: u64,
+    /// Where in the window the bytes are.
+    pub window_offset: u64,
+    /// Bytes staged: the start of the range asked for, at most one piece.
+    pub length: u64,
+    /// The space is reclaimed this long after it was lent if not given
+    /// back; the reader must be done well before.
+    pub ttl_ms: u64,
+    /// The window's route: fingerprint (never 0; a new one per process),
+    /// base address, size, the serving worker's address and the packed
+    /// remote key.
+    pub fingerprint: u64,
+    pub base: u64,
+    pub size: u64,
+    pub worker: Vec<u8>,
+    pub rkey: Vec<u8>,
+}
+
+const STAGED_VERSION: u8 = 1;
+const STAGED_HEAD: usize = 80;
+/// Largest `Staged` body a client accepts.
+pub const MAX_STAGED_LEN: usize = STAGED_HEAD + 16384;
+
+impl Staged {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; STAGED_HEAD];
+        b[0] = STAGED_VERSION;
+        for (at, v) in [
+            (8, self.lease),
+            (16, self.token),
+            (24, self.window_offset),
+            (32, self.length),
+            (40, self.ttl_ms),
+            (48, self.fingerprint),
+            (56, self.base),
+            (64, self.size),
+        ] {
+            b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b[72..76].copy_from_slice(&(self.worker.len() as u32).to_le_bytes());
+        b[76..80].copy_from_slice(&(self.rkey.len() as u32).to_le_bytes());
+        b.extend_from_slice(&self.worker);
+        b.extend_from_slice(&self.rkey);
+        b
+    }
+
+    /// Parses a `Stage` answer for a request of `asked` bytes; anything
+    /// inconsistent is refused (a server is not trusted to stay in bounds).
+    pub fn decode(b: &[u8], asked: u64) -> Result<Staged> {
+        let bad = |why: &str| {
+            Error::new(
+                Code::Unavailable,
+                format!("malformed staging answer: {why}"),
+            )
+        };
+        if b.len() < STAGED_HEAD || b.len() > MAX_STAGED_LEN {
+            return Err(bad("wrong size"));
+        }
+        if b[0] != STAGED_VERSION {
+            return Err(bad("unknown version"));
+        }
+        let (wl, kl) = (u32_at(b, 72) as usize, u32_at(b, 76) as usize);
+        if STAGED_HEAD + wl + kl != b.len() || wl == 0 || kl == 0 {
+            return Err(bad("route lengths do not add up"));
+        }
+        let s = Staged {
+            lease: u64_at(b, 8),
+            token: u64_at(b, 16),
+            window_offset: u64_at(b, 24),
+            length: u64_at(b, 32),
+            ttl_ms: u64_at(b, 40),
+            fingerprint: u64_at(b, 48),
+            base: u64_at(b, 56),
+            size: u64_at(b, 64),
+            worker: b[STAGED_HEAD..STAGED_HEAD + wl].to_vec(),
+            rkey: b[STAGED_HEAD + wl..].to_vec(),
+        };
+        let end = s.window_offset.checked_add(s.length);
+        if s.length == 0 || s.length > asked || end.is_none_or(|e| e > s.size) {
+            return Err(bad("staged range outside the window or the request"));
+        }
+        if s.fingerprint == 0 || s.base == 0 || s.base.checked_add(s.size).is_none() {
+            return Err(bad("invalid window route"));
+        }
+        Ok(s)
     }
 }
 
@@ -395,7 +509,61 @@ mod tests {
         assert!(Request::decode(&h).is_err());
     }
 
+    fn staged() -> Staged {
+        Staged {
+            lease: 3,
+            token: 0xfeed,
+            window_offset: 8192,
+            length: 4096,
+            ttl_ms: 10_000,
+            fingerprint: 77,
+            base: 0x10_0000,
+            size: 1 << 20,
+            worker: vec![1; 300],
+            rkey: vec![2; 40],
+        }
+    }
+
+    #[test]
+    fn staged_round_trip_and_bounds() {
+        let s = staged();
+        let b = s.encode();
+        assert_eq!(Staged::decode(&b, 4096), Ok(s.clone()));
+        // More than was asked for, or past the window's end, is refused;
+        // exactly at the end is not.
+        assert!(Staged::decode(&b, 4095).is_err());
+        let at = |off: u64, len: u64| {
+            let mut x = staged();
+            x.window_offset = off;
+            x.length = len;
+            Staged::decode(&x.encode(), 1 << 30)
+        };
+        assert!(at((1 << 20) - 4096, 4096).is_ok());
+        assert!(at((1 << 20) - 4095, 4096).is_err());
+        assert!(at(u64::MAX, 2).is_err());
+        assert!(at(0, 0).is_err(), "nothing staged is no answer");
+        // Truncated, padded, other versions, no route.
+        assert!(Staged::decode(&b[..b.len() - 1], 4096).is_err());
+        let mut longer = b.clone();
+        longer.push(0);
+        assert!(Staged::decode(&longer, 4096).is_err());
+        let mut v2 = b.clone();
+        v2[0] = 2;
+        assert!(Staged::decode(&v2, 4096).is_err());
+        let mut x = staged();
+        x.fingerprint = 0;
+        assert!(Staged::decode(&x.encode(), 4096).is_err());
+        let mut x = staged();
+        x.rkey.clear();
+        assert!(Staged::decode(&x.encode(), 4096).is_err());
+    }
+
     proptest::proptest! {
+        #[test]
+        fn staged_garbage_never_panics(v in proptest::collection::vec(proptest::num::u8::ANY, 0..400)) {
+            let _ = Staged::decode(&v, u64::MAX);
+        }
+
         #[test]
         fn decode_garbage_never_panics(v in proptest::collection::vec(proptest::num::u8::ANY, REQ_LEN)) {
             let mut b = [0u8; REQ_LEN];

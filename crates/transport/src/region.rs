@@ -3,7 +3,7 @@
 //! (UCX) would register the same buffers with the NIC.
 
 use crate::fence::SegmentFences;
-use crate::frame::Request;
+use crate::frame::{Request, Staged};
 use futures::future::BoxFuture;
 use parking_lot::RwLock;
 use std::collections::HashMap;
@@ -221,6 +221,22 @@ pub trait DataRegion: Send + Sync + 'static {
     /// Answer to a ping: identifies the serving process (empty by default).
     fn ping_payload(&self) -> Vec<u8> {
         Vec::new()
+    }
+    /// Copies a granted range (at most one piece of it) into memory lent to
+    /// the caller, who reads it one-sided and gives it back. Regions whose
+    /// memory peers reach directly, or that serve no one-sided readers,
+    /// refuse.
+    fn stage<'a>(&'a self, _req: &'a Request, _now_ms: u64) -> BoxFuture<'a, Result<Staged>> {
+        Box::pin(async {
+            Err(Error::invalid(
+                "this node does not stage reads; read over TCP",
+            ))
+        })
+    }
+    /// Returns space a `stage` lent; false when the lease is unknown (given
+    /// back already, reclaimed, or a wrong token).
+    fn give_back(&self, _lease: u64, _token: u64) -> bool {
+        false
     }
 }
 

@@ -93,6 +93,13 @@ async fn one_leader_and_it_keeps_leading(f: Fixture) {
     assert!(l.is_valid());
     let rec = f.candidates[0].leader().await.unwrap().expect("a record");
     assert_eq!((rec.addr, rec.term), (format!("m{i}:1"), l.term));
+    // The winner's task reported before it returned: wait (bounded) for it
+    // to end, so only a second winner can make the count below differ.
+    let t0 = Instant::now();
+    while !tasks[i].is_finished() {
+        assert!(t0.elapsed() < TTL, "the winner's campaign never returned");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     // Past two TTLs the winner still leads (keep-alives work) and nobody
     // else won.
     let until = Instant::now() + TTL * 2;

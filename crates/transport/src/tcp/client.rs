@@ -1,5 +1,5 @@
 use super::write_all_vectored;
-use crate::frame::{Op, Request, Response, MAX_READV_ITEMS, RESP_LEN};
+use crate::frame::{Op, Request, Response, Staged, MAX_READV_ITEMS, MAX_STAGED_LEN, RESP_LEN};
 use crate::{check_sub_range, RemoteRange, Transport};
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_common::grant::{GrantScope, MAC_LEN};
 use strata_common::telemetry::TraceParent;
 use strata_common::{Code, Error, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -103,17 +104,17 @@ impl TcpTransport {
                 range.addr
             ))),
             Ok(Err(Exchange::Remote(e))) => {
-                self.give_back(&pool, conn);
+                self.give_back_conn(&pool, conn);
                 Err(e)
             }
             Ok(Ok(crc)) => {
-                self.give_back(&pool, conn);
+                self.give_back_conn(&pool, conn);
                 Ok(crc)
             }
         }
     }
 
-    fn give_back(&self, pool: &Mutex<Vec<TcpStream>>, conn: TcpStream) {
+    fn give_back_conn(&self, pool: &Mutex<Vec<TcpStream>>, conn: TcpStream) {
         let mut p = pool.lock();
         if p.len() < self.cfg.max_idle_per_node {
             p.push(conn);
@@ -296,6 +297,105 @@ impl TcpTransport {
 }
 
 impl TcpTransport {
+    /// Asks the node holding `range` to stage up to `len` bytes at `at` of
+    /// it into memory it lends (`Op::Stage`): where they are and how to
+    /// reach them. The answer may hold fewer bytes (one piece).
+    pub async fn stage(&self, range: &RemoteRange, at: u64, len: u64) -> Result<Staged> {
+        check_sub_range(range.len(), at, len as usize)?;
+        let req = Request {
+            op: Op::Stage,
+            req_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            grant: range.scope,
+            mac: range.mac,
+            offset: range.scope.offset + at,
+            length: len,
+            trace: TraceParent::current(),
+        };
+        let body = self.call(&range.addr, &req, MAX_STAGED_LEN).await?;
+        Staged::decode(&body, len)
+    }
+
+    /// Gives back space a [`TcpTransport::stage`] lent.
+    pub async fn give_back(&self, addr: &str, lease: u64, token: u64) -> Result<()> {
+        let req = Request {
+            op: Op::GiveBack,
+            req_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            grant: GrantScope {
+                perm: 0,
+                segment_id: 0,
+                offset: 0,
+                length: 0,
+                expires_unix_ms: 0,
+                generation: 0,
+            },
+            mac: [0; MAC_LEN],
+            offset: lease,
+            length: token,
+            trace: None,
+        };
+        self.call(addr, &req, 0).await.map(|_| ())
+    }
+
+    /// One request without payload on a pooled connection, answered by a
+    /// body of at most `max` bytes.
+    async fn call(&self, addr: &str, req: &Request, max: usize) -> Result<Vec<u8>> {
+        let pool = self.pool(addr);
+        let pooled = pool.lock().pop();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => self.connect(addr).await?,
+        };
+        let exchange = async {
+            conn.write_all(&req.encode()).await?;
+            let mut rh = [0u8; RESP_LEN];
+            conn.read_exact(&mut rh).await?;
+            let resp = Response::decode(&rh).map_err(|e| Exchange::Io(std::io::Error::other(e)))?;
+            if resp.req_id != req.req_id && resp.req_id != 0 {
+                return Err(Exchange::Io(std::io::Error::other(
+                    "data-plane response for another request",
+                )));
+            }
+            let limit = if resp.status == Code::Ok {
+                max
+            } else {
+                64 << 10
+            };
+            if resp.length > limit as u64 {
+                return Err(Exchange::Io(std::io::Error::other("oversized response")));
+            }
+            let mut body = vec![0u8; resp.length as usize];
+            conn.read_exact(&mut body).await?;
+            if resp.status != Code::Ok {
+                return Err(Exchange::Remote(Error::new(
+                    resp.status,
+                    format!("store node: {}", String::from_utf8_lossy(&body)),
+                )));
+            }
+            Ok(body)
+        };
+        match tokio::time::timeout(self.cfg.io_timeout, exchange).await {
+            Err(_) => Err(Error::new(
+                Code::Timeout,
+                format!("data-plane request to {addr} timed out"),
+            )),
+            Ok(Err(Exchange::Io(e))) => Err(Error::unavailable(format!(
+                "data-plane connection to {addr} failed: {e}"
+            ))),
+            // An unknown op is answered and then the node hangs up (older
+            // nodes): this connection is not reused.
+            Ok(Err(Exchange::Remote(e))) => {
+                if e.code != Code::InvalidArgument {
+                    self.give_back_conn(&pool, conn);
+                }
+                Err(e)
+            }
+            Ok(Ok(body)) => {
+                self.give_back_conn(&pool, conn);
+                Ok(body)
+            }
+        }
+    }
+
     /// One `ReadV` request per node for all the ranges it holds.
     async fn read_batch(&self, items: Vec<(&RemoteRange, &mut [u8])>) -> Vec<Result<u32>> {
         let n = items.len();
@@ -427,7 +527,7 @@ impl TcpTransport {
             Ok(())
         };
         match io.await {
-            Ok(()) => self.give_back(&pool, conn),
+            Ok(()) => self.give_back_conn(&pool, conn),
             Err(e) => {
                 let err = Error::unavailable(format!("batch read from {addr} failed: {e}"));
                 let done = results.len();

@@ -293,7 +293,8 @@ fn request_span(req: &Request) -> Option<tracing::Span> {
         Op::Write => "data.write",
         Op::Read => "data.read",
         Op::ReadV => "data.readv",
-        Op::Ping => return None,
+        Op::Stage => "data.stage",
+        Op::Ping | Op::GiveBack => return None,
     };
     Some(tracing::info_span!(
         "data",
@@ -428,6 +429,45 @@ async fn serve_request(
                     }
                     within(io, respond_err(s, req.req_id, &e)).await?;
                 }
+            }
+        }
+        Op::Stage => {
+            let staged = table.stage(req, unix_ms()).await;
+            match staged {
+                Ok(st) => {
+                    peer.granted = true;
+                    continue_trace(&span, req);
+                    let body = st.encode();
+                    let h = Response {
+                        status: Code::Ok,
+                        req_id: req.req_id,
+                        length: body.len() as u64,
+                    }
+                    .encode();
+                    traced(&span, within(io, write_all_vectored(s, &h, &body))).await?;
+                }
+                Err(e) => {
+                    m.rejected.inc();
+                    if matches!(e.code, Code::PermissionDenied | Code::InvalidArgument) {
+                        peer.refused()?;
+                    }
+                    within(io, respond_err(s, req.req_id, &e)).await?;
+                }
+            }
+        }
+        Op::GiveBack => {
+            // The lease and its token stand in for a grant: only the
+            // connection that staged learned the token.
+            if table.give_back(req.offset, req.length) {
+                peer.granted = true;
+                within(io, respond_ok(s, req.req_id)).await?;
+            } else {
+                m.rejected.inc();
+                peer.refused()?;
+                let e = Error::not_found(
+                    "no such staging lease: given back already, reclaimed after its TTL, or a wrong token",
+                );
+                within(io, respond_err(s, req.req_id, &e)).await?;
             }
         }
         Op::Read => {

@@ -10,8 +10,15 @@
 //! one-sided transfer: bounds, permission and expiry, and that a write ends
 //! well before its grant does (a late write could land in the range's next
 //! allocation; the TCP path is fenced against that on the node).
+//!
+//! SSD ranges whose grant carries `PERM_STAGE` (the master adds it for rdma
+//! callers) are read through the owning agent's lend window: a `Stage`
+//! request over TCP has the agent read a piece from disk into a slot it
+//! lends, the piece is read one-sided, and the slot is given back. Agents
+//! that do not stage are read over TCP.
 
 use super::engine::{Engine, Peer};
+use crate::frame::Staged;
 use crate::tcp::TcpTransport;
 use crate::{check_sub_range, RemoteRange, Transport};
 use futures::future::BoxFuture;
@@ -20,7 +27,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use strata_common::grant::{PERM_READ, PERM_WRITE};
+use strata_common::grant::{PERM_READ, PERM_STAGE, PERM_WRITE};
 use strata_common::{Code, Error, Result};
 
 /// Where routes come from: the master's `GetUcxRoutes` (rdma role).
@@ -97,6 +104,10 @@ pub const WRITE_MARGIN: Duration = Duration::from_secs(2);
 /// A shared-memory transfer to a co-located node takes at most this (plus
 /// 1 ms per MB): the only way to learn that the node died.
 const SHARED_MEMORY_TIME: Duration = Duration::from_secs(1);
+/// A lent piece is read at least this long before the agent may reclaim it.
+const LEND_MARGIN: Duration = Duration::from_secs(2);
+/// Bound on giving a lent piece back.
+const GIVE_BACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Below this much time for a one-sided write, it goes over TCP.
 const MIN_WRITE_TIME: Duration = Duration::from_millis(200);
 /// Bound on asking the master for routes; past it the transfer goes over
@@ -129,6 +140,12 @@ pub struct UcxTransport {
     /// Demotions so far: a fetch that saw one happen while it was in flight
     /// does not overwrite the demotion with the (older) route.
     demotions: std::sync::atomic::AtomicU64,
+    /// Lend windows of SSD agents, by the fingerprint their `Stage`
+    /// answers carry.
+    windows: Mutex<HashMap<u64, Arc<Route>>>,
+    /// Agents that do not stage (older, or TCP only) or whose window UCX
+    /// failed on: their reads go over TCP until then.
+    no_stage: Mutex<HashMap<String, Instant>>,
 }
 
 /// Routes cached at most; beyond it the cache starts over (segments are few;
@@ -157,6 +174,8 @@ impl UcxTransport {
             one_sided: Default::default(),
             fetching: tokio::sync::Mutex::new(()),
             demotions: Default::default(),
+            windows: Mutex::new(HashMap::new()),
+            no_stage: Mutex::new(HashMap::new()),
         })
     }
 
@@ -346,8 +365,145 @@ impl UcxTransport {
         self.demotions.fetch_add(1, Ordering::Release);
     }
 
+    /// Whether `r` is an SSD range to read through its agent's lend window:
+    /// its grant allows staging (the master gives that to rdma callers
+    /// only) and the agent has not refused or failed staging lately.
+    fn stageable(&self, r: &RemoteRange) -> bool {
+        if r.scope.perm & PERM_STAGE == 0 {
+            return false;
+        }
+        let mut no = self.no_stage.lock();
+        match no.get(&r.addr) {
+            Some(until) if Instant::now() < *until => false,
+            Some(_) => {
+                no.remove(&r.addr);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Reads of `addr` go over TCP for a while.
+    fn stop_staging(&self, addr: &str) {
+        let mut no = self.no_stage.lock();
+        if no.len() >= MAX_ROUTES {
+            no.clear();
+        }
+        no.insert(addr.to_string(), Instant::now() + self.cfg.retry_after);
+    }
+
+    /// The route to the window a `Stage` answer names (cached by its
+    /// fingerprint).
+    fn window(&self, addr: &str, st: &Staged) -> Arc<Route> {
+        let mut w = self.windows.lock();
+        if let Some(r) = w.get(&st.fingerprint) {
+            if r.base == st.base && r.size == st.size && r.data_addr == addr {
+                return r.clone();
+            }
+        }
+        if w.len() >= MAX_ROUTES {
+            w.clear();
+        }
+        let same_host = self.local.is_some() && on_this_host(addr);
+        let route = Arc::new(Route {
+            local: same_host,
+            peer: Peer {
+                worker: st.worker.clone().into(),
+                rkey: st.rkey.clone().into(),
+                same_host,
+            },
+            base: st.base,
+            size: st.size,
+            segment_id: 0,
+            data_addr: addr.to_string(),
+        });
+        w.insert(st.fingerprint, route.clone());
+        route
+    }
+
+    /// Reads an SSD range through its agent's lend window, a piece at a
+    /// time: the agent stages the piece into a slot it lends, the piece is
+    /// read one-sided, and the slot given back. `None`: the agent does not
+    /// stage, or UCX failed on its window; read over TCP instead.
+    async fn read_staged(
+        &self,
+        src: &RemoteRange,
+        at: u64,
+        buf: &mut [u8],
+        crc: bool,
+    ) -> Result<Option<u32>> {
+        let mut done = 0usize;
+        let mut c = 0u32;
+        while done < buf.len() {
+            let want = (buf.len() - done) as u64;
+            let asked = Instant::now();
+            let st = match self.tcp.stage(src, at + done as u64, want).await {
+                Ok(st) => st,
+                // An agent that stages nothing (older, TCP only) says so.
+                Err(e) if e.code == Code::InvalidArgument => {
+                    tracing::debug!(node = src.addr, error = %e, "this SSD agent does not stage; reading over TCP");
+                    self.stop_staging(&src.addr);
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
+            let n = st.length as usize;
+            let route = self.window(&src.addr, &st);
+            // Done well before the agent may reclaim the slot (its TTL runs
+            // from after the piece was read, so from `asked` is earlier).
+            let lent = Duration::from_millis(st.ttl_ms).saturating_sub(LEND_MARGIN);
+            let deadline = asked + lent.min(self.cfg.timeout);
+            let (engine, deadline) = self.engine_for(&route, n, deadline);
+            let got = engine
+                .get_pooled(&route.peer, st.base + st.window_offset, n, deadline)
+                .await;
+            // Given back off the reader's path; bounded, and the agent
+            // reclaims the slot after its TTL if this never arrives.
+            let (tcp, addr) = (self.tcp.clone(), src.addr.clone());
+            tokio::spawn(async move {
+                let r = tokio::time::timeout(
+                    GIVE_BACK_TIMEOUT,
+                    tcp.give_back(&addr, st.lease, st.token),
+                )
+                .await;
+                if !matches!(r, Ok(Ok(()))) {
+                    tracing::debug!(
+                        node = addr,
+                        "staging slot not given back; the agent reclaims it after its TTL"
+                    );
+                }
+            });
+            match got {
+                Ok(bytes) => {
+                    let piece = copy_crc(&bytes, &mut buf[done..done + n], crc);
+                    c = if done == 0 {
+                        piece
+                    } else {
+                        crc32c::crc32c_combine(c, piece, n)
+                    };
+                    done += n;
+                }
+                Err(e) => {
+                    tracing::warn!(node = src.addr, error = %e, "UCX read of a lent SSD piece failed; reading this agent over TCP for a while");
+                    self.stop_staging(&src.addr);
+                    return Ok(None);
+                }
+            }
+        }
+        self.one_sided.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(c))
+    }
+
     /// Reads into `buf` (and with `crc`, returns the bytes' crc32c, else 0).
     async fn read_in(&self, src: &RemoteRange, at: u64, buf: &mut [u8], crc: bool) -> Result<u32> {
+        if self.stageable(src) {
+            check_sub_range(src.len(), at, buf.len())?;
+            if !buf.is_empty() {
+                if let Some(c) = self.read_staged(src, at, buf, crc).await? {
+                    return Ok(c);
+                }
+            }
+        }
         if let Path::Ucx(route, deadline) = self.path(src, at, buf.len(), PERM_READ).await? {
             let addr = Self::addr(&route, src, at);
             let (engine, deadline) = self.engine_for(&route, buf.len(), deadline);
@@ -520,12 +676,12 @@ impl Transport for UcxTransport {
             let (ucx, tcp): (Vec<_>, Vec<_>) = items
                 .into_iter()
                 .enumerate()
-                .partition(|(_, (r, _))| r.ucx_route != 0 && !denied);
+                .partition(|(_, (r, _))| (r.ucx_route != 0 && !denied) || self.stageable(r));
             // Routes this batch lacks, in one request.
             let missing: Vec<&RemoteRange> = ucx
                 .iter()
                 .map(|(_, (r, _))| *r)
-                .filter(|r| self.cached(r).is_none())
+                .filter(|r| r.ucx_route != 0 && self.cached(r).is_none())
                 .collect();
             if !missing.is_empty() {
                 self.fetch_missing(&missing).await;
