@@ -328,6 +328,11 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// What the cluster's store nodes and SSD agents serve.
+    pub fn transport(&self) -> crate::TransportKind {
+        self.transport
+    }
+
     pub fn master_addr(&self) -> String {
         self.master_addr.to_string()
     }

@@ -2,7 +2,7 @@
 //! directory, measured in the same run.
 
 use super::report::{Report, Row};
-use super::BenchArgs;
+use super::{drive, BenchArgs, Phase};
 use crate::local::LocalCluster;
 use crate::{Client, PutOptions};
 use anyhow::Context;
@@ -125,7 +125,66 @@ pub async fn run(
             el,
             format!("{ratio:.2}x raw write; DRAM copy + bucket write + fsync + index"),
         ));
+        ssd_reads(c, client, args, &keys, size, report).await?;
         client.remove_all(true).await?;
+    }
+    Ok(())
+}
+
+/// Reads of the objects just offloaded once their DRAM copies are gone:
+/// through the agent's TCP data plane, and (with a UCX cluster) through its
+/// lent staging by an rdma client, one client each, same objects.
+async fn ssd_reads(
+    c: &LocalCluster,
+    client: &Client,
+    args: &BenchArgs,
+    keys: &[String],
+    size: u64,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    for chunk in keys.chunks(1024) {
+        let r = client
+            .master_client()
+            .evict_memory(strata_proto::EvictMemoryRequest {
+                keys: chunk.to_vec(),
+            })
+            .await?
+            .into_inner();
+        for s in r.results {
+            anyhow::ensure!(
+                s.code == 0,
+                "cannot evict for the SSD read phase: {}",
+                s.message
+            );
+        }
+    }
+    let mut readers = vec![("strata get ssd", client.clone())];
+    if c.transport() == crate::TransportKind::Ucx {
+        let rdma = Client::connect(c.rdma_client_config()).await?;
+        readers.push(("strata get ssd (ucx, lent staging)", rdma));
+    }
+    for (name, reader) in readers {
+        let phase = Phase::new(
+            &format!("{name} {}", format_size(size)),
+            keys.len() as u64,
+            args.json,
+        );
+        let el = drive(&phase, 1, |_, ph| {
+            let (reader, keys) = (reader.clone(), keys.to_vec());
+            let mut buf = vec![0u8; size as usize];
+            async move {
+                while let Some(i) = ph.take() {
+                    let t0 = Instant::now();
+                    reader.get_into(&keys[i as usize], &mut buf).await?;
+                    ph.record(t0);
+                }
+                Ok(())
+            }
+        })
+        .await?;
+        let mut r = phase.finish(name, size, 1, size, el);
+        r.note = "DRAM copies evicted: each read is staged from the bucket file".into();
+        report.rows.push(r);
     }
     Ok(())
 }
