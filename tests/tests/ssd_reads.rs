@@ -81,7 +81,7 @@ async fn a_full_arena_times_out_readers_with_the_setting_named_and_recovers_when
         let staging = staging.clone();
         async move {
             let g = staging.acquire(arena, arena).await.unwrap();
-            staging.lend(g, Box::new(()), ttl)
+            staging.lend(Box::new(g), arena, ttl)
         }
     };
     let (lease, token) = lend(Duration::from_secs(600)).await;

@@ -6,14 +6,17 @@
 //! after its TTL. The slot is held by the lease, so it is reused only once
 //! the lease is gone.
 //!
-//! Each lent slot also holds a piece of the staging arena, so the arena
-//! bounds lent and local reads together; with slots of exactly one piece the
-//! arena never lets more slots be lent than the window has.
+//! The window is memory of its own (the arena's buffers serve TCP readers),
+//! so a lent piece holds a slot, not arena space. A stager waits for a free
+//! slot first come first served, for at most `--staging-wait`, like a TCP
+//! reader waits for arena space.
 
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
+use strata_common::{Code, Error, Result};
 use strata_transport::region::Segment;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How long a lent slot stays lent if it is never given back.
 pub const LEND_TTL: Duration = Duration::from_secs(10);
@@ -32,20 +35,25 @@ pub struct LendWindow {
     segment: Arc<Segment>,
     slot_bytes: u64,
     free: Arc<Mutex<Vec<u64>>>,
+    /// One permit per free slot: waiters queue here (FIFO).
+    slots: Arc<Semaphore>,
     route: WindowRoute,
     /// What keeps the registration alive (the UCX engine); dropped with the
     /// window.
     _registration: Box<dyn std::any::Any + Send + Sync>,
 }
 
-/// A slot taken from the window; back in the free list when dropped.
+/// A slot taken from the window; back in the free list when dropped, before
+/// its permit lets the next waiter in.
 pub struct Slot {
     index: u64,
     free: Arc<Mutex<Vec<u64>>>,
+    _permit: OwnedSemaphorePermit,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        // Runs before the fields (the permit) drop.
         self.free.lock().push(self.index);
     }
 }
@@ -65,6 +73,7 @@ impl LendWindow {
             slot_bytes,
             // Popped from the end: slot 0 first.
             free: Arc::new(Mutex::new((0..slots).rev().collect())),
+            slots: Arc::new(Semaphore::new(slots as usize)),
             route,
             _registration: registration,
         }
@@ -82,12 +91,34 @@ impl LendWindow {
         &self.route
     }
 
-    /// A free slot, if any.
-    pub fn take(&self) -> Option<Slot> {
-        let index = self.free.lock().pop()?;
-        Some(Slot {
+    /// A free slot, waiting (first come, first served) up to `wait` for
+    /// one.
+    pub async fn take(&self, wait: Duration) -> Result<Slot> {
+        let permit = tokio::time::timeout(wait, self.slots.clone().acquire_owned())
+            .await
+            .map_err(|_| {
+                Error::new(
+                    Code::ResourceExhausted,
+                    format!(
+                        "every slot of the lend window ({} x {} bytes) stayed lent for {wait:?}; \
+                         raise --staging-bytes (STRATA_STAGING_BYTES) on this SSD agent",
+                        self.segment.len() as u64 / self.slot_bytes.max(1),
+                        self.slot_bytes
+                    ),
+                )
+            })?
+            .map_err(|_| Error::unavailable("the SSD agent is shutting down"))?;
+        // A permit means a free slot: slots go back to the list before
+        // their permit does.
+        let index = self
+            .free
+            .lock()
+            .pop()
+            .ok_or_else(|| Error::internal("lend window permit without a free slot"))?;
+        Ok(Slot {
             index,
             free: self.free.clone(),
+            _permit: permit,
         })
     }
 
@@ -101,8 +132,7 @@ impl LendWindow {
     /// # Safety
     /// The caller holds `slot` and nothing else writes it: a slot is taken
     /// by one `Stage` and is not lent (readable by peers) until it is filled.
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn slot_mut(&self, slot: &Slot, len: u64) -> strata_common::Result<&mut [u8]> {
+    pub unsafe fn slot_mut<'a>(&'a self, slot: &'a mut Slot, len: u64) -> Result<&'a mut [u8]> {
         let len = len.min(self.slot_bytes);
         // SAFETY: exclusivity is the caller's contract; bounds are checked.
         unsafe { self.segment.slice_mut(self.offset_of(slot), len) }
@@ -122,7 +152,7 @@ impl LendWindow {
 /// Registers a window of `bytes` (whole slots of `slot_bytes`) with a UCX
 /// engine of its own.
 #[cfg(feature = "ucx")]
-pub async fn start_ucx(bytes: u64, slot_bytes: u64) -> strata_common::Result<LendWindow> {
+pub async fn start_ucx(bytes: u64, slot_bytes: u64) -> Result<LendWindow> {
     let len = (bytes / slot_bytes).max(1) * slot_bytes;
     let segment = Arc::new(Segment::new(len as usize)?);
     let node = strata_transport::ucx::UcxNode::start(None, std::slice::from_ref(&segment)).await?;
@@ -130,7 +160,7 @@ pub async fn start_ucx(bytes: u64, slot_bytes: u64) -> strata_common::Result<Len
         .routes()
         .first()
         .cloned()
-        .ok_or_else(|| strata_common::Error::internal("UCX registered no window"))?;
+        .ok_or_else(|| Error::internal("UCX registered no window"))?;
     let route = WindowRoute {
         fingerprint: rand::random::<u64>().max(1),
         base: reg.base,
@@ -159,21 +189,47 @@ mod tests {
         )
     }
 
-    #[test]
-    fn slots_are_whole_distinct_and_come_back_when_dropped() {
+    const NOW: Duration = Duration::from_millis(20);
+
+    #[tokio::test]
+    async fn slots_are_whole_distinct_and_come_back_when_dropped() {
         let w = window(64 << 10, 16 << 10);
-        let slots: Vec<Slot> = (0..4).map(|_| w.take().expect("a slot")).collect();
+        let mut slots = Vec::new();
+        for _ in 0..4 {
+            slots.push(w.take(NOW).await.expect("a slot"));
+        }
         let mut offs: Vec<u64> = slots.iter().map(|s| w.offset_of(s)).collect();
         offs.sort_unstable();
         assert_eq!(offs, [0, 16 << 10, 32 << 10, 48 << 10]);
-        assert!(w.take().is_none(), "4 whole slots, no fifth");
-        drop(slots);
+        // 4 whole slots, no fifth: a taker waits, then says what to raise.
+        let e = w.take(NOW).await.err().expect("no fifth slot");
+        assert_eq!(e.code, Code::ResourceExhausted);
+        assert!(e.message.contains("--staging-bytes"), "{e}");
+        // A waiter gets the first slot given back.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let back = slots.pop().unwrap();
+        let freed = w.offset_of(&back);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(back);
+            let _ = tx.send(());
+        });
+        let s = w
+            .take(Duration::from_secs(5))
+            .await
+            .expect("woken by the drop");
+        assert_eq!(w.offset_of(&s), freed);
+        rx.await.unwrap();
+        drop((s, slots));
         assert_eq!(w.free_slots(), 4);
         // A partial slot at the end is not one.
         assert_eq!(window((64 << 10) + 100, 16 << 10).free_slots(), 4);
         // A slot's bytes stay inside it.
-        let s = w.take().unwrap();
+        let mut s = w.take(NOW).await.unwrap();
         // SAFETY: the slot is held and written only here.
-        assert_eq!(unsafe { w.slot_mut(&s, 1 << 30) }.unwrap().len(), 16 << 10);
+        assert_eq!(
+            unsafe { w.slot_mut(&mut s, 1 << 30) }.unwrap().len(),
+            16 << 10
+        );
     }
 }

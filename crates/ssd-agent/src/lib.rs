@@ -378,7 +378,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
     let window = lend_window(&cfg, &staging).await?;
     let region = Arc::new(region::BucketRegion::new(
         staging.clone(),
-        window,
+        window.map(|w| (w, cfg.staging_wait)),
         instance.clone(),
         metrics.checksum_failures.with_label_values(&["read"]),
         metrics.staged_bytes.clone(),

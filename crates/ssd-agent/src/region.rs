@@ -23,6 +23,8 @@ pub struct BucketRegion {
     staging: Staging,
     /// Where reads are lent to one-sided readers (`--transport ucx`).
     window: Option<Arc<LendWindow>>,
+    /// How long a stager waits for a free window slot (`--staging-wait`).
+    staging_wait: std::time::Duration,
     instance: String,
     checksum_failures: prometheus::IntCounter,
     staged_bytes: prometheus::IntCounter,
@@ -31,15 +33,20 @@ pub struct BucketRegion {
 impl BucketRegion {
     pub fn new(
         staging: Staging,
-        window: Option<Arc<LendWindow>>,
+        window: Option<(Arc<LendWindow>, std::time::Duration)>,
         instance: String,
         checksum_failures: prometheus::IntCounter,
         staged_bytes: prometheus::IntCounter,
     ) -> Self {
+        let (window, staging_wait) = match window {
+            Some((w, wait)) => (Some(w), wait),
+            None => (None, std::time::Duration::ZERO),
+        };
         BucketRegion {
             state: RwLock::new(None),
             staging,
             window,
+            staging_wait,
             instance,
             checksum_failures,
             staged_bytes,
@@ -95,21 +102,13 @@ impl BucketRegion {
         }
         let n = req.length.min(window.slot_bytes());
         let _read = store.begin_read(bucket)?;
-        // A whole slot of the arena: with slots of one piece, the arena
-        // never lends more slots than the window has.
-        let guard = self
-            .staging
-            .acquire(window.slot_bytes(), req.length)
-            .await?;
-        let slot = window
-            .take()
-            .ok_or_else(|| Error::new(Code::ResourceExhausted, "no free staging slot"))?;
+        let mut slot = window.take(self.staging_wait).await?;
         let object = store.object_at(bucket, req.offset);
         let (w, at) = (window.clone(), req.offset);
         let slot = tokio::task::spawn_blocking(move || {
             // SAFETY: this Stage holds the slot; it is lent (readable by
             // peers) only once filled, and written by nobody else.
-            let dst = unsafe { w.slot_mut(&slot, n) }?;
+            let dst = unsafe { w.slot_mut(&mut slot, n) }?;
             store.read_piece_into(bucket, at, dst)?;
             if let Some((len, want)) = object.filter(|(len, _)| *len == n) {
                 if crc32c::crc32c(dst) != want {
@@ -133,7 +132,7 @@ impl BucketRegion {
             }
         })?;
         let window_offset = window.offset_of(&slot);
-        let (lease, token) = self.staging.lend(guard, Box::new(slot), LEND_TTL);
+        let (lease, token) = self.staging.lend(Box::new(slot), n, LEND_TTL);
         self.staged_bytes.inc_by(n);
         let r = window.route();
         Ok(Staged {

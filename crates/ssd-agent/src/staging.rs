@@ -4,8 +4,9 @@
 //! for at most `--staging-wait`, then fails with an error that says what to
 //! change. A read larger than the arena is staged piece by piece, so size
 //! alone never fails a read. Space is released when its guard drops, on every
-//! path; space lent to a remote reader (a one-sided transport reading the
-//! staged bytes itself) is reclaimed after a TTL if it is never given back.
+//! path. Space lent to a remote reader (a one-sided transport reading the
+//! staged bytes itself, from the agent's lend window) is tracked here too
+//! and reclaimed after a TTL if it is never given back.
 
 use parking_lot::Mutex;
 use prometheus::{Histogram, IntCounter, IntGauge};
@@ -56,7 +57,7 @@ struct Inner {
 struct Lent {
     deadline: Instant,
     token: u64,
-    _guard: StagingGuard,
+    bytes: u64,
     _hold: Box<dyn std::any::Any + Send>,
 }
 
@@ -186,15 +187,15 @@ impl Staging {
         }
     }
 
-    /// Lends staged space (`g`, and whatever `hold` keeps, e.g. the window
-    /// slot the bytes sit in) to a remote reader that fetches the bytes
-    /// itself and gives the lease back; if it never does, [`Staging::reap`]
-    /// reclaims it after `ttl`. Returns the lease and its token, a secret
-    /// only the reader learns: nobody else can return its space early.
+    /// Lends `bytes` held by `hold` (a window slot, whose drop frees it) to
+    /// a remote reader that fetches them itself and gives the lease back;
+    /// if it never does, [`Staging::reap`] reclaims it after `ttl`. Returns
+    /// the lease and its token, a secret only the reader learns: nobody
+    /// else can return its space early.
     pub fn lend(
         &self,
-        g: StagingGuard,
         hold: Box<dyn std::any::Any + Send>,
+        bytes: u64,
         ttl: Duration,
     ) -> (u64, u64) {
         let id = self.inner.next_lease.fetch_add(1, Ordering::Relaxed);
@@ -205,7 +206,7 @@ impl Staging {
             Lent {
                 deadline: Instant::now() + ttl,
                 token,
-                _guard: g,
+                bytes,
                 _hold: hold,
             },
         );
@@ -237,7 +238,7 @@ impl Staging {
             if !keep {
                 tracing::warn!(
                     lease = id,
-                    bytes = l._guard.bytes(),
+                    bytes = l.bytes,
                     "remote reader never returned its staging space; reclaimed"
                 );
             }
@@ -396,7 +397,7 @@ mod tests {
     async fn lend(s: &Staging, bytes: u64, ttl: Duration) -> (u64, u64, Arc<()>) {
         let g = s.acquire(bytes, bytes).await.expect("space");
         let held = Arc::new(());
-        let (id, token) = s.lend(g, Box::new(held.clone()), ttl);
+        let (id, token) = s.lend(Box::new((g, held.clone())), bytes, ttl);
         (id, token, held)
     }
 

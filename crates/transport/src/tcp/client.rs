@@ -312,7 +312,27 @@ impl TcpTransport {
             trace: TraceParent::current(),
         };
         let body = self.call(&range.addr, &req, MAX_STAGED_LEN).await?;
-        Staged::decode(&body, len)
+        Staged::decode(&body, len).inspect_err(|_| {
+            // Lent, but not usable: give it back at once if the answer
+            // names a lease at all (else the agent's TTL reclaims it).
+            if let (Some(lease), Some(token)) = (body.get(8..16), body.get(16..24)) {
+                let lease = u64::from_le_bytes(lease.try_into().expect("8 bytes"));
+                let token = u64::from_le_bytes(token.try_into().expect("8 bytes"));
+                self.give_back_soon(range.addr.clone(), lease, token);
+            }
+        })
+    }
+
+    /// Gives a lease back from a task of its own (bounded by the I/O
+    /// timeout), when there is a runtime to run it.
+    fn give_back_soon(&self, addr: String, lease: u64, token: u64) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let cfg = self.cfg.clone();
+        rt.spawn(async move {
+            let _ = TcpTransport::new(cfg).give_back(&addr, lease, token).await;
+        });
     }
 
     /// Gives back space a [`TcpTransport::stage`] lent.

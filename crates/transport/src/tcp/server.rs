@@ -444,7 +444,12 @@ async fn serve_request(
                         length: body.len() as u64,
                     }
                     .encode();
-                    traced(&span, within(io, write_all_vectored(s, &h, &body))).await?;
+                    let sent = traced(&span, within(io, write_all_vectored(s, &h, &body))).await;
+                    if sent.is_err() {
+                        // The reader never learns of the lease: not lent.
+                        table.give_back(st.lease, st.token);
+                    }
+                    sent?;
                 }
                 Err(e) => {
                     m.rejected.inc();

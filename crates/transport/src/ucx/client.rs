@@ -106,6 +106,8 @@ pub const WRITE_MARGIN: Duration = Duration::from_secs(2);
 const SHARED_MEMORY_TIME: Duration = Duration::from_secs(1);
 /// A lent piece is read at least this long before the agent may reclaim it.
 const LEND_MARGIN: Duration = Duration::from_secs(2);
+/// Staged reads one client runs at once.
+const MAX_STAGED_READS: usize = 16;
 /// Bound on giving a lent piece back.
 const GIVE_BACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Below this much time for a one-sided write, it goes over TCP.
@@ -146,6 +148,9 @@ pub struct UcxTransport {
     /// Agents that do not stage (older, or TCP only) or whose window UCX
     /// failed on: their reads go over TCP until then.
     no_stage: Mutex<HashMap<String, Instant>>,
+    /// Staged reads in flight at most (a batch of SSD objects does not
+    /// open a connection and take a window slot per object at once).
+    staged_reads: tokio::sync::Semaphore,
 }
 
 /// Routes cached at most; beyond it the cache starts over (segments are few;
@@ -176,6 +181,7 @@ impl UcxTransport {
             demotions: Default::default(),
             windows: Mutex::new(HashMap::new()),
             no_stage: Mutex::new(HashMap::new()),
+            staged_reads: tokio::sync::Semaphore::new(MAX_STAGED_READS),
         })
     }
 
@@ -421,10 +427,63 @@ impl UcxTransport {
         route
     }
 
+    /// Asks `src`'s agent to stage up to `want` bytes at `at`; the answer
+    /// comes with a guard that gives the piece back when dropped (on every
+    /// path, a dropped read included). `Ok(None)`: the agent does not stage.
+    async fn stage(
+        &self,
+        src: &RemoteRange,
+        at: u64,
+        want: u64,
+    ) -> Result<Option<(Staged, LentPiece)>> {
+        // On a task of its own: if this read is dropped while the agent
+        // answers, the answer (and the guard made from it) is dropped there,
+        // and the piece given back.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (tcp, range) = (self.tcp.clone(), src.clone());
+        let ask = async move {
+            let r = tcp.stage(&range, at, want).await.map(|st| {
+                let lent = LentPiece {
+                    tcp: tcp.clone(),
+                    addr: range.addr.clone(),
+                    lease: st.lease,
+                    token: st.token,
+                };
+                (st, lent)
+            });
+            let _ = tx.send(r);
+        };
+        tokio::spawn(tracing::Instrument::in_current_span(ask));
+        let answer = rx
+            .await
+            .map_err(|_| Error::internal("the staging request task ended without an answer"))?;
+        match answer {
+            Ok(lent) => Ok(Some(lent)),
+            // An agent that stages nothing (older, TCP only) says so; one
+            // that cannot be asked (a broken connection, a malformed or
+            // late answer) may still serve over TCP.
+            Err(e)
+                if matches!(
+                    e.code,
+                    Code::InvalidArgument | Code::Unavailable | Code::Timeout
+                ) =>
+            {
+                tracing::debug!(node = src.addr, error = %e, "cannot stage on this SSD agent; reading it over TCP for a while");
+                self.stop_staging(&src.addr);
+                Ok(None)
+            }
+            // The grant, the object or the agent's space: TCP would say the
+            // same.
+            Err(e) => Err(e),
+        }
+    }
+
     /// Reads an SSD range through its agent's lend window, a piece at a
     /// time: the agent stages the piece into a slot it lends, the piece is
-    /// read one-sided, and the slot given back. `None`: the agent does not
-    /// stage, or UCX failed on its window; read over TCP instead.
+    /// read one-sided, and the slot given back. The next piece is staged
+    /// while this one is read (a reader holds at most two slots, and gives
+    /// the first back without waiting for the second). `None`: the agent
+    /// does not stage, or UCX failed on its window; read over TCP instead.
     async fn read_staged(
         &self,
         src: &RemoteRange,
@@ -432,54 +491,61 @@ impl UcxTransport {
         buf: &mut [u8],
         crc: bool,
     ) -> Result<Option<u32>> {
-        let mut done = 0usize;
+        let Ok(_turn) = self.staged_reads.acquire().await else {
+            return Ok(None);
+        };
+        let total = buf.len() as u64;
+        let mut done = 0u64;
         let mut c = 0u32;
-        while done < buf.len() {
-            let want = (buf.len() - done) as u64;
-            let asked = Instant::now();
-            let st = match self.tcp.stage(src, at + done as u64, want).await {
-                Ok(st) => st,
-                // An agent that stages nothing (older, TCP only) says so.
-                Err(e) if e.code == Code::InvalidArgument => {
-                    tracing::debug!(node = src.addr, error = %e, "this SSD agent does not stage; reading over TCP");
-                    self.stop_staging(&src.addr);
-                    return Ok(None);
-                }
-                Err(e) => return Err(e),
-            };
-            let n = st.length as usize;
+        let mut asked = Instant::now();
+        let Some(mut piece) = self.stage(src, at, total).await? else {
+            return Ok(None);
+        };
+        loop {
+            let (st, lent) = piece;
+            let n = st.length;
             let route = self.window(&src.addr, &st);
             // Done well before the agent may reclaim the slot (its TTL runs
             // from after the piece was read, so from `asked` is earlier).
-            let lent = Duration::from_millis(st.ttl_ms).saturating_sub(LEND_MARGIN);
-            let deadline = asked + lent.min(self.cfg.timeout);
-            let (engine, deadline) = self.engine_for(&route, n, deadline);
-            let got = engine
-                .get_pooled(&route.peer, st.base + st.window_offset, n, deadline)
-                .await;
-            // Given back off the reader's path; bounded, and the agent
-            // reclaims the slot after its TTL if this never arrives.
-            let (tcp, addr) = (self.tcp.clone(), src.addr.clone());
-            tokio::spawn(async move {
-                let r = tokio::time::timeout(
-                    GIVE_BACK_TIMEOUT,
-                    tcp.give_back(&addr, st.lease, st.token),
-                )
-                .await;
-                if !matches!(r, Ok(Ok(()))) {
-                    tracing::debug!(
-                        node = addr,
-                        "staging slot not given back; the agent reclaims it after its TTL"
-                    );
+            let ttl = Duration::from_millis(st.ttl_ms).saturating_sub(LEND_MARGIN);
+            let deadline = asked + ttl.min(self.cfg.timeout);
+            let (engine, deadline) = self.engine_for(&route, n as usize, deadline);
+            let get = engine.get_pooled(
+                &route.peer,
+                st.base + st.window_offset,
+                n as usize,
+                deadline,
+            );
+            let rest = total - done - n;
+            let next_asked = Instant::now();
+            let next = async {
+                match rest {
+                    0 => Ok(None),
+                    _ => self.stage(src, at + done + n, rest).await,
                 }
-            });
+            };
+            let (got, next) = futures::join!(get, next);
+            // Given back off the reader's path (see `LentPiece`).
+            drop(lent);
+            // Bytes read after the agent may have reclaimed the slot (and
+            // staged another reader's piece there) are not these bytes.
+            let got = got.and_then(
+                |b| match asked.elapsed() < Duration::from_millis(st.ttl_ms) {
+                    true => Ok(b),
+                    false => Err(Error::new(
+                        Code::Timeout,
+                        "a lent piece was read after its TTL",
+                    )),
+                },
+            );
             match got {
                 Ok(bytes) => {
-                    let piece = copy_crc(&bytes, &mut buf[done..done + n], crc);
+                    let d = done as usize;
+                    let piece_crc = copy_crc(&bytes, &mut buf[d..d + n as usize], crc);
                     c = if done == 0 {
-                        piece
+                        piece_crc
                     } else {
-                        crc32c::crc32c_combine(c, piece, n)
+                        crc32c::crc32c_combine(c, piece_crc, n as usize)
                     };
                     done += n;
                 }
@@ -489,6 +555,14 @@ impl UcxTransport {
                     return Ok(None);
                 }
             }
+            if done == total {
+                break;
+            }
+            piece = match next? {
+                Some(p) => p,
+                None => return Ok(None),
+            };
+            asked = next_asked;
         }
         self.one_sided.fetch_add(1, Ordering::Relaxed);
         Ok(Some(c))
@@ -543,6 +617,41 @@ impl UcxTransport {
         // In range: `path` checked offset + at + len <= size, and the master
         // checked that base + size does not overflow.
         route.base + r.scope.offset + at
+    }
+}
+
+/// A piece an agent lent: given back when dropped, by a task of its own
+/// (bounded), so neither the reader's latency nor its cancellation keeps
+/// the slot; if the give-back never arrives, the agent reclaims the slot
+/// after its TTL.
+struct LentPiece {
+    tcp: Arc<TcpTransport>,
+    addr: String,
+    lease: u64,
+    token: u64,
+}
+
+impl Drop for LentPiece {
+    fn drop(&mut self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (tcp, addr, lease, token) = (
+            self.tcp.clone(),
+            std::mem::take(&mut self.addr),
+            self.lease,
+            self.token,
+        );
+        rt.spawn(async move {
+            let r =
+                tokio::time::timeout(GIVE_BACK_TIMEOUT, tcp.give_back(&addr, lease, token)).await;
+            if !matches!(r, Ok(Ok(()))) {
+                tracing::debug!(
+                    node = addr,
+                    "staging slot not given back; the agent reclaims it after its TTL"
+                );
+            }
+        });
     }
 }
 
