@@ -73,11 +73,19 @@ def check_flags(docs, token_dir, label):
 
 
 def check_resources(docs, label):
-    """Store nodes request and are limited to capacity + overhead."""
+    """Store nodes request and are limited to capacity + overhead; SSD
+    agents to their staging memory (twice with ucx) + overhead."""
     for doc in docs:
         if doc["kind"] not in WORKLOADS:
             continue
         for c in pod_spec(doc)["containers"]:
+            if c.get("command") == ["strata-ssd-agent"]:
+                # The staging arena, and with ucx the lend window beside it.
+                staging = next(a for a in c["args"] if a.startswith("--staging-bytes="))
+                staging_mib = int(staging.split("=")[1].removesuffix("MiB"))
+                windows = 2 if "--transport=ucx" in c["args"] else 1
+                mem = int(c["resources"]["limits"]["memory"].removesuffix("Mi"))
+                assert mem > windows * staging_mib, f"{label}: agent limit {mem}Mi <= {windows} x {staging}"
             if c.get("command") != ["strata-store-node"]:
                 continue
             cap = next(a for a in c["args"] if a.startswith("--capacity="))
@@ -181,6 +189,8 @@ def check_bad_values():
         (["tracing.otlpEndpoint=https://otel:4317"], "otlpEndpoint"),
         (["tracing.sampleRatio=1"], "sampleRatio"),
         (["storeNode.transport=rdma"], "transport"),
+        (["ssdAgent.transport=rdma"], "transport"),
+        (["ssdAgent.env[0].name=LD_PRELOAD"], "name"),
     ]
     for sets, want in cases:
         r = render([], sets)

@@ -618,3 +618,94 @@ impl Transport for TcpTransport {
         "tcp"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::REQ_LEN;
+
+    fn range(addr: String) -> RemoteRange {
+        RemoteRange {
+            addr,
+            scope: GrantScope {
+                perm: 12,
+                segment_id: 1,
+                offset: 0,
+                length: 4096,
+                expires_unix_ms: u64::MAX,
+                generation: 0,
+            },
+            mac: [0; MAC_LEN],
+            ucx_route: 0,
+        }
+    }
+
+    /// A node that predates staging refuses the op as unknown (request id
+    /// 0, since it could not parse the request) and hangs up: the caller
+    /// gets `invalid_argument`, and the connection is not pooled.
+    #[tokio::test]
+    async fn an_old_node_refuses_staging_and_its_connection_is_not_reused() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut hdr = [0u8; REQ_LEN];
+            s.read_exact(&mut hdr).await.unwrap();
+            assert_eq!(hdr[5], Op::Stage as u8);
+            let msg = b"unknown data-plane op 5";
+            let h = Response {
+                status: Code::InvalidArgument,
+                req_id: 0,
+                length: msg.len() as u64,
+            }
+            .encode();
+            s.write_all(&h).await.unwrap();
+            s.write_all(msg).await.unwrap();
+            s.shutdown().await.unwrap();
+        });
+        let t = TcpTransport::new(TcpTransportConfig::default());
+        let e = t.stage(&range(addr.clone()), 0, 4096).await.unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument, "{e}");
+        assert!(e.message.contains("unknown data-plane op"), "{e}");
+        server.await.unwrap();
+        assert!(
+            t.pool(&addr).lock().is_empty(),
+            "a hung-up connection is not reused"
+        );
+        // A request outside the range is refused before anything is sent.
+        let e = t.stage(&range(addr), 4000, 97).await.unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument, "{e}");
+    }
+
+    /// Any other refusal leaves the connection in step: it is reused.
+    #[tokio::test]
+    async fn a_refused_give_back_keeps_its_connection() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let (done, stop) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut hdr = [0u8; REQ_LEN];
+            s.read_exact(&mut hdr).await.unwrap();
+            let (req, _) = Request::decode(&hdr).unwrap();
+            let req = req.unwrap();
+            assert_eq!((req.op, req.offset, req.length), (Op::GiveBack, 7, 99));
+            let msg = b"no such staging lease";
+            let h = Response {
+                status: Code::NotFound,
+                req_id: req.req_id,
+                length: msg.len() as u64,
+            }
+            .encode();
+            s.write_all(&h).await.unwrap();
+            s.write_all(msg).await.unwrap();
+            let _ = stop.await;
+        });
+        let t = TcpTransport::new(TcpTransportConfig::default());
+        let e = t.give_back(&addr, 7, 99).await.unwrap_err();
+        assert_eq!(e.code, Code::NotFound, "{e}");
+        assert_eq!(t.pool(&addr).lock().len(), 1, "the connection is reused");
+        let _ = done.send(());
+        server.await.unwrap();
+    }
+}
