@@ -8,7 +8,6 @@ pub mod bucket;
 pub mod config;
 pub mod eviction;
 pub mod index;
-pub mod lending;
 pub mod lock;
 pub mod offload;
 pub mod promotion;
@@ -49,8 +48,8 @@ struct AgentMetrics {
     /// `offload_source` (a DRAM source handed to this agent).
     checksum_failures: IntCounterVec,
     staging: staging::StagingMetrics,
-    /// Bytes staged into the lend window for one-sided readers.
-    staged_bytes: prometheus::IntCounter,
+    /// The lend window's slots (`--transport ucx`).
+    lend: strata_transport::lend::LendMetrics,
     eviction: eviction::EvictionMetrics,
     server: ServerMetrics,
 }
@@ -139,19 +138,21 @@ impl AgentMetrics {
                     "strata_ssd_agent_staging_timeouts_total",
                     "Reads that gave up waiting for staging space",
                 ),
-                remote_leases: g(
+            },
+            lend: strata_transport::lend::LendMetrics {
+                leases: g(
                     "strata_ssd_agent_staging_remote_leases",
-                    "Staging space lent to remote readers right now",
+                    "Lend window slots lent to one-sided (rdma) readers right now",
                 ),
-                remote_expired: c(
+                expired: c(
                     "strata_ssd_agent_staging_remote_expired_total",
-                    "Remote staging leases reclaimed after their TTL",
+                    "Lent slots reclaimed after their TTL (never given back)",
+                ),
+                lent_bytes: c(
+                    "strata_ssd_agent_staged_bytes_total",
+                    "Bytes staged into the UCX lend window for one-sided (rdma) readers",
                 ),
             },
-            staged_bytes: c(
-                "strata_ssd_agent_staged_bytes_total",
-                "Bytes staged into the UCX lend window for one-sided (rdma) readers",
-            ),
             eviction: eviction::EvictionMetrics {
                 buckets: c(
                     "strata_ssd_agent_evicted_buckets_total",
@@ -319,17 +320,25 @@ impl Session {
     }
 }
 
-/// The window reads are lent one-sided from, with `--transport ucx`: as
-/// large as the arena, in slots of one staging piece.
+/// What lends reads one-sided, with `--transport ucx`: a window as large as
+/// the arena, in slots of one staging piece, waited for like the arena.
 #[cfg(feature = "ucx")]
-async fn lend_window(
+async fn lender(
     cfg: &SsdAgentConfig,
     staging: &staging::Staging,
-) -> Result<Option<Arc<lending::LendWindow>>> {
+    m: &AgentMetrics,
+) -> Result<Option<Arc<strata_transport::lend::Lender>>> {
+    use strata_transport::lend::{LendConfig, LEND_TTL};
     if cfg.transport != config::TransportKind::Ucx {
         return Ok(None);
     }
-    let w = lending::start_ucx(cfg.staging_bytes, staging.piece_bytes())
+    let lend = LendConfig {
+        slot_bytes: staging.piece_bytes(),
+        wait: cfg.staging_wait,
+        ttl: LEND_TTL,
+        setting: "--staging-bytes (STRATA_STAGING_BYTES) on this SSD agent",
+    };
+    let l = strata_transport::lend::start_ucx(cfg.staging_bytes, lend, m.lend.clone())
         .await
         .map_err(|e| {
             Error::new(
@@ -338,18 +347,19 @@ async fn lend_window(
             )
         })?;
     tracing::info!(
-        window_bytes = w.size(),
-        slot_bytes = w.slot_bytes(),
+        window_bytes = l.size(),
+        slot_bytes = l.slot_bytes(),
         "SSD reads are lent to rdma readers over UCX"
     );
-    Ok(Some(Arc::new(w)))
+    Ok(Some(Arc::new(l)))
 }
 
 #[cfg(not(feature = "ucx"))]
-async fn lend_window(
+async fn lender(
     _: &SsdAgentConfig,
     _: &staging::Staging,
-) -> Result<Option<Arc<lending::LendWindow>>> {
+    _: &AgentMetrics,
+) -> Result<Option<Arc<strata_transport::lend::Lender>>> {
     // `validate` refused --transport ucx in this build.
     Ok(None)
 }
@@ -375,24 +385,23 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         .unwrap_or_else(|| data_addr.to_string());
     let staging =
         staging::Staging::new(cfg.staging_bytes, cfg.staging_wait, metrics.staging.clone());
-    let window = lend_window(&cfg, &staging).await?;
+    let lender = lender(&cfg, &staging, &metrics).await?;
     let region = Arc::new(region::BucketRegion::new(
         staging.clone(),
-        window.map(|w| (w, cfg.staging_wait)),
+        lender.clone(),
         instance.clone(),
         metrics.checksum_failures.with_label_values(&["read"]),
-        metrics.staged_bytes.clone(),
     ));
     let mut tasks = JoinSet::new();
-    {
-        // Reclaims staging lent to remote readers that never gave it back.
-        let (staging, sd) = (staging.clone(), shutdown.clone());
+    if let Some(lender) = lender {
+        // Reclaims slots lent to readers that never gave them back.
+        let sd = shutdown.clone();
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
             loop {
                 tokio::select! {
                     _ = sd.cancelled() => break,
-                    _ = tick.tick() => { staging.reap(std::time::Instant::now()); }
+                    _ = tick.tick() => { lender.reap(std::time::Instant::now()); }
                 }
             }
         });

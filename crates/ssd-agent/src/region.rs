@@ -4,7 +4,6 @@
 //! window (`--transport ucx`) grants that also carry `PERM_STAGE` (rdma
 //! callers) may stage a piece into it for a one-sided read.
 
-use crate::lending::{LendWindow, LEND_TTL};
 use crate::staging::Staging;
 use crate::store::{BucketReadGuard, OwnerStore};
 use futures::future::BoxFuture;
@@ -13,6 +12,7 @@ use std::sync::Arc;
 use strata_common::grant::{split_ssd_segment_id, GrantKey, PERM_SSD_READ, PERM_STAGE};
 use strata_common::{Code, Error, Result};
 use strata_transport::frame::{Request, Staged};
+use strata_transport::lend::Lender;
 use strata_transport::region::{
     verify_grant, Chunk, ChunkStream, DataRegion, ReadSource, WriteTarget,
 };
@@ -22,34 +22,24 @@ pub struct BucketRegion {
     state: RwLock<Option<(GrantKey, Arc<OwnerStore>)>>,
     staging: Staging,
     /// Where reads are lent to one-sided readers (`--transport ucx`).
-    window: Option<Arc<LendWindow>>,
-    /// How long a stager waits for a free window slot (`--staging-wait`).
-    staging_wait: std::time::Duration,
+    lender: Option<Arc<Lender>>,
     instance: String,
     checksum_failures: prometheus::IntCounter,
-    staged_bytes: prometheus::IntCounter,
 }
 
 impl BucketRegion {
     pub fn new(
         staging: Staging,
-        window: Option<(Arc<LendWindow>, std::time::Duration)>,
+        lender: Option<Arc<Lender>>,
         instance: String,
         checksum_failures: prometheus::IntCounter,
-        staged_bytes: prometheus::IntCounter,
     ) -> Self {
-        let (window, staging_wait) = match window {
-            Some((w, wait)) => (Some(w), wait),
-            None => (None, std::time::Duration::ZERO),
-        };
         BucketRegion {
             state: RwLock::new(None),
             staging,
-            window,
-            staging_wait,
+            lender,
             instance,
             checksum_failures,
-            staged_bytes,
         }
     }
 
@@ -85,7 +75,7 @@ impl BucketRegion {
 
     /// Stages the first piece of `req`'s range into a lent window slot.
     async fn stage_piece(&self, req: &Request, now_ms: u64) -> Result<Staged> {
-        let window = self.window.as_ref().ok_or_else(|| {
+        let lender = self.lender.as_ref().ok_or_else(|| {
             Error::invalid(
                 "this SSD agent lends no staging (it runs --transport tcp); read over TCP",
             )
@@ -97,56 +87,32 @@ impl BucketRegion {
             ));
         }
         let (store, bucket) = self.authorize(req, PERM_STAGE, now_ms)?;
-        if req.length == 0 {
-            return Err(Error::invalid("nothing to stage"));
-        }
-        let n = req.length.min(window.slot_bytes());
-        let _read = store.begin_read(bucket)?;
-        let mut slot = window.take(self.staging_wait).await?;
-        let object = store.object_at(bucket, req.offset);
-        let (w, at) = (window.clone(), req.offset);
-        let slot = tokio::task::spawn_blocking(move || {
-            // SAFETY: this Stage holds the slot; it is lent (readable by
-            // peers) only once filled, and written by nobody else.
-            let dst = unsafe { w.slot_mut(&mut slot, n) }?;
-            store.read_piece_into(bucket, at, dst)?;
-            if let Some((len, want)) = object.filter(|(len, _)| *len == n) {
-                if crc32c::crc32c(dst) != want {
-                    return Err(Error::new(
-                        Code::Corrupted,
-                        format!("object at bucket {bucket} offset {at} ({len} bytes) failed its checksum"),
-                    ));
+        let read = store.begin_read(bucket)?;
+        let at = req.offset;
+        let object = store.object_at(bucket, at);
+        let failures = self.checksum_failures.clone();
+        lender
+            .stage(req.length, move |dst| {
+                // The bucket stays until the piece is read.
+                let _read = read;
+                store.read_piece_into(bucket, at, dst)?;
+                let n = dst.len() as u64;
+                if let Some((len, want)) = object.filter(|(len, _)| *len == n) {
+                    if crc32c::crc32c(dst) != want {
+                        failures.inc();
+                        tracing::error!(bucket, offset = at, "object failed its checksum on read");
+                        return Err(Error::new(
+                            Code::Corrupted,
+                            format!("object at bucket {bucket} offset {at} ({len} bytes) failed its checksum"),
+                        ));
+                    }
                 }
-            }
-            if object.is_some() {
-                store.mark_read(bucket, at);
-            }
-            Ok(slot)
-        })
-        .await
-        .map_err(|e| Error::internal(format!("read task failed: {e}")))?
-        .inspect_err(|e| {
-            if e.code == Code::Corrupted {
-                self.checksum_failures.inc();
-                tracing::error!(error = %e, "object failed its checksum on read");
-            }
-        })?;
-        let window_offset = window.offset_of(&slot);
-        let (lease, token) = self.staging.lend(Box::new(slot), n, LEND_TTL);
-        self.staged_bytes.inc_by(n);
-        let r = window.route();
-        Ok(Staged {
-            lease,
-            token,
-            window_offset,
-            length: n,
-            ttl_ms: LEND_TTL.as_millis() as u64,
-            fingerprint: r.fingerprint,
-            base: r.base,
-            size: window.size(),
-            worker: r.worker.clone(),
-            rkey: r.rkey.clone(),
-        })
+                if object.is_some() {
+                    store.mark_read(bucket, at);
+                }
+                Ok(())
+            })
+            .await
     }
 }
 
@@ -156,7 +122,9 @@ impl DataRegion for BucketRegion {
     }
 
     fn give_back(&self, lease: u64, token: u64) -> bool {
-        self.staging.give_back(lease, token)
+        self.lender
+            .as_ref()
+            .is_some_and(|l| l.give_back(lease, token))
     }
 
     fn read<'a>(&'a self, req: &'a Request, now_ms: u64) -> BoxFuture<'a, Result<ReadSource>> {

@@ -4,14 +4,11 @@
 //! for at most `--staging-wait`, then fails with an error that says what to
 //! change. A read larger than the arena is staged piece by piece, so size
 //! alone never fails a read. Space is released when its guard drops, on every
-//! path. Space lent to a remote reader (a one-sided transport reading the
-//! staged bytes itself, from the agent's lend window) is tracked here too
-//! and reclaimed after a TTL if it is never given back.
+//! path. (Reads lent to one-sided readers are staged in a window of their
+//! own: `strata_transport::lend`.)
 
 use parking_lot::Mutex;
 use prometheus::{Histogram, IntCounter, IntGauge};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_common::{Code, Error, Result};
@@ -29,10 +26,6 @@ pub struct StagingMetrics {
     pub waiters: IntGauge,
     pub wait_seconds: Histogram,
     pub timeouts: IntCounter,
-    /// Space lent to remote readers right now.
-    pub remote_leases: IntGauge,
-    /// Remote leases reclaimed because their TTL passed.
-    pub remote_expired: IntCounter,
 }
 
 /// Shared handle to the arena (cheap to clone).
@@ -46,19 +39,9 @@ struct Inner {
     capacity: u64,
     wait: Duration,
     m: StagingMetrics,
-    lent: Mutex<HashMap<u64, Lent>>,
-    next_lease: AtomicU64,
     /// Piece buffers kept for reuse: staged reads do not fault in fresh
     /// pages for every piece. Bounded by the arena (pieces in use + idle).
     pool: Mutex<Vec<Vec<u8>>>,
-}
-
-/// Space lent to a remote reader.
-struct Lent {
-    deadline: Instant,
-    token: u64,
-    bytes: u64,
-    _hold: Box<dyn std::any::Any + Send>,
 }
 
 /// Staged bytes; released on drop.
@@ -90,14 +73,12 @@ impl Staging {
                 capacity: units * UNIT,
                 wait,
                 m,
-                lent: Mutex::new(HashMap::new()),
-                next_lease: AtomicU64::new(1),
                 pool: Mutex::new(Vec::new()),
             }),
         }
     }
 
-    /// Bytes held right now (by local readers and remote leases).
+    /// Bytes held right now by readers.
     pub fn in_use(&self) -> u64 {
         self.inner.capacity - self.inner.sem.available_permits() as u64 * UNIT
     }
@@ -186,69 +167,6 @@ impl Staging {
             }
         }
     }
-
-    /// Lends `bytes` held by `hold` (a window slot, whose drop frees it) to
-    /// a remote reader that fetches them itself and gives the lease back;
-    /// if it never does, [`Staging::reap`] reclaims it after `ttl`. Returns
-    /// the lease and its token, a secret only the reader learns: nobody
-    /// else can return its space early.
-    pub fn lend(
-        &self,
-        hold: Box<dyn std::any::Any + Send>,
-        bytes: u64,
-        ttl: Duration,
-    ) -> (u64, u64) {
-        let id = self.inner.next_lease.fetch_add(1, Ordering::Relaxed);
-        let token = rand::random::<u64>();
-        let mut lent = self.inner.lent.lock();
-        lent.insert(
-            id,
-            Lent {
-                deadline: Instant::now() + ttl,
-                token,
-                bytes,
-                _hold: hold,
-            },
-        );
-        self.inner.m.remote_leases.set(lent.len() as i64);
-        (id, token)
-    }
-
-    /// The remote reader is done with a lease. False if it was unknown
-    /// (already reclaimed) or the token is wrong.
-    pub fn give_back(&self, lease: u64, token: u64) -> bool {
-        let mut lent = self.inner.lent.lock();
-        if lent.get(&lease).is_none_or(|l| l.token != token) {
-            return false;
-        }
-        let taken = lent.remove(&lease);
-        self.inner.m.remote_leases.set(lent.len() as i64);
-        drop(lent);
-        // The space and slot are released outside the lock.
-        drop(taken);
-        true
-    }
-
-    /// Reclaims leases whose TTL passed. Returns how many.
-    pub fn reap(&self, now: Instant) -> usize {
-        let mut lent = self.inner.lent.lock();
-        let before = lent.len();
-        lent.retain(|id, l| {
-            let keep = l.deadline > now;
-            if !keep {
-                tracing::warn!(
-                    lease = id,
-                    bytes = l.bytes,
-                    "remote reader never returned its staging space; reclaimed"
-                );
-            }
-            keep
-        });
-        let reaped = before - lent.len();
-        self.inner.m.remote_leases.set(lent.len() as i64);
-        self.inner.m.remote_expired.inc_by(reaped as u64);
-        reaped
-    }
 }
 
 /// Runs `f` when dropped.
@@ -277,8 +195,6 @@ mod tests {
             wait_seconds: Histogram::with_opts(prometheus::HistogramOpts::new("h", "h"))
                 .expect("histogram"),
             timeouts: strata_common::metrics::counter(&r, "t", "t"),
-            remote_leases: strata_common::metrics::gauge(&r, "l", "l"),
-            remote_expired: strata_common::metrics::counter(&r, "e", "e"),
         }
     }
 
@@ -393,35 +309,6 @@ mod tests {
         assert_eq!((m.waiters.get(), m.in_use.get()), (0, 0));
     }
 
-    /// Lends `bytes` with a marker whose drop shows the hold was released.
-    async fn lend(s: &Staging, bytes: u64, ttl: Duration) -> (u64, u64, Arc<()>) {
-        let g = s.acquire(bytes, bytes).await.expect("space");
-        let held = Arc::new(());
-        let (id, token) = s.lend(Box::new((g, held.clone())), bytes, ttl);
-        (id, token, held)
-    }
-
-    #[tokio::test]
-    async fn remote_leases_are_given_back_or_reclaimed_after_their_ttl() {
-        let m = metrics();
-        let s = Staging::new(64 << 10, Duration::from_millis(50), m.clone());
-        let (a, token, a_hold) = lend(&s, 32 << 10, Duration::from_secs(60)).await;
-        let (_b, _, b_hold) = lend(&s, 32 << 10, Duration::from_millis(10)).await;
-        assert_eq!((s.in_use(), m.remote_leases.get()), (64 << 10, 2));
-        assert!(!s.give_back(a, token ^ 1), "a wrong token returns nothing");
-        assert_eq!(Arc::strong_count(&a_hold), 2);
-        assert!(s.give_back(a, token));
-        assert_eq!(Arc::strong_count(&a_hold), 1, "the hold went with it");
-        assert!(!s.give_back(a, token), "a lease is returned once");
-        assert_eq!(s.reap(Instant::now() + Duration::from_millis(20)), 1);
-        assert_eq!(Arc::strong_count(&b_hold), 1, "reclaimed with its hold");
-        assert_eq!(
-            (s.in_use(), m.in_use.get(), m.remote_leases.get()),
-            (0, 0, 0)
-        );
-        assert_eq!(m.remote_expired.get(), 1);
-    }
-
     #[test]
     fn a_piece_is_a_quarter_of_the_arena_in_whole_units_within_bounds() {
         let piece = |cap| Staging::new(cap, Duration::from_millis(1), metrics()).piece_bytes();
@@ -459,31 +346,5 @@ mod tests {
             s.recycle(Vec::with_capacity(piece));
         }
         assert_eq!(pooled(&s), 4);
-    }
-
-    /// A lease lives until lend time + TTL and is reclaimed at that deadline,
-    /// not a moment before; leases not yet due stay lent.
-    #[tokio::test]
-    async fn a_lease_is_reclaimed_at_its_deadline_not_before() {
-        let m = metrics();
-        let s = Staging::new(64 << 10, Duration::from_millis(50), m.clone());
-        let ttl = Duration::from_secs(60);
-        let before = Instant::now();
-        let (id, token, _) = lend(&s, 8 << 10, ttl).await;
-        let after = Instant::now();
-        let _later = lend(&s, 8 << 10, ttl * 2).await;
-        let deadline = s.inner.lent.lock()[&id].deadline;
-        assert!(
-            deadline >= before + ttl && deadline <= after + ttl,
-            "the deadline is lend time plus the TTL"
-        );
-        assert_eq!(s.reap(deadline - Duration::from_nanos(1)), 0);
-        assert_eq!((s.in_use(), m.remote_leases.get()), (16 << 10, 2));
-        assert_eq!(s.reap(deadline), 1, "due at its deadline");
-        assert_eq!(
-            (s.in_use(), m.remote_leases.get(), m.remote_expired.get()),
-            (8 << 10, 1, 1)
-        );
-        assert!(!s.give_back(id, token), "already reclaimed");
     }
 }

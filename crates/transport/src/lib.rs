@@ -7,6 +7,7 @@
 
 pub mod fence;
 pub mod frame;
+pub mod lend;
 pub mod region;
 pub mod tcp;
 #[cfg(feature = "ucx")]

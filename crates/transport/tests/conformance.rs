@@ -4,12 +4,15 @@
 //! key, and a client transport) and one macro line; docs/transports.md says
 //! what the trait promises.
 
+use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_common::grant::{GrantKey, GrantScope, PERM_READ, PERM_WRITE};
-use strata_common::Code;
-use strata_transport::region::{Segment, SegmentTable};
+use strata_common::grant::{GrantKey, GrantScope, PERM_READ, PERM_STAGE, PERM_WRITE};
+use strata_common::{Code, Result};
+use strata_transport::frame::{Request, Staged};
+use strata_transport::lend::{LendMetrics, Lender};
+use strata_transport::region::{DataRegion, ReadSource, Segment, SegmentTable, WriteTarget};
 use strata_transport::{RemoteRange, Transport};
 
 const SEGMENT: u64 = 7;
@@ -31,6 +34,11 @@ struct Fixture {
     checks_signatures: bool,
     /// Transfers that went one-sided so far.
     one_sided: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// The node lends staged reads (its transport can read them
+    /// one-sided): bytes lent so far and slots lent now.
+    lent: Box<dyn Fn() -> (u64, usize) + Send + Sync>,
+    /// The client reads grants that allow it through lent staging.
+    stages: bool,
 }
 
 impl Fixture {
@@ -244,6 +252,59 @@ async fn a_dead_node_fails_transfers(f: Fixture) {
     assert!(e.retryable(), "{e:?}");
 }
 
+/// Reads whose grants allow staging (what the master gives rdma callers
+/// for SSD objects) get every byte right, whole and in part; a transport
+/// that stages reads them through the node's lend window, piece by piece,
+/// and gives every slot back. A grant without the bit stages nothing.
+async fn reads_through_lent_staging(f: Fixture) {
+    let len = (5 << 20) + 3;
+    let w = f.range(0, len, PERM_WRITE | PERM_READ, 1);
+    let bytes = data(11, len as usize);
+    f.transport.write(&w, 0, &bytes).await.unwrap();
+    let r = f.range(0, len, PERM_READ | PERM_STAGE, 1);
+    let mut back = vec![0u8; len as usize];
+    let crc = f.transport.read_crc32c(&r, 0, &mut back).await.unwrap();
+    assert!(back == bytes, "read back intact");
+    assert_eq!(crc, crc32c::crc32c(&bytes));
+    let mut part = vec![0u8; 100];
+    f.transport
+        .read(&r, (1 << 20) + 5, &mut part)
+        .await
+        .unwrap();
+    assert_eq!(part, bytes[(1 << 20) + 5..(1 << 20) + 105]);
+    let (lent, _) = (f.lent)();
+    if f.stages {
+        assert_eq!(lent, len + 100, "every byte read came through the window");
+    } else {
+        assert_eq!(lent, 0);
+    }
+    let mut given_back = false;
+    for _ in 0..250 {
+        if (f.lent)().1 == 0 {
+            given_back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(given_back, "every lent slot was given back");
+    // The bit is signed: without it, or added by the client, nothing is
+    // staged (a node that lends nothing refuses every stage).
+    let tcp = strata_transport::tcp::TcpTransport::new(Default::default());
+    let plain = f.range(0, 4096, PERM_READ, 1);
+    let mut forged = plain.clone();
+    forged.scope.perm |= PERM_STAGE;
+    for g in [&plain, &forged] {
+        let e = tcp.stage(g, 0, 4096).await.unwrap_err();
+        let want = match f.stages {
+            true => Code::PermissionDenied,
+            false => Code::InvalidArgument,
+        };
+        assert_eq!(e.code, want, "{e:?}");
+    }
+    assert_eq!((f.lent)().0, lent);
+    (f.kill)();
+}
+
 macro_rules! conformance_suite {
     ($name:ident, $fixture:expr) => {
         mod $name {
@@ -270,6 +331,10 @@ macro_rules! conformance_suite {
                 super::large_objects($fixture.await).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn reads_through_lent_staging() {
+                super::reads_through_lent_staging($fixture.await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_dead_node_fails_transfers() {
                 super::a_dead_node_fails_transfers($fixture.await).await
             }
@@ -285,6 +350,8 @@ struct Node {
     key: GrantKey,
     /// The UCX route of the segment, when served over UCX.
     route: Option<strata_proto::UcxRoute>,
+    /// Lends staged reads (UCX nodes).
+    lend: Option<LendMetrics>,
     kill: Box<dyn FnOnce() + Send>,
 }
 
@@ -316,13 +383,18 @@ fn start_node(ucx: Option<&'static str>) -> Node {
                 cut_off: c("cut_off"),
             };
             let shutdown = tokio_util::sync::CancellationToken::new();
-            tokio::spawn(serve(listener, Arc::new(table), metrics, shutdown));
-            let exposed = match ucx {
-                Some(tls) => Some(ucx_node(tls, &segment).await),
-                None => None,
+            let (exposed, lender) = match ucx {
+                Some(tls) => (Some(ucx_node(tls, &segment).await), Some(lender().await)),
+                None => (None, None),
             };
+            let lend = lender.as_ref().map(|(_, m)| m.clone());
+            let region = Lending {
+                table,
+                lender: lender.map(|(l, _)| l),
+            };
+            tokio::spawn(serve(listener, Arc::new(region), metrics, shutdown));
             let route = exposed.as_ref().map(|n| ucx_route(n, &addr));
-            addr_tx.send((addr, route)).unwrap();
+            addr_tx.send((addr, route, lend)).unwrap();
             let _ = stopped.await;
             // Killed: the UCX worker goes (and its registration) with the
             // node's connections.
@@ -331,11 +403,12 @@ fn start_node(ucx: Option<&'static str>) -> Node {
         // Dropping the runtime drops every connection task and its socket.
         drop(rt);
     });
-    let (addr, route) = addr_rx.recv().unwrap();
+    let (addr, route, lend) = addr_rx.recv().unwrap();
     Node {
         addr,
         key,
         route,
+        lend,
         kill: Box::new(move || {
             let _ = stop.send(());
             node.join().unwrap();
@@ -355,7 +428,74 @@ async fn tcp() -> Fixture {
         ucx_route: 0,
         checks_signatures: true,
         one_sided: Box::new(|| 0),
+        lent: Box::new(|| (0, 0)),
+        stages: false,
     }
+}
+
+/// A node's segments, and (UCX nodes) a lender that stages their bytes for
+/// one-sided readers, as an SSD agent stages its files.
+struct Lending {
+    table: SegmentTable,
+    lender: Option<Arc<Lender>>,
+}
+
+impl DataRegion for Lending {
+    fn read<'a>(&'a self, req: &'a Request, now_ms: u64) -> BoxFuture<'a, Result<ReadSource>> {
+        self.table.read(req, now_ms)
+    }
+    fn write_target(&self, req: &Request, now_ms: u64) -> Result<WriteTarget> {
+        self.table.write_target(req, now_ms)
+    }
+    fn stage<'a>(&'a self, req: &'a Request, now_ms: u64) -> BoxFuture<'a, Result<Staged>> {
+        let Some(lender) = self.lender.clone() else {
+            return self.table.stage(req, now_ms);
+        };
+        let auth = self.table.authorize(
+            &req.grant, &req.mac, PERM_STAGE, req.offset, req.length, now_ms,
+        );
+        let at = req.offset;
+        Box::pin(async move {
+            let seg = auth?.segment;
+            lender
+                .stage(req.length, move |dst| {
+                    dst.copy_from_slice(seg.slice(at, dst.len() as u64)?);
+                    Ok(())
+                })
+                .await
+        })
+    }
+    fn give_back(&self, lease: u64, token: u64) -> bool {
+        self.lender
+            .as_ref()
+            .is_some_and(|l| l.give_back(lease, token))
+    }
+}
+
+/// A lender of 4 slots of 1 MiB over UCX, and its metrics.
+#[cfg(feature = "ucx")]
+async fn lender() -> (Arc<Lender>, LendMetrics) {
+    use prometheus::{IntCounter, IntGauge};
+    let m = LendMetrics {
+        leases: IntGauge::new("leases", "leases").unwrap(),
+        expired: IntCounter::new("expired", "expired").unwrap(),
+        lent_bytes: IntCounter::new("lent", "lent").unwrap(),
+    };
+    let cfg = strata_transport::lend::LendConfig {
+        slot_bytes: 1 << 20,
+        wait: Duration::from_secs(5),
+        ttl: strata_transport::lend::LEND_TTL,
+        setting: "the fixture's window",
+    };
+    let l = strata_transport::lend::start_ucx(4 << 20, cfg, m.clone())
+        .await
+        .unwrap();
+    (Arc::new(l), m)
+}
+
+#[cfg(not(feature = "ucx"))]
+async fn lender() -> (Arc<Lender>, LendMetrics) {
+    unreachable!("UCX fixtures need the ucx feature")
 }
 
 conformance_suite!(over_tcp, tcp());
@@ -449,6 +589,7 @@ mod ucx {
     pub async fn fixture_with(tls: &'static str, rdma: bool) -> (Fixture, Arc<Routes>) {
         let n = start_node(Some(tls));
         let route = n.route.clone().expect("a UCX node has a route");
+        let lend = n.lend.clone().expect("a UCX node lends");
         let cfg = UcxClientConfig {
             tls: Some(tls.to_string()),
             // Bounds a transfer to a dead node over shared memory, which
@@ -473,6 +614,13 @@ mod ucx {
             ucx_route: ROUTE,
             checks_signatures: !rdma,
             one_sided: Box::new(move || counts.one_sided_transfers()),
+            lent: Box::new(move || {
+                (
+                    lend.lent_bytes.get(),
+                    usize::try_from(lend.leases.get()).unwrap_or(0),
+                )
+            }),
+            stages: true,
         };
         (f, source)
     }
