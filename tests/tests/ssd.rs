@@ -62,11 +62,16 @@ async fn the_tail_of_a_batch_is_written_in_the_same_cycle() {
         .unwrap();
     let cl = c.client().await.unwrap();
     let keys: Vec<String> = (0..11).map(|i| format!("tail-{i}")).collect();
+    // Every task queued before the agent's next cycle (a slow machine could
+    // otherwise spread the puts over several cycles).
+    let pause = &c.agents[0].faults.pause_offload;
+    pause.store(true, std::sync::atomic::Ordering::Relaxed);
     for (i, k) in keys.iter().enumerate() {
         cl.put(k, &payload(i as u64, 1 << 20), &PutOptions::default())
             .await
             .unwrap();
     }
+    pause.store(false, std::sync::atomic::Ordering::Relaxed);
     assert!(
         wait_persisted(&c, &keys, Duration::from_secs(20)).await,
         "all 11 must reach SSD"
