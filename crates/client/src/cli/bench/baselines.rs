@@ -53,30 +53,54 @@ pub fn memcpy_dram(size: u64, ops: u64) -> Row {
 }
 
 /// A minimal request/response server: 8-byte request (the size), then that
-/// many bytes back. The floor of any TCP "get".
+/// many bytes back. The floor of any TCP "get", from one cache-hot buffer.
 pub async fn tcp_get(size: u64, ops: u64, conns: usize, quiet: bool) -> anyhow::Result<Row> {
+    let one = vec![vec![7u8; size as usize]];
+    tcp_get_from("raw tcp get", one, ops, conns, quiet).await
+}
+
+/// [`tcp_get`] answering each request from the next of a set of buffers
+/// larger than any cache, as a store serving many objects reads DRAM.
+pub async fn tcp_get_dram(size: u64, ops: u64, conns: usize, quiet: bool) -> anyhow::Result<Row> {
+    let n = (DRAM_SET / (size as usize).max(1)).max(2);
+    // Written, so its pages are resident (not the shared zero page).
+    let set = (0..n).map(|i| vec![i as u8; size as usize]).collect();
+    tcp_get_from("raw tcp get dram", set, ops, conns, quiet).await
+}
+
+async fn tcp_get_from(
+    name: &str,
+    sources: Vec<Vec<u8>>,
+    ops: u64,
+    conns: usize,
+    quiet: bool,
+) -> anyhow::Result<Row> {
+    let size = sources[0].len() as u64;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let payload = Arc::new(vec![7u8; size as usize]);
+    let sources = Arc::new(sources);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let server = tokio::spawn(async move {
         loop {
             let Ok((mut s, _)) = listener.accept().await else {
                 return;
             };
             let _ = s.set_nodelay(true);
-            let payload = payload.clone();
+            let (sources, next) = (sources.clone(), next.clone());
             tokio::spawn(async move {
                 let mut req = [0u8; 8];
                 while s.read_exact(&mut req).await.is_ok() {
                     let n = u64::from_le_bytes(req) as usize;
-                    if s.write_all(&payload[..n.min(payload.len())]).await.is_err() {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let src = &sources[i % sources.len()];
+                    if s.write_all(&src[..n.min(src.len())]).await.is_err() {
                         return;
                     }
                 }
             });
         }
     });
-    let phase = Phase::new(&format!("raw tcp get {}", format_size(size)), ops, quiet);
+    let phase = Phase::new(&format!("{name} {}", format_size(size)), ops, quiet);
     let el = drive(&phase, conns, |_, ph| async move {
         let mut s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
@@ -91,7 +115,7 @@ pub async fn tcp_get(size: u64, ops: u64, conns: usize, quiet: bool) -> anyhow::
     })
     .await?;
     server.abort();
-    Ok(phase.finish("raw tcp get", size, conns, size, el))
+    Ok(phase.finish(name, size, conns, size, el))
 }
 
 /// A redis-server we started on a free loopback port; killed on drop.

@@ -39,7 +39,7 @@ impl Report {
         for r in &mut self.rows {
             let against: &[&str] = match r.scenario.as_str() {
                 "strata get" | "strata get cached" | "strata batch_get" => {
-                    &["raw tcp get", "redis GET"]
+                    &["raw tcp get", "raw tcp get dram", "redis GET"]
                 }
                 "strata put" | "strata batch_put" => &["raw tcp get", "redis SET"],
                 "strata get (ucx)" | "strata get cached (ucx)" | "strata batch_get (ucx)" => {
