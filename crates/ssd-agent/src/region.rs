@@ -87,14 +87,14 @@ impl BucketRegion {
             ));
         }
         let (store, bucket) = self.authorize(req, PERM_STAGE, now_ms)?;
-        let read = store.begin_read(bucket)?;
         let at = req.offset;
         let object = store.object_at(bucket, at);
         let failures = self.checksum_failures.clone();
         lender
             .stage(req.length, move |dst| {
-                // The bucket stays until the piece is read.
-                let _read = read;
+                // Taken once a slot is: waiting for one must not hold off
+                // the bucket's eviction. It stays while the piece is read.
+                let _read = store.begin_read(bucket)?;
                 store.read_piece_into(bucket, at, dst)?;
                 let n = dst.len() as u64;
                 if let Some((len, want)) = object.filter(|(len, _)| *len == n) {

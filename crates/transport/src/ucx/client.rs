@@ -472,8 +472,13 @@ impl UcxTransport {
                 self.stop_staging(&src.addr);
                 Ok(None)
             }
-            // The grant, the object or the agent's space: TCP would say the
-            // same.
+            // A window whose slots all stayed lent: the agent's TCP path
+            // (its own arena) may still serve, this time.
+            Err(e) if e.code == Code::ResourceExhausted => {
+                tracing::debug!(node = src.addr, error = %e, "lend window busy; reading over TCP");
+                Ok(None)
+            }
+            // The grant or the object: TCP would say the same.
             Err(e) => Err(e),
         }
     }
@@ -483,7 +488,8 @@ impl UcxTransport {
     /// read one-sided, and the slot given back. The next piece is staged
     /// while this one is read (a reader holds at most two slots, and gives
     /// the first back without waiting for the second). `None`: the agent
-    /// does not stage, or UCX failed on its window; read over TCP instead.
+    /// does not stage, its window stayed busy, or UCX failed on it; read
+    /// over TCP instead.
     async fn read_staged(
         &self,
         src: &RemoteRange,
@@ -510,12 +516,33 @@ impl UcxTransport {
             let ttl = Duration::from_millis(st.ttl_ms).saturating_sub(LEND_MARGIN);
             let deadline = asked + ttl.min(self.cfg.timeout);
             let (engine, deadline) = self.engine_for(&route, n as usize, deadline);
-            let get = engine.get_pooled(
-                &route.peer,
-                st.base + st.window_offset,
-                n as usize,
-                deadline,
-            );
+            let ttl = Duration::from_millis(st.ttl_ms);
+            let get = async move {
+                let got = engine
+                    .get_pooled(
+                        &route.peer,
+                        st.base + st.window_offset,
+                        n as usize,
+                        deadline,
+                    )
+                    .await;
+                // Bytes read after the agent may have reclaimed the slot
+                // (and staged another reader's piece there) are not these
+                // bytes.
+                let got = got.and_then(|b| match asked.elapsed() < ttl {
+                    true => Ok(b),
+                    false => Err(Error::new(
+                        Code::Timeout,
+                        "a lent piece was read after its TTL",
+                    )),
+                });
+                // Given back as soon as it is read, off the reader's path
+                // (see `LentPiece`): a reader waiting for its next slot
+                // holds none, so readers cannot hold every slot waiting
+                // for another.
+                drop(lent);
+                got
+            };
             let rest = total - done - n;
             let next_asked = Instant::now();
             let next = async {
@@ -525,19 +552,6 @@ impl UcxTransport {
                 }
             };
             let (got, next) = futures::join!(get, next);
-            // Given back off the reader's path (see `LentPiece`).
-            drop(lent);
-            // Bytes read after the agent may have reclaimed the slot (and
-            // staged another reader's piece there) are not these bytes.
-            let got = got.and_then(
-                |b| match asked.elapsed() < Duration::from_millis(st.ttl_ms) {
-                    true => Ok(b),
-                    false => Err(Error::new(
-                        Code::Timeout,
-                        "a lent piece was read after its TTL",
-                    )),
-                },
-            );
             match got {
                 Ok(bytes) => {
                     let d = done as usize;
