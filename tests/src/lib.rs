@@ -117,6 +117,11 @@ pub async fn put_on_ssd_only(
         .unwrap();
     }
     assert!(wait_until(std::time::Duration::from_secs(20), || drained(c)).await);
+    evict_memory(cl, keys).await;
+}
+
+/// Drops the DRAM copies of `keys` (admin role), each of which must succeed.
+pub async fn evict_memory(cl: &strata_client::Client, keys: &[String]) {
     let r = cl
         .master_client()
         .evict_memory(strata_proto::EvictMemoryRequest {

@@ -3,10 +3,11 @@
 //! and real sockets; process-level cases live in `ssd_process.rs`.
 
 use std::time::Duration;
-use strata_client::{Client, Code, PutOptions};
+use strata_client::{Code, PutOptions};
 use strata_proto as pb;
 use strata_tests::{
-    drained, eager, http_get, metric, payload, wait_until, ClusterBuilder, LocalCluster,
+    drained, eager, evict_memory, http_get, metric, payload, wait_until, ClusterBuilder,
+    LocalCluster,
 };
 
 async fn ssd_keys(c: &LocalCluster, keys: &[String]) -> usize {
@@ -32,20 +33,6 @@ async fn wait_persisted(c: &LocalCluster, keys: &[String], within: Duration) -> 
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     false
-}
-
-async fn evict_memory(cl: &Client, keys: &[String]) {
-    let r = cl
-        .master_client()
-        .evict_memory(pb::EvictMemoryRequest {
-            keys: keys.to_vec(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    for (k, s) in keys.iter().zip(r.results) {
-        assert_eq!(s.code, 0, "{k}: {}", s.message);
-    }
 }
 
 /// The production failure this prevents: a partial last bucket kept as a

@@ -127,6 +127,20 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 }
 
 impl Request {
+    /// A request that carries no grant (pings, give-backs): zero grant
+    /// fields, untraced.
+    pub fn ungranted(op: Op, req_id: u64, offset: u64, length: u64) -> Request {
+        Request {
+            op,
+            req_id,
+            grant: GrantScope::default(),
+            mac: [0; MAC_LEN],
+            offset,
+            length,
+            trace: None,
+        }
+    }
+
     pub fn encode(&self) -> Head {
         let mut buf = [0u8; MAX_HEAD];
         let b = &mut buf[..REQ_LEN];

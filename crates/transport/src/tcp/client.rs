@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use strata_common::grant::{GrantScope, MAC_LEN};
 use strata_common::telemetry::TraceParent;
 use strata_common::{Code, Error, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -217,6 +216,27 @@ async fn read_response(
     Ok(crc)
 }
 
+/// Bound on giving a lent piece back in the background.
+const GIVE_BACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Gives a lease back from a task of its own, bounded, when there is a
+/// runtime to run it: off the reader's path, and from `Drop` too. A lease
+/// never given back is reclaimed by the node after its TTL.
+pub fn spawn_give_back(tcp: Arc<TcpTransport>, addr: String, lease: u64, token: u64) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        let r = tokio::time::timeout(GIVE_BACK_TIMEOUT, tcp.give_back(&addr, lease, token)).await;
+        if !matches!(r, Ok(Ok(()))) {
+            tracing::debug!(
+                node = addr,
+                "staging slot not given back; the node reclaims it after its TTL"
+            );
+        }
+    });
+}
+
 /// Bytes received between checksum updates on a verified read.
 const CRC_PIECE: usize = 128 << 10;
 
@@ -224,22 +244,7 @@ impl TcpTransport {
     /// Asks the data-plane server at `addr` who it is (its ping payload).
     pub async fn ping(&self, addr: &str) -> Result<Vec<u8>> {
         let mut s = self.connect(addr).await?;
-        let req = Request {
-            op: Op::Ping,
-            req_id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            grant: strata_common::grant::GrantScope {
-                perm: 0,
-                segment_id: 0,
-                offset: 0,
-                length: 0,
-                expires_unix_ms: 0,
-                generation: 0,
-            },
-            mac: [0; strata_common::grant::MAC_LEN],
-            offset: 0,
-            length: 0,
-            trace: None,
-        };
+        let req = Request::ungranted(Op::Ping, self.next_id.fetch_add(1, Ordering::Relaxed), 0, 0);
         let exchange = async {
             s.write_all(&req.encode()).await?;
             let mut rh = [0u8; RESP_LEN];
@@ -323,36 +328,21 @@ impl TcpTransport {
         })
     }
 
-    /// Gives a lease back from a task of its own (bounded by the I/O
-    /// timeout), when there is a runtime to run it.
+    /// Gives a lease back from a task of its own (over a connection of its
+    /// own: no pooled one is at hand here).
     fn give_back_soon(&self, addr: String, lease: u64, token: u64) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let cfg = self.cfg.clone();
-        rt.spawn(async move {
-            let _ = TcpTransport::new(cfg).give_back(&addr, lease, token).await;
-        });
+        let tcp = Arc::new(TcpTransport::new(self.cfg.clone()));
+        spawn_give_back(tcp, addr, lease, token);
     }
 
     /// Gives back space a [`TcpTransport::stage`] lent.
     pub async fn give_back(&self, addr: &str, lease: u64, token: u64) -> Result<()> {
-        let req = Request {
-            op: Op::GiveBack,
-            req_id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            grant: GrantScope {
-                perm: 0,
-                segment_id: 0,
-                offset: 0,
-                length: 0,
-                expires_unix_ms: 0,
-                generation: 0,
-            },
-            mac: [0; MAC_LEN],
-            offset: lease,
-            length: token,
-            trace: None,
-        };
+        let req = Request::ungranted(
+            Op::GiveBack,
+            self.next_id.fetch_add(1, Ordering::Relaxed),
+            lease,
+            token,
+        );
         self.call(addr, &req, 0).await.map(|_| ())
     }
 
@@ -623,6 +613,7 @@ impl Transport for TcpTransport {
 mod tests {
     use super::*;
     use crate::frame::REQ_LEN;
+    use strata_common::grant::{GrantScope, MAC_LEN};
 
     fn range(addr: String) -> RemoteRange {
         RemoteRange {

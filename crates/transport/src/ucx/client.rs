@@ -108,8 +108,6 @@ const SHARED_MEMORY_TIME: Duration = Duration::from_secs(1);
 const LEND_MARGIN: Duration = Duration::from_secs(2);
 /// Staged reads one client runs at once.
 const MAX_STAGED_READS: usize = 16;
-/// Bound on giving a lent piece back.
-const GIVE_BACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Below this much time for a one-sided write, it goes over TCP.
 const MIN_WRITE_TIME: Duration = Duration::from_millis(200);
 /// Bound on asking the master for routes; past it the transfer goes over
@@ -647,25 +645,8 @@ struct LentPiece {
 
 impl Drop for LentPiece {
     fn drop(&mut self) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (tcp, addr, lease, token) = (
-            self.tcp.clone(),
-            std::mem::take(&mut self.addr),
-            self.lease,
-            self.token,
-        );
-        rt.spawn(async move {
-            let r =
-                tokio::time::timeout(GIVE_BACK_TIMEOUT, tcp.give_back(&addr, lease, token)).await;
-            if !matches!(r, Ok(Ok(()))) {
-                tracing::debug!(
-                    node = addr,
-                    "staging slot not given back; the agent reclaims it after its TTL"
-                );
-            }
-        });
+        let addr = std::mem::take(&mut self.addr);
+        crate::tcp::spawn_give_back(self.tcp.clone(), addr, self.lease, self.token);
     }
 }
 
