@@ -178,11 +178,17 @@ pub struct LocalNode {
     pub admin_addr: SocketAddr,
     pub node_id: String,
     pub records: Arc<strata_store_node::records::ObjectRecords>,
+    registered: Arc<std::sync::atomic::AtomicBool>,
     token: CancellationToken,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl LocalNode {
+    /// The node has installed its registration (grant key and segments), so
+    /// it serves the grants the master hands out for it.
+    pub fn is_registered(&self) -> bool {
+        self.registered.load(std::sync::atomic::Ordering::Acquire)
+    }
     /// Stops the node (its heartbeats end; the master drops it after the TTL).
     pub async fn stop(&mut self) {
         self.token.cancel();
@@ -306,17 +312,22 @@ impl LocalCluster {
             admin_addr: h.admin_addr,
             node_id: h.node_id.clone(),
             records: h.records.clone(),
+            registered: h.registered_flag(),
             token,
             task: Some(tokio::spawn(h.wait())),
         });
         Ok(self.nodes.last().expect("just pushed"))
     }
 
-    /// Waits until the master has a segment from every running node.
+    /// Waits until the master has a segment from every running node and
+    /// every running node has installed its registration. The master knows
+    /// a node (and may grant on it) a moment before the node has the grant
+    /// key from the answer; writes in that moment fail `unavailable`.
     pub async fn wait_registered(&self, timeout: Duration) -> Result<()> {
-        let want = self.nodes.iter().filter(|n| n.is_running()).count();
+        let running = || self.nodes.iter().filter(|n| n.is_running());
+        let want = running().count();
         let t0 = Instant::now();
-        while self.master.stat().nodes as usize != want {
+        while self.master.stat().nodes as usize != want || !running().all(|n| n.is_registered()) {
             if t0.elapsed() > timeout {
                 return Err(Error::unavailable(format!(
                     "only {} of {want} store nodes registered within {timeout:?}",

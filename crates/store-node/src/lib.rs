@@ -39,6 +39,11 @@ impl StoreNodeHandle {
     pub fn is_registered(&self) -> bool {
         self.registered.load(Ordering::Acquire)
     }
+    /// A flag that stays true while the node holds a registration (it has
+    /// installed the master's grant key), for harnesses that outlive `wait`.
+    pub fn registered_flag(&self) -> Arc<AtomicBool> {
+        self.registered.clone()
+    }
     pub async fn wait(mut self) {
         while self.tasks.join_next().await.is_some() {}
     }
