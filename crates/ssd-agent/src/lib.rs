@@ -48,7 +48,9 @@ struct AgentMetrics {
     /// `offload_source` (a DRAM source handed to this agent).
     checksum_failures: IntCounterVec,
     staging: staging::StagingMetrics,
-    /// The lend window's slots (`--transport ucx`).
+    /// The lend window's slots (`--transport ucx`). Registered in every
+    /// build, so dashboards see zeros rather than absent series.
+    #[cfg_attr(not(feature = "ucx"), allow(dead_code))]
     lend: strata_transport::lend::LendMetrics,
     eviction: eviction::EvictionMetrics,
     server: ServerMetrics,
