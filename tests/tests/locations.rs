@@ -183,6 +183,61 @@ async fn a_location_the_master_revokes_is_not_served() {
     c.shutdown().await;
 }
 
+/// Bytes the node served over its TCP data plane.
+async fn node_tcp_reads(c: &LocalCluster) -> f64 {
+    let (_, body) = strata_tests::http_get(c.nodes[0].admin_addr, "/metrics").await;
+    strata_tests::metric(&body, "strata_store_node_read_bytes_total")
+}
+
+/// An rdma client keeps locations too: its repeat reads go one-sided,
+/// past both the master and the node's CPU, and once a forced remove has
+/// returned, the revocation the node published turns the cached read away
+/// at once (a removed key is gone, a replaced one reads new).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sided_reads_keep_locations_the_master_can_revoke() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .node_transport(strata_client::TransportKind::Ucx)
+        .master(|m| m.lease_ttl = Duration::from_secs(120))
+        .build()
+        .await
+        .unwrap();
+    let reader = Client::connect(c.rdma_client_config()).await.unwrap();
+    let admin = uncached(&c).await;
+    let (old, new) = (vec![1u8; 64 << 10], vec![2u8; 64 << 10]);
+    for k in ["kept", "gone", "replaced"] {
+        admin.put(k, &old, &PutOptions::default()).await.unwrap();
+        assert_eq!(reader.get(k).await.unwrap(), old);
+    }
+    let (lookups, tcp) = (dram_lookups(&c), node_tcp_reads(&c).await);
+    for _ in 0..10 {
+        for k in ["kept", "gone", "replaced"] {
+            assert_eq!(reader.get(k).await.unwrap(), old);
+        }
+    }
+    assert_eq!(reader.cached_reads(), 30);
+    assert_eq!(dram_lookups(&c), lookups, "no read asked the master");
+    assert_eq!(node_tcp_reads(&c).await, tcp, "no byte came over TCP");
+    admin.remove("gone", true).await.unwrap();
+    let r = reader.get("gone").await;
+    assert!(
+        matches!(&r, Err(e) if e.code == Code::NotFound),
+        "a removed key read back: {:?}",
+        r.map(|v| (v.len(), v[0]))
+    );
+    admin.remove("replaced", true).await.unwrap();
+    admin
+        .put("replaced", &new, &PutOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        reader.get("replaced").await.unwrap() == new,
+        "old bytes read"
+    );
+    assert!(reader.get("kept").await.unwrap() == old);
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_forgets_what_it_removes() {
     let c = cluster(Duration::from_secs(120)).await;

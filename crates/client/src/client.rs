@@ -143,10 +143,11 @@ impl Client {
             TransportKind::Ucx => crate::ucx::transport(&cfg, master.clone(), tcp)?,
         };
         let locations = (cfg.location_cache_keys > 0).then(|| {
-            let l = Arc::new(Locations::new(
-                cfg.location_cache_keys,
-                cfg.data_transport == TransportKind::Ucx,
-            ));
+            let t = transport.clone();
+            let refuses: crate::locations::Refuses = Arc::new(move |r: &pb::Replica| {
+                remote_range(r).is_ok_and(|range| t.refuses_revoked(&range))
+            });
+            let l = Arc::new(Locations::new(cfg.location_cache_keys, refuses));
             spawn_reporter(Arc::downgrade(&l), master.clone(), cfg.read_report_interval);
             l
         });

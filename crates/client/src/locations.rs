@@ -39,11 +39,15 @@ pub(crate) struct Locations {
     /// steer policies, they are not data).
     unreported: Vec<Mutex<HashMap<String, u32>>>,
     hits: AtomicU64,
-    /// The client reads one-sided (UCX): no node sees those reads, so none
-    /// could refuse a revoked location; answers naming a UCX route are not
-    /// kept.
-    one_sided: bool,
+    /// Whether reads of a replica are refused once its range is freed
+    /// (`Transport::refuses_revoked`): a one-sided read no node sees is,
+    /// only where the node publishes its revocations. Answers with a replica
+    /// that is not are not kept.
+    refuses: Refuses,
 }
+
+/// See [`Locations::refuses`].
+pub(crate) type Refuses = Arc<dyn Fn(&pb::Replica) -> bool + Send + Sync>;
 
 struct Entry {
     info: Arc<pb::GetReplicasResponse>,
@@ -51,8 +55,9 @@ struct Entry {
 }
 
 impl Locations {
-    /// Holds up to `capacity` keys; `one_sided`: the client reads over UCX.
-    pub(crate) fn new(capacity: usize, one_sided: bool) -> Self {
+    /// Holds up to `capacity` keys of answers whose replicas all pass
+    /// `refuses`.
+    pub(crate) fn new(capacity: usize, refuses: Refuses) -> Self {
         Locations {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::new(),
@@ -60,7 +65,7 @@ impl Locations {
             use_of_lease: 0.75,
             unreported: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hits: AtomicU64::new(0),
-            one_sided,
+            refuses,
         }
     }
 
@@ -116,7 +121,7 @@ impl Locations {
         if info.lease_ms == 0
             || info.replicas.is_empty()
             || info.replicas.iter().any(|r| r.kind != memory)
-            || (self.one_sided && info.replicas.iter().any(|r| r.ucx_route != 0))
+            || !info.replicas.iter().all(|r| (self.refuses)(r))
         {
             return;
         }
@@ -257,9 +262,14 @@ mod tests {
 
     const DRAM: &[pb::ReplicaKind] = &[pb::ReplicaKind::Memory];
 
+    /// Every replica's reads are refused once revoked (a TCP client).
+    fn every() -> Refuses {
+        Arc::new(|_: &pb::Replica| true)
+    }
+
     #[test]
     fn an_entry_lives_inside_its_lease_and_counts_its_reads() {
-        let c = Locations::new(100, false);
+        let c = Locations::new(100, every());
         let asked = Instant::now();
         c.insert("k", &answer(60_000, DRAM), asked);
         assert_eq!(c.get("k").unwrap().crc32c, 7);
@@ -280,7 +290,7 @@ mod tests {
 
     #[test]
     fn unreported_counts_are_bounded() {
-        let c = Locations::new(SHARDS, false); // one key per shard
+        let c = Locations::new(SHARDS, every()); // one key per shard
         for i in 0..1000 {
             c.hit(&format!("k{i}"));
         }
@@ -290,7 +300,7 @@ mod tests {
 
     #[test]
     fn a_lease_measured_from_the_request_ends_early_enough() {
-        let c = Locations::new(100, false);
+        let c = Locations::new(100, every());
         // Asked 3.2 s ago with a 4 s lease: its usable 3 s are gone.
         let asked = Instant::now() - Duration::from_millis(3200);
         c.insert("old", &answer(4000, DRAM), asked);
@@ -306,7 +316,7 @@ mod tests {
 
     #[test]
     fn only_leased_dram_answers_are_kept() {
-        let c = Locations::new(100, false);
+        let c = Locations::new(100, every());
         let now = Instant::now();
         c.insert("none", &answer(0, DRAM), now);
         c.insert("ssd", &answer(60_000, &[pb::ReplicaKind::Ssd]), now);
@@ -322,30 +332,34 @@ mod tests {
     }
 
     #[test]
-    fn a_one_sided_client_keeps_no_location_it_would_read_one_sided() {
+    fn a_location_is_kept_only_where_a_revoked_read_is_refused() {
         let mut a = answer(60_000, DRAM);
         a.replicas[0].ucx_route = 42;
+        let mut b = answer(60_000, &[pb::ReplicaKind::Memory; 2]);
+        b.replicas[1].ucx_route = 42;
         let now = Instant::now();
-        let ucx = Locations::new(100, true);
+        // As a one-sided transport without published revocations says.
+        let ucx = Locations::new(100, Arc::new(|r: &pb::Replica| r.ucx_route == 0));
         ucx.insert("k", &a, now);
+        ucx.insert("one-of-two", &b, now);
         assert_eq!(ucx.len(), 0, "no node would refuse a revoked one");
         ucx.insert("tcp-node", &answer(60_000, DRAM), now);
         assert_eq!(ucx.len(), 1, "a TCP-only node's replicas are fenced");
-        let tcp = Locations::new(100, false);
+        let tcp = Locations::new(100, every());
         tcp.insert("k", &a, now);
         assert_eq!(tcp.len(), 1, "a TCP client reads it through the node");
     }
 
     #[test]
     fn capacity_is_a_bound() {
-        let c = Locations::new(SHARDS, false); // one key per shard
+        let c = Locations::new(SHARDS, every()); // one key per shard
         let now = Instant::now();
         for i in 0..1000 {
             c.insert(&format!("k{i}"), &answer(60_000, DRAM), now);
         }
         assert_eq!(c.len(), SHARDS);
         // Expired entries make room.
-        let c = Locations::new(SHARDS, false);
+        let c = Locations::new(SHARDS, every());
         let old = Instant::now() - Duration::from_millis(2600);
         for i in 0..1000 {
             c.insert(&format!("k{i}"), &answer(4000, DRAM), old);

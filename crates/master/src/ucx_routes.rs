@@ -26,6 +26,54 @@ pub struct UcxRoute {
     pub rkey: Vec<u8>,
     pub base: u64,
     pub fingerprint: u64,
+    /// The segment's published revocations, from nodes that publish them.
+    pub fence: Option<FenceRoute>,
+}
+
+/// Where a segment's published revocations are (`UcxRoute.fence_*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceRoute {
+    pub rkey: Vec<u8>,
+    pub base: u64,
+    pub granule: u64,
+}
+
+/// Granules accepted: powers of two from the allocation alignment to 1 GiB.
+fn granule_ok(g: u64) -> bool {
+    g.is_power_of_two() && (crate::allocator::ALIGN..=1 << 30).contains(&g)
+}
+
+impl FenceRoute {
+    /// The published revocations of a segment of `spec.size` bytes, if the
+    /// node publishes them (nodes that predate them send none).
+    fn of(spec: &pb::SegmentSpec) -> Result<Option<FenceRoute>> {
+        let none = spec.ucx_fence_rkey.is_empty()
+            && spec.ucx_fence_base == 0
+            && spec.ucx_fence_granule == 0;
+        if none {
+            return Ok(None);
+        }
+        let words = (spec.size.div_ceil(spec.ucx_fence_granule.max(1)) + 1).saturating_mul(8);
+        if spec.ucx_fence_rkey.is_empty()
+            || spec.ucx_fence_rkey.len() > MAX_RKEY
+            || !granule_ok(spec.ucx_fence_granule)
+            || spec.ucx_fence_base == 0
+            || spec.ucx_fence_base.checked_add(words).is_none()
+        {
+            return Err(Error::invalid(format!(
+                "a segment's published revocations need a remote key (1 to {MAX_RKEY} bytes,                  not {}), a base address whose words fit ({:#x}) and a power-of-two granule                  from {} bytes to 1 GiB (not {})",
+                spec.ucx_fence_rkey.len(),
+                spec.ucx_fence_base,
+                crate::allocator::ALIGN,
+                spec.ucx_fence_granule
+            )));
+        }
+        Ok(Some(FenceRoute {
+            rkey: spec.ucx_fence_rkey.clone(),
+            base: spec.ucx_fence_base,
+            granule: spec.ucx_fence_granule,
+        }))
+    }
 }
 
 impl UcxRoute {
@@ -54,7 +102,9 @@ impl UcxRoute {
                 spec.ucx_base, spec.size
             )));
         }
+        let fence = FenceRoute::of(spec)?;
         Ok(Some(UcxRoute {
+            fence,
             fingerprint: fingerprint(worker, &spec.ucx_rkey, spec.ucx_base),
             worker: worker.clone(),
             rkey: spec.ucx_rkey.clone(),
@@ -71,6 +121,13 @@ impl UcxRoute {
             rkey: self.rkey.clone(),
             base: self.base,
             size,
+            fence_rkey: self
+                .fence
+                .as_ref()
+                .map(|f| f.rkey.clone())
+                .unwrap_or_default(),
+            fence_base: self.fence.as_ref().map_or(0, |f| f.base),
+            fence_granule: self.fence.as_ref().map_or(0, |f| f.granule),
         }
     }
 }
@@ -98,6 +155,7 @@ mod tests {
             size: 1 << 20,
             ucx_rkey: rkey.to_vec(),
             ucx_base: base,
+            ..Default::default()
         }
     }
 
@@ -118,6 +176,63 @@ mod tests {
         assert!(UcxRoute::of(&w, &spec(&[1; MAX_RKEY], 0x1000)).is_ok());
         let big: std::sync::Arc<[u8]> = vec![7u8; MAX_WORKER_ADDRESS + 1].into();
         assert!(UcxRoute::of(&big, &spec(b"key", 0x1000)).is_err());
+    }
+
+    #[test]
+    fn published_revocations_are_validated() {
+        let w: std::sync::Arc<[u8]> = vec![7u8; 100].into();
+        let with = |rkey: &[u8], base: u64, granule: u64| pb::SegmentSpec {
+            ucx_fence_rkey: rkey.to_vec(),
+            ucx_fence_base: base,
+            ucx_fence_granule: granule,
+            ..spec(b"key", 0x1000)
+        };
+        // None (an older node), or all three.
+        assert_eq!(
+            UcxRoute::of(&w, &spec(b"key", 0x1000))
+                .unwrap()
+                .unwrap()
+                .fence,
+            None
+        );
+        let r = UcxRoute::of(&w, &with(b"f", 0x9000, 4096))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            r.fence,
+            Some(FenceRoute {
+                rkey: b"f".to_vec(),
+                base: 0x9000,
+                granule: 4096
+            })
+        );
+        let p = r.to_proto(3, "n:1", 1 << 20);
+        assert_eq!(
+            (p.fence_rkey, p.fence_base, p.fence_granule),
+            (b"f".to_vec(), 0x9000, 4096)
+        );
+        for bad in [
+            with(b"", 0x9000, 4096),
+            with(b"f", 0, 4096),
+            with(b"f", 0x9000, 0),
+            with(b"f", 0x9000, 4095),
+            with(b"f", 0x9000, 32),
+            with(b"f", 0x9000, 2 << 30),
+            with(&[1; MAX_RKEY + 1], 0x9000, 4096),
+            // The words (257 of them) would run past the address space.
+            with(b"f", u64::MAX - 8 * 257 + 1, 4096),
+        ] {
+            assert!(UcxRoute::of(&w, &bad).is_err(), "{bad:?}");
+        }
+        // Just inside each bound.
+        for good in [
+            with(b"f", 0x9000, 64),
+            with(b"f", 0x9000, 1 << 30),
+            with(&[1; MAX_RKEY], 0x9000, 4096),
+            with(b"f", u64::MAX - 8 * 257, 4096),
+        ] {
+            assert!(UcxRoute::of(&w, &good).is_ok(), "{good:?}");
+        }
     }
 
     #[test]

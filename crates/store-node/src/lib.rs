@@ -276,13 +276,21 @@ async fn expose_over_ucx(_: &StoreNodeConfig, _: &[Arc<Segment>]) -> Result<Opti
 /// The UCX halves of a registration: the worker address and each segment's
 /// (remote key, base address).
 #[cfg(feature = "ucx")]
-fn ucx_registration(ucx: Option<&Ucx>) -> (Vec<u8>, Vec<(Vec<u8>, u64)>) {
+fn ucx_registration(ucx: Option<&Ucx>) -> (Vec<u8>, Vec<pb::SegmentSpec>) {
     match ucx {
         Some(n) => (
             n.worker_address().to_vec(),
             n.routes()
                 .iter()
-                .map(|r| (r.rkey.clone(), r.base))
+                .zip(n.fence_routes())
+                .map(|(r, f)| pb::SegmentSpec {
+                    ucx_rkey: r.rkey.clone(),
+                    ucx_base: r.base,
+                    ucx_fence_rkey: f.rkey.clone(),
+                    ucx_fence_base: f.base,
+                    ucx_fence_granule: strata_transport::published::GRANULE,
+                    ..Default::default()
+                })
                 .collect(),
         ),
         None => (Vec::new(), Vec::new()),
@@ -290,7 +298,7 @@ fn ucx_registration(ucx: Option<&Ucx>) -> (Vec<u8>, Vec<(Vec<u8>, u64)>) {
 }
 
 #[cfg(not(feature = "ucx"))]
-fn ucx_registration(_: Option<&Ucx>) -> (Vec<u8>, Vec<(Vec<u8>, u64)>) {
+fn ucx_registration(_: Option<&Ucx>) -> (Vec<u8>, Vec<pb::SegmentSpec>) {
     (Vec::new(), Vec::new())
 }
 
@@ -395,14 +403,10 @@ impl Agent {
                 .sizes
                 .iter()
                 .enumerate()
-                .map(|(i, &size)| {
-                    let (ucx_rkey, ucx_base) = ucx_segments.get(i).cloned().unwrap_or_default();
-                    pb::SegmentSpec {
-                        local_id: i as u64,
-                        size,
-                        ucx_rkey,
-                        ucx_base,
-                    }
+                .map(|(i, &size)| pb::SegmentSpec {
+                    local_id: i as u64,
+                    size,
+                    ..ucx_segments.get(i).cloned().unwrap_or_default()
                 })
                 .collect(),
         };

@@ -141,16 +141,48 @@ impl SegmentFences {
 
     /// The master freed the allocation `generation` at `[start, start+len)`:
     /// its grants (and any older ones seen inside the range) die now, even
-    /// before the range is reused. A newer allocation already placed there
-    /// (the notice can arrive late) is untouched.
+    /// before the range is reused, and even if this node never saw the
+    /// allocation (its bytes came one-sided). A newer allocation already
+    /// placed there (the notice can arrive late) is untouched.
     pub fn freed(&self, start: u64, len: u64, generation: u64) {
         let end = start.saturating_add(len);
-        let mut g = self.ranges.lock();
-        for (_, f) in g.range_mut(start..end) {
-            if f.end <= end && f.generation <= generation {
-                f.freed = true;
-            }
+        if end <= start {
+            return;
         }
+        let mut g = self.ranges.lock();
+        let mut overlapping = Vec::new();
+        let mut keep = false;
+        for (&s, f) in g.range(..end).rev() {
+            if f.end <= start {
+                break;
+            }
+            // A newer allocation is there already, or an older holder is
+            // still writing (its count must keep newer writers out).
+            keep |= f.generation > generation || f.writers > 0;
+            overlapping.push(s);
+        }
+        if keep {
+            for (_, f) in g.range_mut(start..end) {
+                if f.end <= end && f.generation <= generation {
+                    f.freed = true;
+                }
+            }
+            return;
+        }
+        // Everything here is of this allocation or older (dead since it was
+        // made): one freed fence covers the range.
+        for s in overlapping {
+            g.remove(&s);
+        }
+        g.insert(
+            start,
+            Fence {
+                end,
+                generation,
+                writers: 0,
+                freed: true,
+            },
+        );
     }
 
     /// Ranges tracked (for tests and metrics).
@@ -221,6 +253,24 @@ mod tests {
         f.admit(256, 512, 4, true).unwrap();
         // The range is reused by a newer generation.
         f.admit(0, 200, 9, true).unwrap();
+    }
+
+    /// The bytes came one-sided: the node never saw the allocation, and its
+    /// free still kills its grants (and older ones), not newer ones.
+    #[test]
+    fn a_free_kills_grants_of_an_allocation_never_seen() {
+        let f = SegmentFences::new();
+        f.admit(0, 64, 2, false).unwrap();
+        f.freed(0, 8192, 10);
+        assert_eq!(f.len(), 1, "one fence for the freed range");
+        for (s, e, gen) in [(0, 8192, 10), (4096, 4160, 9), (0, 64, 2)] {
+            let err = f.admit(s, e, gen, false).err().unwrap();
+            assert_eq!(err.code, Code::PermissionDenied, "{s} {gen}: {err}");
+        }
+        // The next allocation there is admitted.
+        f.admit(0, 4096, 11, true).unwrap();
+        // Outside the range: untouched.
+        f.admit(8192, 9000, 3, false).unwrap();
     }
 
     /// A free notice arriving after the range was already reused (the

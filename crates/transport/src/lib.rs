@@ -8,6 +8,7 @@
 pub mod fence;
 pub mod frame;
 pub mod lend;
+pub mod published;
 pub mod region;
 pub mod tcp;
 #[cfg(feature = "ucx")]
@@ -104,6 +105,14 @@ pub trait Transport: Send + Sync + 'static {
         })
     }
     fn name(&self) -> &'static str;
+
+    /// Whether a read of `r` is refused once the master has freed its range
+    /// (a forced remove, a new leader), so a client may keep `r` past its
+    /// lookup (the location cache). TCP nodes check every read against
+    /// their fences; one-sided transports must say.
+    fn refuses_revoked(&self, _r: &RemoteRange) -> bool {
+        true
+    }
 }
 
 /// The data-plane range (and grant) of a replica the master handed out.

@@ -24,6 +24,8 @@ pub struct Segment {
     /// Mapped from the kernel's huge page pool (`new_huge`), unmapped on
     /// drop; otherwise a heap allocation.
     huge: bool,
+    /// What one-sided readers check their grants against (`published.rs`).
+    published: crate::published::FenceWords,
 }
 
 /// The huge page size `new_huge` maps (the x86-64 and arm64 default).
@@ -56,6 +58,7 @@ impl Segment {
             ptr,
             len,
             huge: false,
+            published: crate::published::FenceWords::new(len as u64),
         })
     }
 
@@ -96,6 +99,7 @@ impl Segment {
             ptr: ptr.cast(),
             len,
             huge: true,
+            published: crate::published::FenceWords::new(len as u64),
         })
     }
 
@@ -127,6 +131,11 @@ impl Segment {
     /// (UCX) that lets peers access it directly.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
+    }
+
+    /// The revocations one-sided readers of this segment check.
+    pub fn published(&self) -> &crate::published::FenceWords {
+        &self.published
     }
 
     fn check(&self, off: u64, len: u64) -> Result<(usize, usize)> {
@@ -311,6 +320,15 @@ impl SegmentTable {
     /// Replaces the served segments and grant key atomically.
     pub fn install(&self, key: GrantKey, segments: HashMap<u64, Arc<Segment>>) {
         let mut g = self.inner.write();
+        // Grants naming an id these segments had before fail one-sided
+        // checks from now on.
+        // (Old ones first: the same memory may come back under a new id.)
+        for seg in g.segments.values() {
+            seg.published().serve(0);
+        }
+        for (id, seg) in &segments {
+            seg.published().serve(*id);
+        }
         g.key = Some(key);
         g.fences = segments
             .keys()
@@ -322,8 +340,12 @@ impl SegmentTable {
     /// The master freed a range (object log): grants of the allocations in
     /// it die now.
     pub fn freed(&self, segment_id: u64, offset: u64, length: u64, generation: u64) {
-        if let Some(f) = self.inner.read().fences.get(&segment_id) {
+        let g = self.inner.read();
+        if let Some(f) = g.fences.get(&segment_id) {
             f.freed(offset, length, generation);
+        }
+        if let Some(seg) = g.segments.get(&segment_id) {
+            seg.published().freed(offset, generation);
         }
     }
 
@@ -336,6 +358,9 @@ impl SegmentTable {
     pub fn clear(&self) {
         let mut g = self.inner.write();
         g.key = None;
+        for seg in g.segments.values() {
+            seg.published().serve(0);
+        }
         g.segments.clear();
         g.fences.clear();
     }

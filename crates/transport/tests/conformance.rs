@@ -39,6 +39,9 @@ struct Fixture {
     lent: Box<dyn Fn() -> (u64, usize) + Send + Sync>,
     /// The client reads grants that allow it through lent staging.
     stages: bool,
+    /// The node's served segments, as the master's log changes them.
+    table: Arc<SegmentTable>,
+    segment: Arc<Segment>,
 }
 
 impl Fixture {
@@ -121,6 +124,64 @@ async fn out_of_grant_access_is_refused(f: Fixture) {
     let mut back = vec![0u8; 4096];
     f.transport.read(&w, 0, &mut back).await.unwrap();
     assert_eq!(back, data(2, 4096));
+    (f.kill)();
+}
+
+/// Grants die with their range, one-sided reads included: once the node
+/// has applied a free, a read under the freed allocation's grant is refused
+/// (a one-sided transport checks what the node publishes, and the node's
+/// fences decide on a failed check), while other grants still read, one-sided
+/// where the transport is; a segment served under a new id (the node
+/// registered again) refuses the old id's grants. Locations read this way
+/// may be kept past their lookup.
+async fn a_freed_range_refuses_its_old_grant(f: Fixture) {
+    let rw = PERM_WRITE | PERM_READ;
+    let a = f.range(0, 8192, rw, 10);
+    let b = f.range(65536, 8192, rw, 11);
+    // An older allocation starting in the granule of a newer one.
+    let c = f.range(4 * 4096 + 64, 4096, rw, 5);
+    let d = f.range(4 * 4096, 64, rw, 12);
+    for (i, r) in [&a, &b, &c, &d].into_iter().enumerate() {
+        f.transport
+            .write(r, 0, &data(i as u64, r.len() as usize))
+            .await
+            .unwrap();
+    }
+    let mut buf = vec![0u8; 8192];
+    f.transport.read(&a, 0, &mut buf).await.unwrap();
+    assert_eq!(buf, data(0, 8192));
+    assert!(
+        f.transport.refuses_revoked(&a),
+        "a fresh route's reads are checked"
+    );
+    f.table.freed(SEGMENT, 0, 8192, 10);
+    f.table.freed(SEGMENT, 4 * 4096, 64, 12);
+    let e = f.transport.read(&a, 0, &mut buf).await.unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
+    let e = f
+        .transport
+        .read(&a, 4096, &mut buf[..16])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "a sub-range too: {e:?}");
+    let e = f.transport.read(&d, 0, &mut buf[..64]).await.unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
+    // The neighbours still read; the one-sided one without the node.
+    let before = (f.one_sided)();
+    f.transport.read(&b, 0, &mut buf).await.unwrap();
+    assert_eq!(buf, data(1, 8192));
+    assert_eq!((f.one_sided)() > before, !f.checks_signatures);
+    // The older one in the freed one's granule reads too (the published
+    // check cannot tell it apart; the node's fences can).
+    f.transport.read(&c, 0, &mut buf[..4096]).await.unwrap();
+    assert_eq!(buf[..4096], data(2, 4096));
+    // Registered again: the segment is now served as another id.
+    f.table.install(
+        f.key.clone(),
+        HashMap::from([(SEGMENT + 1, f.segment.clone())]),
+    );
+    let e = f.transport.read(&b, 0, &mut buf).await.unwrap_err();
+    assert!(!e.retryable() || e.code == Code::NotFound, "{e:?}");
     (f.kill)();
 }
 
@@ -351,6 +412,10 @@ macro_rules! conformance_suite {
                 super::out_of_grant_access_is_refused($fixture.await).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_freed_range_refuses_its_old_grant() {
+                super::a_freed_range_refuses_its_old_grant($fixture.await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_write_near_its_grants_end_is_fenced() {
                 super::a_write_near_its_grants_end_is_fenced($fixture.await).await
             }
@@ -384,6 +449,9 @@ struct Node {
     route: Option<strata_proto::UcxRoute>,
     /// Lends staged reads (UCX nodes).
     lend: Option<LendMetrics>,
+    /// What the node serves (the master's log and registrations change it).
+    table: Arc<SegmentTable>,
+    segment: Arc<Segment>,
     kill: Box<dyn FnOnce() + Send>,
 }
 
@@ -391,8 +459,10 @@ fn start_node(ucx: Option<&'static str>) -> Node {
     use prometheus::IntCounter;
     use strata_transport::tcp::{serve, ServerMetrics};
     let key = GrantKey::random();
-    let table = SegmentTable::new();
+    let table = Arc::new(SegmentTable::new());
+    let served = table.clone();
     let segment = Arc::new(Segment::new(SEGMENT_LEN).unwrap());
+    let memory = segment.clone();
     table.install(key.clone(), HashMap::from([(SEGMENT, segment.clone())]));
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -441,6 +511,8 @@ fn start_node(ucx: Option<&'static str>) -> Node {
         key,
         route,
         lend,
+        table: served,
+        segment: memory,
         kill: Box::new(move || {
             let _ = stop.send(());
             node.join().unwrap();
@@ -462,13 +534,15 @@ async fn tcp() -> Fixture {
         one_sided: Box::new(|| 0),
         lent: Box::new(|| (0, 0)),
         stages: false,
+        table: n.table,
+        segment: n.segment,
     }
 }
 
 /// A node's segments, and (UCX nodes) a lender that stages their bytes for
 /// one-sided readers, as an SSD agent stages its files.
 struct Lending {
-    table: SegmentTable,
+    table: Arc<SegmentTable>,
     lender: Option<Arc<Lender>>,
 }
 
@@ -549,6 +623,9 @@ fn ucx_route(n: &strata_transport::ucx::UcxNode, addr: &str) -> strata_proto::Uc
         rkey: n.routes()[0].rkey.clone(),
         base: n.routes()[0].base,
         size: SEGMENT_LEN as u64,
+        fence_rkey: n.fence_routes()[0].rkey.clone(),
+        fence_base: n.fence_routes()[0].base,
+        fence_granule: strata_transport::published::GRANULE,
     }
 }
 
@@ -653,6 +730,8 @@ mod ucx {
                 )
             }),
             stages: true,
+            table: n.table,
+            segment: n.segment,
         };
         (f, source)
     }
@@ -684,14 +763,17 @@ async fn a_route_is_used_only_for_the_replicas_that_name_it() {
     assert_eq!((f.one_sided)(), one_sided);
     // The node registered again with a new master: same worker and key
     // (same fingerprint), a new segment id. The new id's route is fetched
-    // and used (the same fingerprint names the same memory, so the old
-    // id's cached route stays right too).
+    // and used; the old id's grants are refused, one-sided or not.
     let renumbered = {
         let mut routes = source.routes.lock();
         let v = routes.as_mut().unwrap();
         v[0].segment_id = SEGMENT + 1;
         v[0].clone()
     };
+    f.table.install(
+        f.key.clone(),
+        HashMap::from([(SEGMENT + 1, f.segment.clone())]),
+    );
     let mut again = f.range(0, 4096, PERM_READ, 1);
     again.scope.segment_id = renumbered.segment_id;
     again.mac = f.key.sign(&again.scope);
@@ -702,6 +784,9 @@ async fn a_route_is_used_only_for_the_replicas_that_name_it() {
         one_sided + 1,
         "the new registration's route was used"
     );
+    let e = f.transport.read(&w, 0, &mut back).await.unwrap_err();
+    assert_eq!(e.code, Code::NotFound, "{e:?}");
+    assert_eq!((f.one_sided)(), one_sided + 1);
     (f.kill)();
 }
 
@@ -734,8 +819,9 @@ async fn routes_are_fetched_once_per_batch_and_outages_are_not_hammered() {
     assert_eq!(source.calls.load(Relaxed), 1);
     // ...after it (what is tested is a time: sleeping is the condition),
     // one batch over the segment it had no answer for and 8 segments it
-    // never asked about (the same memory published under 8 more ids) asks
-    // the master once, and goes one-sided.
+    // never asked about (the same memory's route under 8 more ids) asks
+    // the master once, and goes one-sided. The node serves the memory as
+    // one id only: reads under the others are refused after the bytes.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let ids: Vec<u64> = (0..8).map(|i| SEGMENT + 10 + i).collect();
     {
@@ -765,10 +851,14 @@ async fn routes_are_fetched_once_per_batch_and_outages_are_not_hammered() {
         .zip(bufs.iter_mut().map(|b| &mut b[..]))
         .collect();
     for (r, got) in all.iter().zip(f.transport.read_many(items).await) {
-        assert_eq!(got.unwrap(), crc32c::crc32c(&data(r.scope.offset, 4096)));
+        if r.scope.segment_id == SEGMENT {
+            assert_eq!(got.unwrap(), crc32c::crc32c(&data(r.scope.offset, 4096)));
+        } else {
+            assert_eq!(got.unwrap_err().code, Code::NotFound);
+        }
     }
     assert_eq!(source.calls.load(Relaxed), 2);
-    assert_eq!((f.one_sided)(), 16);
+    assert_eq!((f.one_sided)(), 8);
     (f.kill)();
 }
 

@@ -65,6 +65,59 @@ struct Route {
     size: u64,
     segment_id: u64,
     data_addr: String,
+    /// The segment's published revocations: one-sided reads check them
+    /// after the bytes. Nodes that predate them publish none; reads of
+    /// theirs go over TCP (writes still go one-sided).
+    fence: Option<FenceRoute>,
+}
+
+/// Where a segment's published revocations are (`published.rs`).
+struct FenceRoute {
+    peer: Peer,
+    base: u64,
+    granule: u64,
+}
+
+impl FenceRoute {
+    /// From a route's `fence_*` fields; `None` when absent or unusable (a
+    /// granule that is no power of two, words that would not fit).
+    fn of(x: &strata_proto::UcxRoute, worker: &Arc<[u8]>, same_host: bool) -> Option<FenceRoute> {
+        let fits = x.fence_granule.is_power_of_two()
+            && x.fence_granule >= 64
+            && x.fence_base != 0
+            && !x.fence_rkey.is_empty()
+            && x.fence_base
+                .checked_add(crate::published::words_len(x.size, x.fence_granule))
+                .is_some();
+        fits.then(|| FenceRoute {
+            peer: Peer {
+                worker: worker.clone(),
+                rkey: x.fence_rkey.clone().into(),
+                same_host,
+            },
+            base: x.fence_base,
+            granule: x.fence_granule,
+        })
+    }
+}
+
+impl FenceRoute {
+    /// After a one-sided read of `src`: whether its grant still stood once
+    /// the bytes were read, by the revocations its node publishes.
+    async fn stands(&self, engine: &Engine, src: &RemoteRange, deadline: Instant) -> Result<bool> {
+        let word = self.base + crate::published::word_offset(src.scope.offset, self.granule);
+        let (header, word) = futures::try_join!(
+            engine.get_pooled(&self.peer, self.base, 8, deadline),
+            engine.get_pooled(&self.peer, word, 8, deadline),
+        )?;
+        let w = |b: &[u8]| u64::from_ne_bytes(b.try_into().expect("8 bytes asked"));
+        Ok(crate::published::stands(
+            w(&header),
+            w(&word),
+            src.scope.segment_id,
+            src.scope.generation,
+        ))
+    }
 }
 
 impl Route {
@@ -133,6 +186,8 @@ pub struct UcxTransport {
     denied_until: Mutex<Option<Instant>>,
     /// Transfers that went one-sided (tests check the path taken).
     one_sided: std::sync::atomic::AtomicU64,
+    /// One-sided reads the published revocations did not confirm.
+    unconfirmed: std::sync::atomic::AtomicU64,
     /// One route fetch at a time: transfers that miss together (a burst
     /// on a new segment) wait for it and find its answer, instead of each
     /// asking the master.
@@ -175,6 +230,7 @@ impl UcxTransport {
             routes: Mutex::new(HashMap::new()),
             denied_until: Mutex::new(None),
             one_sided: Default::default(),
+            unconfirmed: Default::default(),
             fetching: tokio::sync::Mutex::new(()),
             demotions: Default::default(),
             windows: Mutex::new(HashMap::new()),
@@ -326,7 +382,7 @@ impl UcxTransport {
         // A demotion while the master answered: its TCP pause stands.
         let demoted = self.demotions.load(Ordering::Acquire) != demotions;
         let now = Instant::now();
-        for x in routes {
+        for mut x in routes {
             let key = (x.fingerprint, x.segment_id);
             if demoted && matches!(cache.get(&key), Some(Known::Tcp(until)) if *until > now) {
                 continue;
@@ -334,10 +390,12 @@ impl UcxTransport {
             // Only with the shared-memory engine: a same-host peer is
             // connected without peer failure handling.
             let same_host = self.local.is_some() && on_this_host(&x.data_addr);
+            let worker: Arc<[u8]> = std::mem::take(&mut x.worker).into();
             let route = Route {
                 local: same_host,
+                fence: FenceRoute::of(&x, &worker, same_host),
                 peer: Peer {
-                    worker: x.worker.into(),
+                    worker,
                     rkey: x.rkey.into(),
                     same_host,
                 },
@@ -420,6 +478,8 @@ impl UcxTransport {
             size: st.size,
             segment_id: 0,
             data_addr: addr.to_string(),
+            // A lent slot is the reader's until its TTL: nothing to revoke.
+            fence: None,
         });
         w.insert(st.fingerprint, route.clone());
         route
@@ -591,17 +651,34 @@ impl UcxTransport {
             }
         }
         if let Path::Ucx(route, deadline) = self.path(src, at, buf.len(), PERM_READ).await? {
-            let addr = Self::addr(&route, src, at);
-            let (engine, deadline) = self.engine_for(&route, buf.len(), deadline);
-            let r = engine
-                .get_pooled(&route.peer, addr, buf.len(), deadline)
-                .await;
-            match r {
-                Ok(bytes) => {
-                    self.one_sided.fetch_add(1, Ordering::Relaxed);
-                    return Ok(copy_crc(&bytes, buf, crc));
+            // Nodes that publish no revocations are read over TCP, where
+            // their fences check each read.
+            if let Some(fence) = &route.fence {
+                let addr = Self::addr(&route, src, at);
+                let (engine, deadline) = self.engine_for(&route, buf.len(), deadline);
+                let read = match engine
+                    .get_pooled(&route.peer, addr, buf.len(), deadline)
+                    .await
+                {
+                    Ok(bytes) => {
+                        let c = copy_crc(&bytes, buf, crc);
+                        drop(bytes);
+                        let stands = fence.stands(engine, src, deadline).await;
+                        stands.map(|ok| ok.then_some(c))
+                    }
+                    Err(e) => Err(e),
+                };
+                match read {
+                    Ok(Some(c)) => {
+                        self.one_sided.fetch_add(1, Ordering::Relaxed);
+                        return Ok(c);
+                    }
+                    // Revoked, or spuriously so: the node's fences decide.
+                    Ok(None) => {
+                        self.unconfirmed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => self.demote(src, &e),
                 }
-                Err(e) => self.demote(src, &e),
             }
         }
         if crc {
@@ -609,6 +686,11 @@ impl UcxTransport {
         } else {
             self.tcp.read(src, at, buf).await.map(|()| 0)
         }
+    }
+
+    /// One-sided reads whose revocation check failed (and went to TCP).
+    pub fn unconfirmed_reads(&self) -> u64 {
+        self.unconfirmed.load(Ordering::Relaxed)
     }
 
     /// The engine for a transfer of `len` bytes to `route`, and its

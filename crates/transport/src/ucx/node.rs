@@ -14,6 +14,9 @@ pub struct UcxNode {
     // Field order is drop order: the engine (and its registrations) first.
     engine: Engine,
     routes: Vec<Registered>,
+    /// Each segment's published revocations (`published.rs`), read-only
+    /// to peers by convention, like the segment itself.
+    fences: Vec<Registered>,
     _segments: Vec<Arc<Segment>>,
 }
 
@@ -23,14 +26,20 @@ impl UcxNode {
     pub async fn start(tls: Option<&str>, segments: &[Arc<Segment>]) -> Result<UcxNode> {
         let engine = Engine::start(tls)?;
         let mut routes = Vec::with_capacity(segments.len());
+        let mut fences = Vec::with_capacity(segments.len());
         for s in segments {
-            // SAFETY: the segment's memory lives as long as `_segments`,
-            // which this value drops only after the engine has stopped.
+            // SAFETY: the segment's memory (and its published words, which
+            // it owns) lives as long as `_segments`, which this value drops
+            // only after the engine has stopped.
             routes.push(unsafe { engine.register(s.as_ptr(), s.len()) }.await?);
+            let words = s.published();
+            // SAFETY: as above.
+            fences.push(unsafe { engine.register(words.as_ptr(), words.byte_len()) }.await?);
         }
         Ok(UcxNode {
             engine,
             routes,
+            fences,
             _segments: segments.to_vec(),
         })
     }
@@ -44,5 +53,11 @@ impl UcxNode {
     /// the order of `start`'s `segments`.
     pub fn routes(&self) -> &[Registered] {
         &self.routes
+    }
+
+    /// Each segment's published revocations' registration, in the same
+    /// order.
+    pub fn fence_routes(&self) -> &[Registered] {
+        &self.fences
     }
 }
