@@ -36,6 +36,8 @@ pub struct FenceRoute {
     pub rkey: Vec<u8>,
     pub base: u64,
     pub granule: u64,
+    /// The node's registration stamp (never 0).
+    pub stamp: u64,
 }
 
 /// Granules accepted: powers of two from the allocation alignment to 1 GiB.
@@ -49,7 +51,8 @@ impl FenceRoute {
     fn of(spec: &pb::SegmentSpec) -> Result<Option<FenceRoute>> {
         let none = spec.ucx_fence_rkey.is_empty()
             && spec.ucx_fence_base == 0
-            && spec.ucx_fence_granule == 0;
+            && spec.ucx_fence_granule == 0
+            && spec.ucx_fence_stamp == 0;
         if none {
             return Ok(None);
         }
@@ -59,9 +62,12 @@ impl FenceRoute {
             || !granule_ok(spec.ucx_fence_granule)
             || spec.ucx_fence_base == 0
             || spec.ucx_fence_base.checked_add(words).is_none()
+            || spec.ucx_fence_stamp == 0
         {
             return Err(Error::invalid(format!(
-                "a segment's published revocations need a remote key (1 to {MAX_RKEY} bytes,                  not {}), a base address whose words fit ({:#x}) and a power-of-two granule                  from {} bytes to 1 GiB (not {})",
+                "a segment's published revocations need a remote key (1 to {MAX_RKEY} bytes, \
+                 not {}), a base address whose words fit ({:#x}), a power-of-two granule \
+                 from {} bytes to 1 GiB (not {}) and a non-zero stamp",
                 spec.ucx_fence_rkey.len(),
                 spec.ucx_fence_base,
                 crate::allocator::ALIGN,
@@ -72,6 +78,7 @@ impl FenceRoute {
             rkey: spec.ucx_fence_rkey.clone(),
             base: spec.ucx_fence_base,
             granule: spec.ucx_fence_granule,
+            stamp: spec.ucx_fence_stamp,
         }))
     }
 }
@@ -103,9 +110,10 @@ impl UcxRoute {
             )));
         }
         let fence = FenceRoute::of(spec)?;
+        let stamp = fence.as_ref().map_or(0, |f| f.stamp);
         Ok(Some(UcxRoute {
             fence,
-            fingerprint: fingerprint(worker, &spec.ucx_rkey, spec.ucx_base),
+            fingerprint: fingerprint(worker, &spec.ucx_rkey, spec.ucx_base, stamp),
             worker: worker.clone(),
             rkey: spec.ucx_rkey.clone(),
             base: spec.ucx_base,
@@ -128,19 +136,23 @@ impl UcxRoute {
                 .unwrap_or_default(),
             fence_base: self.fence.as_ref().map_or(0, |f| f.base),
             fence_granule: self.fence.as_ref().map_or(0, |f| f.granule),
+            fence_stamp: self.fence.as_ref().map_or(0, |f| f.stamp),
         }
     }
 }
 
 /// Names a route (never 0, which means "no route"). Worker addresses hold
-/// a per-process unique id, so a restarted node's routes never match.
-pub fn fingerprint(worker: &[u8], rkey: &[u8], base: u64) -> u64 {
+/// a per-process unique id, so a restarted node's routes never match; the
+/// registration stamp changes with every registration of the same process
+/// (grants of an earlier one must not read through the new route).
+pub fn fingerprint(worker: &[u8], rkey: &[u8], base: u64, stamp: u64) -> u64 {
     let mut h = blake3::Hasher::new();
     h.update(&(worker.len() as u64).to_le_bytes());
     h.update(worker);
     h.update(&(rkey.len() as u64).to_le_bytes());
     h.update(rkey);
     h.update(&base.to_le_bytes());
+    h.update(&stamp.to_le_bytes());
     let b = h.finalize();
     u64::from_le_bytes(b.as_bytes()[..8].try_into().expect("8 bytes")).max(1)
 }
@@ -185,6 +197,7 @@ mod tests {
             ucx_fence_rkey: rkey.to_vec(),
             ucx_fence_base: base,
             ucx_fence_granule: granule,
+            ucx_fence_stamp: 77,
             ..spec(b"key", 0x1000)
         };
         // None (an older node), or all three.
@@ -203,14 +216,27 @@ mod tests {
             Some(FenceRoute {
                 rkey: b"f".to_vec(),
                 base: 0x9000,
-                granule: 4096
+                granule: 4096,
+                stamp: 77,
             })
         );
         let p = r.to_proto(3, "n:1", 1 << 20);
         assert_eq!(
-            (p.fence_rkey, p.fence_base, p.fence_granule),
-            (b"f".to_vec(), 0x9000, 4096)
+            (p.fence_rkey, p.fence_base, p.fence_granule, p.fence_stamp),
+            (b"f".to_vec(), 0x9000, 4096, 77)
         );
+        // Another registration of the same memory is another route.
+        let again = pb::SegmentSpec {
+            ucx_fence_stamp: 78,
+            ..with(b"f", 0x9000, 4096)
+        };
+        let again = UcxRoute::of(&w, &again).unwrap().unwrap();
+        assert_ne!(again.fingerprint, r.fingerprint);
+        let stampless = pb::SegmentSpec {
+            ucx_fence_stamp: 0,
+            ..with(b"f", 0x9000, 4096)
+        };
+        assert!(UcxRoute::of(&w, &stampless).is_err());
         for bad in [
             with(b"", 0x9000, 4096),
             with(b"f", 0, 4096),
@@ -237,13 +263,17 @@ mod tests {
 
     #[test]
     fn fingerprints_tell_routes_apart() {
-        let a = fingerprint(b"worker", b"key", 0x1000);
+        let a = fingerprint(b"worker", b"key", 0x1000, 5);
         assert_ne!(a, 0);
-        assert_eq!(a, fingerprint(b"worker", b"key", 0x1000));
-        assert_ne!(a, fingerprint(b"worker2", b"key", 0x1000));
-        assert_ne!(a, fingerprint(b"worker", b"key2", 0x1000));
-        assert_ne!(a, fingerprint(b"worker", b"key", 0x2000));
+        assert_eq!(a, fingerprint(b"worker", b"key", 0x1000, 5));
+        assert_ne!(a, fingerprint(b"worker2", b"key", 0x1000, 5));
+        assert_ne!(a, fingerprint(b"worker", b"key2", 0x1000, 5));
+        assert_ne!(a, fingerprint(b"worker", b"key", 0x2000, 5));
+        assert_ne!(a, fingerprint(b"worker", b"key", 0x1000, 6));
         // Length prefixes: moving a byte between the parts changes it.
-        assert_ne!(fingerprint(b"ab", b"c", 1), fingerprint(b"a", b"bc", 1));
+        assert_ne!(
+            fingerprint(b"ab", b"c", 1, 0),
+            fingerprint(b"a", b"bc", 1, 0)
+        );
     }
 }

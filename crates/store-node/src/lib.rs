@@ -276,7 +276,7 @@ async fn expose_over_ucx(_: &StoreNodeConfig, _: &[Arc<Segment>]) -> Result<Opti
 /// The UCX halves of a registration: the worker address and each segment's
 /// (remote key, base address).
 #[cfg(feature = "ucx")]
-fn ucx_registration(ucx: Option<&Ucx>) -> (Vec<u8>, Vec<pb::SegmentSpec>) {
+fn ucx_registration(ucx: Option<&Ucx>, stamp: u64) -> (Vec<u8>, Vec<pb::SegmentSpec>) {
     match ucx {
         Some(n) => (
             n.worker_address().to_vec(),
@@ -289,6 +289,7 @@ fn ucx_registration(ucx: Option<&Ucx>) -> (Vec<u8>, Vec<pb::SegmentSpec>) {
                     ucx_fence_rkey: f.rkey.clone(),
                     ucx_fence_base: f.base,
                     ucx_fence_granule: strata_transport::published::GRANULE,
+                    ucx_fence_stamp: stamp,
                     ..Default::default()
                 })
                 .collect(),
@@ -298,7 +299,7 @@ fn ucx_registration(ucx: Option<&Ucx>) -> (Vec<u8>, Vec<pb::SegmentSpec>) {
 }
 
 #[cfg(not(feature = "ucx"))]
-fn ucx_registration(_: Option<&Ucx>) -> (Vec<u8>, Vec<pb::SegmentSpec>) {
+fn ucx_registration(_: Option<&Ucx>, _: u64) -> (Vec<u8>, Vec<pb::SegmentSpec>) {
     (Vec::new(), Vec::new())
 }
 
@@ -391,7 +392,10 @@ impl Agent {
     }
     async fn register(&mut self) -> Result<(u64, Duration)> {
         let held = self.held_objects();
-        let (ucx_worker, ucx_segments) = ucx_registration(self.ucx.as_ref());
+        // Names this registration to one-sided readers: routes of an
+        // earlier one (another master's grants) stop reading.
+        let stamp = strata_transport::published::new_stamp();
+        let (ucx_worker, ucx_segments) = ucx_registration(self.ucx.as_ref(), stamp);
         let req = pb::RegisterNodeRequest {
             ucx_worker,
             node_id: self.node_id.clone(),
@@ -431,7 +435,7 @@ impl Agent {
             .zip(self.segments.iter().cloned())
             .collect();
         self.records.reset();
-        self.table.install(key, map);
+        self.table.install(key, map, stamp);
         self.segment_ids = resp.segment_ids.clone();
         if resp.report_objects && !held.is_empty() {
             self.report_objects(resp.incarnation, held).await;

@@ -22,6 +22,10 @@ struct Fence {
     generation: u64,
     writers: u32,
     freed: bool,
+    /// Allocations up to this generation overlapping the range were freed
+    /// while this one still had writers in flight (so no fence of their
+    /// own could replace it): their grants are refused here.
+    dead_upto: u64,
 }
 
 /// The ranges of one segment, by start offset; they never overlap.
@@ -87,6 +91,9 @@ impl SegmentFences {
             if f.generation > generation {
                 return Err(revoked(start, end, generation, f.generation));
             }
+            if generation <= f.dead_upto {
+                return Err(revoked(start, end, generation, f.dead_upto));
+            }
             if f.generation == generation {
                 if f.freed {
                     return Err(Error::new(
@@ -126,6 +133,7 @@ impl SegmentFences {
             generation,
             writers: 0,
             freed: false,
+            dead_upto: 0,
         });
         debug_assert!(same || f.writers == 0);
         if !write {
@@ -162,17 +170,32 @@ impl SegmentFences {
             overlapping.push(s);
         }
         if keep {
-            for (_, f) in g.range_mut(start..end) {
-                if f.end <= end && f.generation <= generation {
-                    f.freed = true;
+            for s in overlapping {
+                let f = g.get_mut(&s).expect("just seen");
+                if f.generation <= generation {
+                    f.freed |= s >= start && f.end <= end;
+                    f.dead_upto = f.dead_upto.max(generation);
                 }
             }
             return;
         }
         // Everything here is of this allocation or older (dead since it was
-        // made): one freed fence covers the range.
+        // made): one freed fence covers the range, and what older fences
+        // had outside it stays fenced (they are dead too).
         for s in overlapping {
-            g.remove(&s);
+            let f = g.remove(&s).expect("just seen");
+            let piece = |end| Fence {
+                end,
+                freed: true,
+                writers: 0,
+                ..f
+            };
+            if s < start {
+                g.insert(s, piece(start));
+            }
+            if f.end > end {
+                g.insert(end, piece(f.end));
+            }
         }
         g.insert(
             start,
@@ -181,6 +204,7 @@ impl SegmentFences {
                 generation,
                 writers: 0,
                 freed: true,
+                dead_upto: 0,
             },
         );
     }
@@ -271,6 +295,36 @@ mod tests {
         f.admit(0, 4096, 11, true).unwrap();
         // Outside the range: untouched.
         f.admit(8192, 9000, 3, false).unwrap();
+    }
+
+    /// Frees the node never saw keep what older fences knew outside them,
+    /// and one arriving while an older writer is in flight still kills its
+    /// allocation's grants, then and after.
+    #[test]
+    fn frees_keep_what_older_fences_knew() {
+        let f = SegmentFences::new();
+        f.admit(0, 64, 1, false).unwrap();
+        f.freed(0, 64, 1);
+        f.admit(0, 8192, 2, false).unwrap();
+        f.freed(0, 8192, 2);
+        f.freed(4096, 64, 4);
+        for (s, e, gen) in [(0, 64, 1), (0, 8192, 2), (4096, 4160, 4), (4100, 4200, 3)] {
+            let err = f.admit(s, e, gen, false).err().unwrap();
+            assert_eq!(err.code, Code::PermissionDenied, "[{s}, {e}) {gen}: {err}");
+        }
+        f.admit(0, 4096, 5, false)
+            .expect("a newer allocation is admitted");
+
+        let f = SegmentFences::new();
+        let old = f.admit(0, 8192, 1, true).unwrap();
+        f.freed(0, 8192, 5);
+        let err = f.admit(0, 8192, 5, false).err().unwrap();
+        assert_eq!(err.code, Code::PermissionDenied, "{err}");
+        drop(old);
+        let err = f.admit(0, 8192, 5, false).err().unwrap();
+        assert_eq!(err.code, Code::PermissionDenied, "after the writer: {err}");
+        f.admit(0, 8192, 6, true)
+            .expect("the next allocation is admitted");
     }
 
     /// A free notice arriving after the range was already reused (the

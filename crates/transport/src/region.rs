@@ -58,7 +58,7 @@ impl Segment {
             ptr,
             len,
             huge: false,
-            published: crate::published::FenceWords::new(len as u64),
+            published: crate::published::FenceWords::new(len as u64)?,
         })
     }
 
@@ -99,7 +99,7 @@ impl Segment {
             ptr: ptr.cast(),
             len,
             huge: true,
-            published: crate::published::FenceWords::new(len as u64),
+            published: crate::published::FenceWords::new(len as u64)?,
         })
     }
 
@@ -317,17 +317,17 @@ impl SegmentTable {
         Self::default()
     }
 
-    /// Replaces the served segments and grant key atomically.
-    pub fn install(&self, key: GrantKey, segments: HashMap<u64, Arc<Segment>>) {
+    /// Replaces the served segments and grant key atomically; `stamp`
+    /// names this registration to one-sided readers (`published.rs`).
+    pub fn install(&self, key: GrantKey, segments: HashMap<u64, Arc<Segment>>, stamp: u64) {
         let mut g = self.inner.write();
-        // Grants naming an id these segments had before fail one-sided
-        // checks from now on.
+        // Routes of earlier registrations fail one-sided checks from now on.
         // (Old ones first: the same memory may come back under a new id.)
         for seg in g.segments.values() {
             seg.published().serve(0);
         }
-        for (id, seg) in &segments {
-            seg.published().serve(*id);
+        for seg in segments.values() {
+            seg.published().serve(stamp);
         }
         g.key = Some(key);
         g.fences = segments

@@ -34,6 +34,8 @@ struct Fixture {
     checks_signatures: bool,
     /// Transfers that went one-sided so far.
     one_sided: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// One-sided reads the node's published revocations turned to TCP.
+    unconfirmed: Box<dyn Fn() -> u64 + Send + Sync>,
     /// The node lends staged reads (its transport can read them
     /// one-sided): bytes lent so far and slots lent now.
     lent: Box<dyn Fn() -> (u64, usize) + Send + Sync>,
@@ -171,17 +173,23 @@ async fn a_freed_range_refuses_its_old_grant(f: Fixture) {
     f.transport.read(&b, 0, &mut buf).await.unwrap();
     assert_eq!(buf, data(1, 8192));
     assert_eq!((f.one_sided)() > before, !f.checks_signatures);
-    // The older one in the freed one's granule reads too (the published
-    // check cannot tell it apart; the node's fences can).
+    // The older one in the freed one's granule reads too: the published
+    // check cannot tell it apart (one-sided, it is turned to TCP), the
+    // node's fences can.
+    let turned = (f.unconfirmed)();
     f.transport.read(&c, 0, &mut buf[..4096]).await.unwrap();
     assert_eq!(buf[..4096], data(2, 4096));
-    // Registered again: the segment is now served as another id.
+    assert_eq!((f.unconfirmed)() > turned, !f.checks_signatures);
+    // Registered again, with another master: a new key and stamp, and the
+    // same segment id (every master numbers segments afresh). The old
+    // grant is refused, one-sided or not.
     f.table.install(
-        f.key.clone(),
-        HashMap::from([(SEGMENT + 1, f.segment.clone())]),
+        GrantKey::random(),
+        HashMap::from([(SEGMENT, f.segment.clone())]),
+        STAMP + 1,
     );
     let e = f.transport.read(&b, 0, &mut buf).await.unwrap_err();
-    assert!(!e.retryable() || e.code == Code::NotFound, "{e:?}");
+    assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
     (f.kill)();
 }
 
@@ -463,7 +471,11 @@ fn start_node(ucx: Option<&'static str>) -> Node {
     let served = table.clone();
     let segment = Arc::new(Segment::new(SEGMENT_LEN).unwrap());
     let memory = segment.clone();
-    table.install(key.clone(), HashMap::from([(SEGMENT, segment.clone())]));
+    table.install(
+        key.clone(),
+        HashMap::from([(SEGMENT, segment.clone())]),
+        STAMP,
+    );
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let node = std::thread::spawn(move || {
@@ -532,6 +544,7 @@ async fn tcp() -> Fixture {
         ucx_route: 0,
         checks_signatures: true,
         one_sided: Box::new(|| 0),
+        unconfirmed: Box::new(|| 0),
         lent: Box::new(|| (0, 0)),
         stages: false,
         table: n.table,
@@ -626,6 +639,7 @@ fn ucx_route(n: &strata_transport::ucx::UcxNode, addr: &str) -> strata_proto::Uc
         fence_rkey: n.fence_routes()[0].rkey.clone(),
         fence_base: n.fence_routes()[0].base,
         fence_granule: strata_transport::published::GRANULE,
+        fence_stamp: STAMP,
     }
 }
 
@@ -641,6 +655,8 @@ fn ucx_route(n: &std::convert::Infallible, _: &str) -> strata_proto::UcxRoute {
 
 /// The route fingerprint UCX fixtures use.
 const ROUTE: u64 = 0x5eed;
+/// The registration stamp fixtures' nodes serve under.
+const STAMP: u64 = 0x57a3;
 
 #[cfg(feature = "ucx")]
 mod ucx {
@@ -715,6 +731,7 @@ mod ucx {
         });
         let t = Arc::new(UcxTransport::new(cfg, tcp, source.clone()).unwrap());
         let counts = t.clone();
+        let refused = t.clone();
         let f = Fixture {
             transport: t,
             addr: n.addr,
@@ -723,6 +740,7 @@ mod ucx {
             ucx_route: ROUTE,
             checks_signatures: !rdma,
             one_sided: Box::new(move || counts.one_sided_transfers()),
+            unconfirmed: Box::new(move || refused.unconfirmed_reads()),
             lent: Box::new(move || {
                 (
                     lend.lent_bytes.get(),
@@ -761,21 +779,26 @@ async fn a_route_is_used_only_for_the_replicas_that_name_it() {
     let e = f.transport.read(&moved, 0, &mut back).await.unwrap_err();
     assert!(e.retryable(), "{e:?}");
     assert_eq!((f.one_sided)(), one_sided);
-    // The node registered again with a new master: same worker and key
-    // (same fingerprint), a new segment id. The new id's route is fetched
-    // and used; the old id's grants are refused, one-sided or not.
+    // The node registered again with a new master: same worker and key,
+    // a new stamp (so a new fingerprint) and a new segment id. The new
+    // route is fetched and used; the old one's grants are refused,
+    // one-sided or not.
     let renumbered = {
         let mut routes = source.routes.lock();
         let v = routes.as_mut().unwrap();
         v[0].segment_id = SEGMENT + 1;
+        v[0].fingerprint = ROUTE + 2;
+        v[0].fence_stamp = STAMP + 1;
         v[0].clone()
     };
     f.table.install(
         f.key.clone(),
         HashMap::from([(SEGMENT + 1, f.segment.clone())]),
+        STAMP + 1,
     );
     let mut again = f.range(0, 4096, PERM_READ, 1);
     again.scope.segment_id = renumbered.segment_id;
+    again.ucx_route = renumbered.fingerprint;
     again.mac = f.key.sign(&again.scope);
     f.transport.read(&again, 0, &mut back).await.unwrap();
     assert_eq!(back, data(7, 4096));
@@ -787,6 +810,7 @@ async fn a_route_is_used_only_for_the_replicas_that_name_it() {
     let e = f.transport.read(&w, 0, &mut back).await.unwrap_err();
     assert_eq!(e.code, Code::NotFound, "{e:?}");
     assert_eq!((f.one_sided)(), one_sided + 1);
+    assert_eq!((f.unconfirmed)(), 1, "read one-sided, turned by the stamp");
     (f.kill)();
 }
 
@@ -820,8 +844,7 @@ async fn routes_are_fetched_once_per_batch_and_outages_are_not_hammered() {
     // ...after it (what is tested is a time: sleeping is the condition),
     // one batch over the segment it had no answer for and 8 segments it
     // never asked about (the same memory's route under 8 more ids) asks
-    // the master once, and goes one-sided. The node serves the memory as
-    // one id only: reads under the others are refused after the bytes.
+    // the master once, and goes one-sided.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let ids: Vec<u64> = (0..8).map(|i| SEGMENT + 10 + i).collect();
     {
@@ -851,14 +874,11 @@ async fn routes_are_fetched_once_per_batch_and_outages_are_not_hammered() {
         .zip(bufs.iter_mut().map(|b| &mut b[..]))
         .collect();
     for (r, got) in all.iter().zip(f.transport.read_many(items).await) {
-        if r.scope.segment_id == SEGMENT {
-            assert_eq!(got.unwrap(), crc32c::crc32c(&data(r.scope.offset, 4096)));
-        } else {
-            assert_eq!(got.unwrap_err().code, Code::NotFound);
-        }
+        assert_eq!(got.unwrap(), crc32c::crc32c(&data(r.scope.offset, 4096)));
     }
     assert_eq!(source.calls.load(Relaxed), 2);
-    assert_eq!((f.one_sided)(), 8);
+    assert_eq!((f.one_sided)(), 16);
+    assert_eq!((f.unconfirmed)(), 0);
     (f.kill)();
 }
 

@@ -76,6 +76,8 @@ struct FenceRoute {
     peer: Peer,
     base: u64,
     granule: u64,
+    /// The registration stamp the header holds while the route is good.
+    stamp: u64,
 }
 
 impl FenceRoute {
@@ -85,6 +87,7 @@ impl FenceRoute {
         let fits = x.fence_granule.is_power_of_two()
             && x.fence_granule >= 64
             && x.fence_base != 0
+            && x.fence_stamp != 0
             && !x.fence_rkey.is_empty()
             && x.fence_base
                 .checked_add(crate::published::words_len(x.size, x.fence_granule))
@@ -97,6 +100,7 @@ impl FenceRoute {
             },
             base: x.fence_base,
             granule: x.fence_granule,
+            stamp: x.fence_stamp,
         })
     }
 }
@@ -114,7 +118,7 @@ impl FenceRoute {
         Ok(crate::published::stands(
             w(&header),
             w(&word),
-            src.scope.segment_id,
+            self.stamp,
             src.scope.generation,
         ))
     }
@@ -901,6 +905,13 @@ impl Transport for UcxTransport {
 
     fn name(&self) -> &'static str {
         "ucx"
+    }
+
+    /// Every read is: over TCP the node's fences check it, and one-sided
+    /// reads check the revocations the node publishes (nodes that publish
+    /// none are read over TCP).
+    fn refuses_revoked(&self, _r: &RemoteRange) -> bool {
+        true
     }
 }
 
