@@ -106,21 +106,22 @@ impl FenceRoute {
 }
 
 impl FenceRoute {
-    /// After a one-sided read of `src`: whether its grant still stood once
-    /// the bytes were read, by the revocations its node publishes.
-    async fn stands(&self, engine: &Engine, src: &RemoteRange, deadline: Instant) -> Result<bool> {
+    /// The words a one-sided reader of `src` checks after its bytes: the
+    /// header and its start granule's word.
+    fn words(&self, src: &RemoteRange) -> Vec<(Peer, u64)> {
         let word = self.base + crate::published::word_offset(src.scope.offset, self.granule);
-        let (header, word) = futures::try_join!(
-            engine.get_pooled(&self.peer, self.base, 8, deadline),
-            engine.get_pooled(&self.peer, word, 8, deadline),
-        )?;
-        let w = |b: &[u8]| u64::from_ne_bytes(b.try_into().expect("8 bytes asked"));
-        Ok(crate::published::stands(
-            w(&header),
-            w(&word),
-            self.stamp,
-            src.scope.generation,
-        ))
+        vec![(self.peer.clone(), self.base), (self.peer.clone(), word)]
+    }
+
+    /// Whether `src`'s grant still stood once its bytes were read, by the
+    /// words [`FenceRoute::words`] read after them.
+    fn stands(&self, src: &RemoteRange, words: &[u64]) -> bool {
+        match *words {
+            [header, word] => {
+                crate::published::stands(header, word, self.stamp, src.scope.generation)
+            }
+            _ => false,
+        }
     }
 }
 
@@ -660,18 +661,16 @@ impl UcxTransport {
             if let Some(fence) = &route.fence {
                 let addr = Self::addr(&route, src, at);
                 let (engine, deadline) = self.engine_for(&route, buf.len(), deadline);
-                let read = match engine
-                    .get_pooled(&route.peer, addr, buf.len(), deadline)
+                // The words are read after the bytes have landed, by the
+                // progress thread, in the same hand-off.
+                let read = engine
+                    .get_then(&route.peer, addr, buf.len(), fence.words(src), deadline)
                     .await
-                {
-                    Ok(bytes) => {
-                        let c = copy_crc(&bytes, buf, crc);
-                        drop(bytes);
-                        let stands = fence.stands(engine, src, deadline).await;
-                        stands.map(|ok| ok.then_some(c))
-                    }
-                    Err(e) => Err(e),
-                };
+                    .map(|(bytes, words)| {
+                        fence
+                            .stands(src, &words)
+                            .then(|| copy_crc(&bytes, buf, crc))
+                    });
                 match read {
                     Ok(Some(c)) => {
                         self.one_sided.fetch_add(1, Ordering::Relaxed);

@@ -131,6 +131,14 @@ enum Cmd {
         deadline: Instant,
         done: oneshot::Sender<Result<Vec<u8>>>,
     },
+    GetThen {
+        peer: Peer,
+        addr: u64,
+        len: usize,
+        then: Vec<(Peer, u64)>,
+        deadline: Instant,
+        done: oneshot::Sender<Result<(Vec<u8>, Vec<u64>)>>,
+    },
 }
 
 /// A handle on the progress thread. Dropping it stops the thread, which
@@ -280,6 +288,37 @@ impl Engine {
         })
     }
 
+    /// Reads `len` bytes at `addr` of the peer's region into a reused
+    /// buffer and, once they have landed, the 8-byte words at each of
+    /// `then` (in order): one hand-off to the progress thread instead of
+    /// two, for readers that must check something after their bytes.
+    pub async fn get_then(
+        &self,
+        peer: &Peer,
+        addr: u64,
+        len: usize,
+        then: Vec<(Peer, u64)>,
+        deadline: Instant,
+    ) -> Result<(Pooled, Vec<u64>)> {
+        let (buf, words) = self
+            .call(|done| Cmd::GetThen {
+                peer: peer.clone(),
+                addr,
+                len,
+                then,
+                deadline,
+                done,
+            })
+            .await?;
+        Ok((
+            Pooled {
+                buf,
+                pool: self.pool.clone(),
+            },
+            words,
+        ))
+    }
+
     /// Reads `len` bytes at `addr` of the peer's region.
     pub async fn get(
         &self,
@@ -333,6 +372,14 @@ struct InFlight {
 enum Done {
     Put(oneshot::Sender<Result<()>>, Vec<u8>),
     Get(oneshot::Sender<Result<Vec<u8>>>, Vec<u8>),
+    /// A get, then (once it landed) reads of 8-byte words: `then` until
+    /// they are issued, `words` their buffers from then on.
+    GetThen {
+        tx: oneshot::Sender<Result<(Vec<u8>, Vec<u64>)>>,
+        buf: Vec<u8>,
+        then: Vec<(Peer, u64)>,
+        words: Vec<Vec<u8>>,
+    },
 }
 
 impl Done {
@@ -354,6 +401,19 @@ impl Done {
                 let _ = tx.send(r.map(|()| Vec::new()));
                 std::mem::forget(buf);
             }
+            Done::GetThen { tx, buf, words, .. } => {
+                let _ = tx.send(r.and(Err(gone())));
+                std::mem::forget(buf);
+                std::mem::forget(words);
+            }
+        }
+    }
+
+    /// The words still to read after the bytes, if any (taken).
+    fn take_then(&mut self) -> Vec<(Peer, u64)> {
+        match self {
+            Done::GetThen { then, .. } => std::mem::take(then),
+            _ => Vec::new(),
         }
     }
 
@@ -365,6 +425,20 @@ impl Done {
             }
             Done::Get(tx, buf) => {
                 let _ = tx.send(r.map(|()| buf));
+            }
+            Done::GetThen { tx, buf, words, .. } => {
+                let r = r.and_then(|()| {
+                    words
+                        .iter()
+                        .map(|w| {
+                            w.as_slice()
+                                .try_into()
+                                .map(u64::from_ne_bytes)
+                                .map_err(|_| Error::internal("a word read was not 8 bytes"))
+                        })
+                        .collect::<Result<Vec<u64>>>()
+                });
+                let _ = tx.send(r.map(|w| (buf, w)));
             }
         }
     }
@@ -497,7 +571,49 @@ impl Progress {
                     .map(|(ep, key)| vec![unsafe { ep.get(&mut buf, addr, key) }]);
                 self.track(peer.worker, issued, deadline, Done::Get(done, buf));
             }
+            Cmd::GetThen {
+                peer,
+                addr,
+                len,
+                then,
+                deadline,
+                done,
+            } => {
+                let mut buf = self.pool.take(len);
+                // SAFETY: as for `Get`.
+                let issued = self
+                    .key(&peer)
+                    .map(|(ep, key)| vec![unsafe { ep.get(&mut buf, addr, key) }]);
+                let done = Done::GetThen {
+                    tx: done,
+                    buf,
+                    then,
+                    words: Vec::new(),
+                };
+                self.track(peer.worker, issued, deadline, done);
+            }
         }
+    }
+
+    /// Issues reads of the 8-byte words at `then`, each into a buffer of
+    /// its own (returned, to live as long as its request). Every key is
+    /// resolved before anything is issued, so an error leaves nothing in
+    /// flight.
+    fn read_words(&mut self, then: &[(Peer, u64)]) -> Result<(Vec<Request>, Vec<Vec<u8>>)> {
+        for (peer, _) in then {
+            self.key(peer)?;
+        }
+        let mut reqs = Vec::with_capacity(then.len());
+        let mut bufs = Vec::with_capacity(then.len());
+        for (peer, addr) in then {
+            let mut b = vec![0u8; 8];
+            let conn = &self.conns[&peer.worker];
+            // SAFETY: `b` is returned beside its request and kept with it
+            // in the in-flight entry until the request is complete.
+            reqs.push(unsafe { conn.ep.get(&mut b, *addr, &conn.keys[&peer.rkey]) });
+            bufs.push(b);
+        }
+        Ok((reqs, bufs))
     }
 
     fn track(
@@ -554,7 +670,23 @@ impl Progress {
             let op = &self.inflight[i];
             match outcome(&op.reqs) {
                 Some(r) => {
-                    let op = self.inflight.swap_remove(i);
+                    let mut op = self.inflight.swap_remove(i);
+                    let then = op.done.take_then();
+                    if r.is_ok() && !then.is_empty() {
+                        // The bytes landed: now the words, in the same
+                        // entry (same peer, same deadline).
+                        match self.read_words(&then) {
+                            Ok((reqs, bufs)) => {
+                                op.reqs = reqs;
+                                if let Done::GetThen { words, .. } = &mut op.done {
+                                    *words = bufs;
+                                }
+                                self.inflight.push(op);
+                            }
+                            Err(e) => op.done.finish(Err(e), &self.pool),
+                        }
+                        continue;
+                    }
                     op.done.finish(r, &self.pool);
                 }
                 None if now >= op.deadline => {

@@ -159,6 +159,34 @@ mod engine {
             .await
             .unwrap();
         assert_eq!(back, data);
+        // A read, then words read once its bytes have landed, in order.
+        let w = reg.base + (100 << 12);
+        client
+            .put(&peer, w, [7u64, 9].map(u64::to_ne_bytes).concat(), T)
+            .await
+            .unwrap();
+        let at = |a: u64| (peer.clone(), a);
+        let deadline = std::time::Instant::now() + T;
+        let (bytes, words) = client
+            .get_then(
+                &peer,
+                reg.base + 100,
+                data.len(),
+                vec![at(w + 8), at(w)],
+                deadline,
+            )
+            .await
+            .unwrap();
+        assert_eq!((&bytes[..], &words[..]), (&data[..], &[9, 7][..]));
+        // A word no key opens: an error, nothing left in flight.
+        let unkeyed = Peer {
+            rkey: Vec::new().into(),
+            ..peer.clone()
+        };
+        let r = client
+            .get_then(&peer, reg.base, 16, vec![(unkeyed, w)], deadline)
+            .await;
+        assert!(r.is_err(), "a word without a key was read");
         // Many transfers at once, each to its own range.
         let puts =
             (0..32u64).map(|i| client.put(&peer, reg.base + (i << 12), vec![i as u8 + 1; 4096], T));
