@@ -563,12 +563,7 @@ impl Progress {
                 deadline,
                 done,
             } => {
-                let mut buf = self.pool.take(len);
-                // SAFETY: `buf` moves into the in-flight entry (a Vec's heap
-                // buffer does not move) and stays there until completion.
-                let issued = self
-                    .key(&peer)
-                    .map(|(ep, key)| vec![unsafe { ep.get(&mut buf, addr, key) }]);
+                let (buf, issued) = self.get_into_pooled(&peer, addr, len);
                 self.track(peer.worker, issued, deadline, Done::Get(done, buf));
             }
             Cmd::GetThen {
@@ -579,11 +574,7 @@ impl Progress {
                 deadline,
                 done,
             } => {
-                let mut buf = self.pool.take(len);
-                // SAFETY: as for `Get`.
-                let issued = self
-                    .key(&peer)
-                    .map(|(ep, key)| vec![unsafe { ep.get(&mut buf, addr, key) }]);
+                let (buf, issued) = self.get_into_pooled(&peer, addr, len);
                 let done = Done::GetThen {
                     tx: done,
                     buf,
@@ -593,6 +584,23 @@ impl Progress {
                 self.track(peer.worker, issued, deadline, done);
             }
         }
+    }
+
+    /// Issues a read of `len` bytes at `addr` into a pooled buffer, which
+    /// the caller must keep in the in-flight entry with the request (a
+    /// Vec's heap buffer does not move) until it completes.
+    fn get_into_pooled(
+        &mut self,
+        peer: &Peer,
+        addr: u64,
+        len: usize,
+    ) -> (Vec<u8>, Result<Vec<Request>>) {
+        let mut buf = self.pool.take(len);
+        // SAFETY: see above; the caller keeps `buf` with the request.
+        let issued = self
+            .key(peer)
+            .map(|(ep, key)| vec![unsafe { ep.get(&mut buf, addr, key) }]);
+        (buf, issued)
     }
 
     /// Issues reads of the 8-byte words at `then`, each into a buffer of
