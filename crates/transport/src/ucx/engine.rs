@@ -290,8 +290,9 @@ impl Engine {
 
     /// Reads `len` bytes at `addr` of the peer's region into a reused
     /// buffer and, once they have landed, the 8-byte words at each of
-    /// `then` (in order): one hand-off to the progress thread instead of
-    /// two, for readers that must check something after their bytes.
+    /// `then` (answered in that order): one hand-off to the progress thread
+    /// instead of two, for readers that must check something after their
+    /// bytes. The words must be on the same worker as the bytes.
     pub async fn get_then(
         &self,
         peer: &Peer,
@@ -574,6 +575,14 @@ impl Progress {
                 deadline,
                 done,
             } => {
+                // Timeouts and failures tear down by the data's worker: a
+                // word on another worker could outlive its buffer.
+                if then.iter().any(|(p, _)| p.worker != peer.worker) {
+                    let _ = done.send(Err(Error::invalid(
+                        "words read after a get must be on the same worker",
+                    )));
+                    return;
+                }
                 let (buf, issued) = self.get_into_pooled(&peer, addr, len);
                 let done = Done::GetThen {
                     tx: done,
@@ -682,7 +691,10 @@ impl Progress {
                     let then = op.done.take_then();
                     if r.is_ok() && !then.is_empty() {
                         // The bytes landed: now the words, in the same
-                        // entry (same peer, same deadline).
+                        // entry (same peer, same deadline). Where UCX reads
+                        // with the CPU (shared memory), the words' loads
+                        // must not pass the bytes' on weakly ordered CPUs.
+                        std::sync::atomic::fence(Ordering::Acquire);
                         match self.read_words(&then) {
                             Ok((reqs, bufs)) => {
                                 op.reqs = reqs;

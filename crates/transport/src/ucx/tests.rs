@@ -159,7 +159,8 @@ mod engine {
             .await
             .unwrap();
         assert_eq!(back, data);
-        // A read, then words read once its bytes have landed, in order.
+        // A read, then words (issued once its bytes have landed, which no
+        // test can time; answered in the order asked).
         let w = reg.base + (100 << 12);
         client
             .put(&peer, w, [7u64, 9].map(u64::to_ne_bytes).concat(), T)
@@ -184,9 +185,29 @@ mod engine {
             ..peer.clone()
         };
         let r = client
-            .get_then(&peer, reg.base, 16, vec![(unkeyed, w)], deadline)
+            .get_then(&peer, reg.base, 16, vec![(unkeyed.clone(), w)], deadline)
             .await;
         assert!(r.is_err(), "a word without a key was read");
+        // Bytes no key opens, with words pending: an error.
+        let r = client
+            .get_then(&unkeyed, reg.base, 16, vec![at(w)], deadline)
+            .await;
+        assert!(r.is_err(), "bytes without a key were read");
+        // Words on another worker than the bytes are refused.
+        let elsewhere = Peer {
+            worker: client.address().into(),
+            ..peer.clone()
+        };
+        let r = client
+            .get_then(&peer, reg.base, 16, vec![(elsewhere, w)], deadline)
+            .await;
+        assert!(r.is_err(), "a word on another worker was read");
+        // The engine still serves after all of them.
+        let (bytes, words) = client
+            .get_then(&peer, reg.base + 100, 8, vec![at(w)], deadline)
+            .await
+            .unwrap();
+        assert_eq!((&bytes[..], &words[..]), (&data[..8], &[7][..]));
         // Many transfers at once, each to its own range.
         let puts =
             (0..32u64).map(|i| client.put(&peer, reg.base + (i << 12), vec![i as u8 + 1; 4096], T));
