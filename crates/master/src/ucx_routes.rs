@@ -40,11 +40,6 @@ pub struct FenceRoute {
     pub stamp: u64,
 }
 
-/// Granules accepted: powers of two from the allocation alignment to 1 GiB.
-fn granule_ok(g: u64) -> bool {
-    g.is_power_of_two() && (crate::allocator::ALIGN..=1 << 30).contains(&g)
-}
-
 impl FenceRoute {
     /// The published revocations of a segment of `spec.size` bytes, if the
     /// node publishes them (nodes that predate them send none).
@@ -56,21 +51,18 @@ impl FenceRoute {
         if none {
             return Ok(None);
         }
-        let words = (spec.size.div_ceil(spec.ucx_fence_granule.max(1)) + 1).saturating_mul(8);
+        use strata_transport::published::{layout_ok, MAX_GRANULE, MIN_GRANULE};
         if spec.ucx_fence_rkey.is_empty()
             || spec.ucx_fence_rkey.len() > MAX_RKEY
-            || !granule_ok(spec.ucx_fence_granule)
-            || spec.ucx_fence_base == 0
-            || spec.ucx_fence_base.checked_add(words).is_none()
+            || !layout_ok(spec.size, spec.ucx_fence_base, spec.ucx_fence_granule)
             || spec.ucx_fence_stamp == 0
         {
             return Err(Error::invalid(format!(
                 "a segment's published revocations need a remote key (1 to {MAX_RKEY} bytes, \
                  not {}), a base address whose words fit ({:#x}), a power-of-two granule \
-                 from {} bytes to 1 GiB (not {}) and a non-zero stamp",
+                 from {MIN_GRANULE} to {MAX_GRANULE} bytes (not {}) and a non-zero stamp",
                 spec.ucx_fence_rkey.len(),
                 spec.ucx_fence_base,
-                crate::allocator::ALIGN,
                 spec.ucx_fence_granule
             )));
         }

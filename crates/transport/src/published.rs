@@ -144,6 +144,20 @@ pub fn words_len(size: u64, granule: u64) -> u64 {
     8 * (1 + size.div_ceil(granule))
 }
 
+/// Granules a route may name: powers of two in this range.
+pub const MIN_GRANULE: u64 = 64;
+pub const MAX_GRANULE: u64 = 1 << 30;
+
+/// Whether words published at `base`, one per `granule` of a segment of
+/// `size` bytes, are a layout a reader can use: a granule as above, a
+/// non-null base, and words that end inside the address space.
+pub fn layout_ok(size: u64, base: u64, granule: u64) -> bool {
+    granule.is_power_of_two()
+        && (MIN_GRANULE..=MAX_GRANULE).contains(&granule)
+        && base != 0
+        && base.checked_add(words_len(size, granule)).is_some()
+}
+
 /// Whether a grant of `generation`, read through a route of `stamp`, still
 /// stands, given the header and start-granule word read after the bytes.
 pub fn stands(header: u64, word: u64, stamp: u64, generation: u64) -> bool {
@@ -196,6 +210,10 @@ mod tests {
         assert_eq!(f.read(1 << 20).1, u64::MAX);
         assert_eq!(f.read(1 << 40).1, u64::MAX);
         assert_eq!(word_offset(8192, GRANULE), 8 * 3);
+        assert!(layout_ok(1 << 20, 0x9000, GRANULE));
+        assert!(!layout_ok(1 << 20, 0x9000, 4095) && !layout_ok(1 << 20, 0, GRANULE));
+        assert!(!layout_ok(1 << 20, u64::MAX - 8 * 257 + 1, GRANULE));
+        assert!(layout_ok(1 << 20, u64::MAX - 8 * 257, GRANULE));
         assert_ne!(new_stamp(), 0);
     }
 }

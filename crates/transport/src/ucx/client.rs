@@ -84,14 +84,9 @@ impl FenceRoute {
     /// From a route's `fence_*` fields; `None` when absent or unusable (a
     /// granule that is no power of two, words that would not fit).
     fn of(x: &strata_proto::UcxRoute, worker: &Arc<[u8]>, same_host: bool) -> Option<FenceRoute> {
-        let fits = x.fence_granule.is_power_of_two()
-            && x.fence_granule >= 64
-            && x.fence_base != 0
+        let fits = crate::published::layout_ok(x.size, x.fence_base, x.fence_granule)
             && x.fence_stamp != 0
-            && !x.fence_rkey.is_empty()
-            && x.fence_base
-                .checked_add(crate::published::words_len(x.size, x.fence_granule))
-                .is_some();
+            && !x.fence_rkey.is_empty();
         fits.then(|| FenceRoute {
             peer: Peer {
                 worker: worker.clone(),
