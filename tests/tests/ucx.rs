@@ -5,6 +5,7 @@
 //! role, and TCP clients, reach the UCX node's bytes over TCP, where every
 //! grant is checked.
 
+use std::sync::Arc;
 use std::time::Duration;
 use strata_client::{Client, ClientConfig, Code, PutOptions, TransportKind};
 use strata_common::auth::Secret;
@@ -224,4 +225,122 @@ async fn an_rdma_client_rides_out_a_ucx_node_killed_and_restarted() {
     }
     // One-sided again: the new process's TCP data plane moved none of it.
     assert_eq!(node_bytes(admin).await, (0.0, 0.0));
+}
+
+/// Routes from a real master, for a transport built by hand.
+struct Routes(MasterClient<strata_common::grpc::MasterChannel>);
+
+impl strata_transport::ucx::RouteSource for Routes {
+    fn routes(
+        &self,
+        segment_ids: Vec<u64>,
+    ) -> futures::future::BoxFuture<'_, strata_common::Result<Vec<pb::UcxRoute>>> {
+        let mut m = self.0.clone();
+        Box::pin(async move {
+            Ok(m.get_ucx_routes(pb::GetUcxRoutesRequest { segment_ids })
+                .await
+                .map_err(strata_common::Error::from)?
+                .into_inner()
+                .routes)
+        })
+    }
+}
+
+/// A store-node process on this host names itself in its routes, and an
+/// rdma client here reads and writes its segment by cross-memory attach
+/// (neither the node's TCP data plane nor UCX moves the bytes); killed by
+/// SIGKILL, the node's transfers fail retryably, never with stale bytes
+/// from a cached route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_co_located_node_process_is_attached_to() {
+    use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
+    use strata_transport::ucx::{UcxClientConfig, UcxTransport};
+    use strata_transport::Transport;
+    let dir = tempfile::tempdir().unwrap();
+    let t = token_files(dir.path());
+    let args = t.master_args();
+    let m = start_master(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let member = t.member.to_str().unwrap();
+    let (node, _, admin) = start_node_admin(
+        &m.addr,
+        "ucx-node",
+        &["--token-file", member, "--transport", "ucx"],
+    )
+    .await;
+    assert!(nodes_registered(m.admin, 1).await);
+    let mut master = MasterClient::new(
+        strata_common::grpc::master_channel(
+            &m.addr,
+            Some(&Secret::from_file(&t.rdma, "test").unwrap()),
+        )
+        .unwrap(),
+    );
+    let routes = master
+        .get_ucx_routes(pb::GetUcxRoutesRequest {
+            segment_ids: (0..16).collect(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .routes;
+    let me = strata_transport::ucx::cross_memory::this_process().unwrap();
+    let named = routes[0]
+        .process
+        .as_ref()
+        .expect("the node names its process");
+    assert_eq!(named.host, me.host);
+    assert_ne!(named.pid, me.pid);
+
+    let tcp = Arc::new(TcpTransport::new(TcpTransportConfig::default()));
+    let cfg = UcxClientConfig {
+        timeout: Duration::from_secs(3),
+        ..Default::default()
+    };
+    let ucx = UcxTransport::new(cfg, tcp, Arc::new(Routes(master.clone()))).unwrap();
+    let bytes = payload(3, 3 << 20);
+    let replicas = master
+        .put_start(pb::PutStartRequest {
+            key: "attached".into(),
+            size: bytes.len() as u64,
+            replica_num: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .replicas;
+    let w = strata_transport::remote_range(&replicas[0]).unwrap();
+    ucx.write(&w, 0, &bytes).await.unwrap();
+    master
+        .put_end(pb::PutEndRequest {
+            key: "attached".into(),
+            crc32c: crc32c::crc32c(&bytes),
+        })
+        .await
+        .unwrap();
+    let got = master
+        .get_replicas(pb::GetReplicasRequest {
+            key: "attached".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let r = strata_transport::remote_range(&got.replicas[0]).unwrap();
+    let mut back = vec![0u8; bytes.len()];
+    let crc = ucx.read_crc32c(&r, 0, &mut back).await.unwrap();
+    assert!(back == bytes, "read back intact");
+    assert_eq!(crc, got.crc32c);
+    assert_eq!(
+        (ucx.attached_transfers(), ucx.one_sided_transfers()),
+        (2, 2)
+    );
+    assert_eq!(node_bytes(admin).await, (0.0, 0.0), "no byte over TCP");
+
+    drop(node); // SIGKILL
+    let res = tokio::time::timeout(Duration::from_secs(60), ucx.read(&r, 0, &mut back))
+        .await
+        .expect("a read from a killed node ends");
+    let e = res.unwrap_err();
+    assert!(e.retryable(), "{e:?}");
+    assert_eq!(ucx.attached_transfers(), 2);
 }

@@ -179,7 +179,9 @@ impl Client {
     /// present, `NoSpace` when the cluster cannot make room.
     #[tracing::instrument(name = "strata.put", skip_all, fields(key = key, size = data.len()))]
     pub async fn put(&self, key: &str, data: &[u8], opts: &PutOptions) -> Result<()> {
-        let crc = crc32c::crc32c(data);
+        // Computed while the first PutStart is in flight, kept for retries.
+        let crc = std::sync::OnceLock::new();
+        let crc = &crc;
         // A PutEnd whose answer was lost (the master died or lost its
         // leadership) may have committed: a retry that then finds the key
         // checks whether it holds these very bytes.
@@ -196,7 +198,20 @@ impl Client {
                     soft_pin: opts.soft_pin,
                     hard_pin: opts.hard_pin,
                 };
-                let replicas = match self.m().put_start(req).await.map_err(Error::from) {
+                let mut master = self.m();
+                let start = master.put_start(req);
+                let start = match crc.get() {
+                    Some(_) => start.await,
+                    // The request goes out on its first poll; the checksum
+                    // is worked out meanwhile instead of before it.
+                    None => {
+                        let (r, c) = tokio::join!(start, async { crc32c::crc32c(data) });
+                        let _ = crc.set(c);
+                        r
+                    }
+                };
+                let crc = *crc.get().expect("set by the first attempt");
+                let replicas = match start.map_err(Error::from) {
                     Ok(r) => r.into_inner().replicas,
                     Err(e)
                         if e.code == Code::AlreadyExists

@@ -1065,10 +1065,11 @@ impl Master {
         }
         let proof = ProofHash::of(&req.instance_proof)?;
         let worker: Arc<[u8]> = req.ucx_worker.as_slice().into();
+        let process = crate::ucx_routes::node_process(&worker, req.ucx_process.as_ref())?;
         let routes = req
             .segments
             .iter()
-            .map(|s| crate::ucx_routes::UcxRoute::of(&worker, s))
+            .map(|s| crate::ucx_routes::UcxRoute::of(&worker, process.as_ref(), s))
             .collect::<Result<Vec<_>>>()?;
         // A node that registers again (restart, lost registration) starts
         // clean: whatever the master knew of its old incarnation goes.

@@ -18,6 +18,11 @@ use strata_proto as pb;
 pub const MAX_WORKER_ADDRESS: usize = 8192;
 /// Largest packed remote key accepted.
 pub const MAX_RKEY: usize = 4096;
+/// Largest host id of a node's process accepted (a boot id and a PID
+/// namespace take about 60 bytes).
+pub const MAX_HOST_ID: usize = 256;
+/// Largest process id Linux hands out (`PID_MAX_LIMIT`).
+pub const MAX_PID: u32 = 1 << 22;
 
 /// One segment's UCX route, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +33,30 @@ pub struct UcxRoute {
     pub fingerprint: u64,
     /// The segment's published revocations, from nodes that publish them.
     pub fence: Option<FenceRoute>,
+    /// The node's process, from nodes that name it (co-located clients'
+    /// cross-memory attach).
+    pub process: Option<pb::HostProcess>,
+}
+
+/// The process a node serving UCX names (`RegisterNodeRequest.ucx_process`),
+/// validated: only beside a worker address, a pid Linux could hand out, and
+/// a host id of 1 to [`MAX_HOST_ID`] bytes.
+pub fn node_process(worker: &[u8], p: Option<&pb::HostProcess>) -> Result<Option<pb::HostProcess>> {
+    let Some(p) = p else { return Ok(None) };
+    if worker.is_empty() {
+        return Err(Error::invalid(
+            "a node names its process only when it serves UCX (with its worker address)",
+        ));
+    }
+    if p.pid == 0 || p.pid > MAX_PID || p.host.is_empty() || p.host.len() > MAX_HOST_ID {
+        return Err(Error::invalid(format!(
+            "a node's process needs a pid from 1 to {MAX_PID} (not {}) and a host id of 1 to \
+             {MAX_HOST_ID} bytes (not {})",
+            p.pid,
+            p.host.len()
+        )));
+    }
+    Ok(Some(p.clone()))
 }
 
 /// Where a segment's published revocations are (`UcxRoute.fence_*`).
@@ -79,7 +108,11 @@ impl UcxRoute {
     /// The route of a segment of `size` bytes a node registered, if it
     /// registered one. Both halves or neither: a key without a worker (or
     /// the reverse) is refused, as is a segment whose end overflows.
-    pub fn of(worker: &std::sync::Arc<[u8]>, spec: &pb::SegmentSpec) -> Result<Option<UcxRoute>> {
+    pub fn of(
+        worker: &std::sync::Arc<[u8]>,
+        process: Option<&pb::HostProcess>,
+        spec: &pb::SegmentSpec,
+    ) -> Result<Option<UcxRoute>> {
         match (worker.is_empty(), spec.ucx_rkey.is_empty()) {
             (true, true) => return Ok(None),
             (false, false) => {}
@@ -109,6 +142,7 @@ impl UcxRoute {
             worker: worker.clone(),
             rkey: spec.ucx_rkey.clone(),
             base: spec.ucx_base,
+            process: process.cloned(),
         }))
     }
 
@@ -129,6 +163,7 @@ impl UcxRoute {
             fence_base: self.fence.as_ref().map_or(0, |f| f.base),
             fence_granule: self.fence.as_ref().map_or(0, |f| f.granule),
             fence_stamp: self.fence.as_ref().map_or(0, |f| f.stamp),
+            process: self.process.clone(),
         }
     }
 }
@@ -167,19 +202,21 @@ mod tests {
     fn routes_are_validated() {
         let w: std::sync::Arc<[u8]> = vec![7u8; 100].into();
         let none: std::sync::Arc<[u8]> = Vec::new().into();
-        assert_eq!(UcxRoute::of(&none, &spec(b"", 0)).unwrap(), None);
-        let r = UcxRoute::of(&w, &spec(b"key", 0x1000)).unwrap().unwrap();
+        assert_eq!(UcxRoute::of(&none, None, &spec(b"", 0)).unwrap(), None);
+        let r = UcxRoute::of(&w, None, &spec(b"key", 0x1000))
+            .unwrap()
+            .unwrap();
         assert_eq!((r.base, &r.rkey[..]), (0x1000, &b"key"[..]));
         // Half a route, a null base, an overflowing end, oversized parts.
-        assert!(UcxRoute::of(&w, &spec(b"", 0x1000)).is_err());
-        assert!(UcxRoute::of(&none, &spec(b"key", 0x1000)).is_err());
-        assert!(UcxRoute::of(&w, &spec(b"key", 0)).is_err());
-        assert!(UcxRoute::of(&w, &spec(b"key", u64::MAX - (1 << 20) + 1)).is_err());
-        assert!(UcxRoute::of(&w, &spec(b"key", u64::MAX - (1 << 20))).is_ok());
-        assert!(UcxRoute::of(&w, &spec(&[1; MAX_RKEY + 1], 0x1000)).is_err());
-        assert!(UcxRoute::of(&w, &spec(&[1; MAX_RKEY], 0x1000)).is_ok());
+        assert!(UcxRoute::of(&w, None, &spec(b"", 0x1000)).is_err());
+        assert!(UcxRoute::of(&none, None, &spec(b"key", 0x1000)).is_err());
+        assert!(UcxRoute::of(&w, None, &spec(b"key", 0)).is_err());
+        assert!(UcxRoute::of(&w, None, &spec(b"key", u64::MAX - (1 << 20) + 1)).is_err());
+        assert!(UcxRoute::of(&w, None, &spec(b"key", u64::MAX - (1 << 20))).is_ok());
+        assert!(UcxRoute::of(&w, None, &spec(&[1; MAX_RKEY + 1], 0x1000)).is_err());
+        assert!(UcxRoute::of(&w, None, &spec(&[1; MAX_RKEY], 0x1000)).is_ok());
         let big: std::sync::Arc<[u8]> = vec![7u8; MAX_WORKER_ADDRESS + 1].into();
-        assert!(UcxRoute::of(&big, &spec(b"key", 0x1000)).is_err());
+        assert!(UcxRoute::of(&big, None, &spec(b"key", 0x1000)).is_err());
     }
 
     #[test]
@@ -194,13 +231,13 @@ mod tests {
         };
         // None (an older node), or all three.
         assert_eq!(
-            UcxRoute::of(&w, &spec(b"key", 0x1000))
+            UcxRoute::of(&w, None, &spec(b"key", 0x1000))
                 .unwrap()
                 .unwrap()
                 .fence,
             None
         );
-        let r = UcxRoute::of(&w, &with(b"f", 0x9000, 4096))
+        let r = UcxRoute::of(&w, None, &with(b"f", 0x9000, 4096))
             .unwrap()
             .unwrap();
         assert_eq!(
@@ -222,13 +259,13 @@ mod tests {
             ucx_fence_stamp: 78,
             ..with(b"f", 0x9000, 4096)
         };
-        let again = UcxRoute::of(&w, &again).unwrap().unwrap();
+        let again = UcxRoute::of(&w, None, &again).unwrap().unwrap();
         assert_ne!(again.fingerprint, r.fingerprint);
         let stampless = pb::SegmentSpec {
             ucx_fence_stamp: 0,
             ..with(b"f", 0x9000, 4096)
         };
-        assert!(UcxRoute::of(&w, &stampless).is_err());
+        assert!(UcxRoute::of(&w, None, &stampless).is_err());
         for bad in [
             with(b"", 0x9000, 4096),
             with(b"f", 0, 4096),
@@ -240,7 +277,7 @@ mod tests {
             // The words (257 of them) would run past the address space.
             with(b"f", u64::MAX - 8 * 257 + 1, 4096),
         ] {
-            assert!(UcxRoute::of(&w, &bad).is_err(), "{bad:?}");
+            assert!(UcxRoute::of(&w, None, &bad).is_err(), "{bad:?}");
         }
         // Just inside each bound.
         for good in [
@@ -249,8 +286,38 @@ mod tests {
             with(&[1; MAX_RKEY], 0x9000, 4096),
             with(b"f", u64::MAX - 8 * 257, 4096),
         ] {
-            assert!(UcxRoute::of(&w, &good).is_ok(), "{good:?}");
+            assert!(UcxRoute::of(&w, None, &good).is_ok(), "{good:?}");
         }
+    }
+
+    #[test]
+    fn node_processes_are_validated() {
+        let w = [7u8; 100];
+        let p = |pid: u32, host: &str| pb::HostProcess {
+            pid,
+            host: host.to_string(),
+        };
+        // None (an older node), or beside a worker only.
+        assert_eq!(node_process(&w, None).unwrap(), None);
+        assert_eq!(node_process(&[], None).unwrap(), None);
+        assert!(node_process(&[], Some(&p(42, "boot/pid:[1]"))).is_err());
+        // Just inside and just outside each bound.
+        for good in [p(1, "h"), p(MAX_PID, "h"), p(42, &"h".repeat(MAX_HOST_ID))] {
+            assert_eq!(node_process(&w, Some(&good)).unwrap(), Some(good.clone()));
+        }
+        for bad in [
+            p(0, "h"),
+            p(MAX_PID + 1, "h"),
+            p(42, ""),
+            p(42, &"h".repeat(MAX_HOST_ID + 1)),
+        ] {
+            assert!(node_process(&w, Some(&bad)).is_err(), "{bad:?}");
+        }
+        // The route hands it on as registered.
+        let r = UcxRoute::of(&w.to_vec().into(), Some(&p(42, "h")), &spec(b"key", 0x1000))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.to_proto(3, "n:1", 1 << 20).process, Some(p(42, "h")));
     }
 
     #[test]

@@ -273,10 +273,11 @@ async fn expose_over_ucx(_: &StoreNodeConfig, _: &[Arc<Segment>]) -> Result<Opti
     Ok(None)
 }
 
-/// The UCX halves of a registration: the worker address and each segment's
-/// (remote key, base address).
+/// The UCX halves of a registration: the worker address, each segment's
+/// (remote key, base address), and this process for co-located clients'
+/// cross-memory attach.
 #[cfg(feature = "ucx")]
-fn ucx_registration(ucx: Option<&Ucx>, stamp: u64) -> (Vec<u8>, Vec<pb::SegmentSpec>) {
+fn ucx_registration(ucx: Option<&Ucx>, stamp: u64) -> UcxRegistration {
     match ucx {
         Some(n) => (
             n.worker_address().to_vec(),
@@ -293,14 +294,17 @@ fn ucx_registration(ucx: Option<&Ucx>, stamp: u64) -> (Vec<u8>, Vec<pb::SegmentS
                     ..Default::default()
                 })
                 .collect(),
+            strata_transport::ucx::cross_memory::this_process().cloned(),
         ),
-        None => (Vec::new(), Vec::new()),
+        None => (Vec::new(), Vec::new(), None),
     }
 }
 
+type UcxRegistration = (Vec<u8>, Vec<pb::SegmentSpec>, Option<pb::HostProcess>);
+
 #[cfg(not(feature = "ucx"))]
-fn ucx_registration(_: Option<&Ucx>, _: u64) -> (Vec<u8>, Vec<pb::SegmentSpec>) {
-    (Vec::new(), Vec::new())
+fn ucx_registration(_: Option<&Ucx>, _: u64) -> UcxRegistration {
+    (Vec::new(), Vec::new(), None)
 }
 
 /// Keeps the node registered with the master and applies its object log.
@@ -395,9 +399,10 @@ impl Agent {
         // Names this registration to one-sided readers: routes of an
         // earlier one (another master's grants) stop reading.
         let stamp = strata_transport::published::new_stamp();
-        let (ucx_worker, ucx_segments) = ucx_registration(self.ucx.as_ref(), stamp);
+        let (ucx_worker, ucx_segments, ucx_process) = ucx_registration(self.ucx.as_ref(), stamp);
         let req = pb::RegisterNodeRequest {
             ucx_worker,
+            ucx_process,
             node_id: self.node_id.clone(),
             data_addr: self.advertise.clone(),
             instance: self.instance.clone(),

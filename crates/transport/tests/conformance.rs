@@ -36,6 +36,10 @@ struct Fixture {
     one_sided: Box<dyn Fn() -> u64 + Send + Sync>,
     /// One-sided reads the node's published revocations turned to TCP.
     unconfirmed: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// One-sided transfers done by cross-memory attach to the node's
+    /// process, and whether the fixture's client should do them.
+    attached: Box<dyn Fn() -> u64 + Send + Sync>,
+    attaches: bool,
     /// The node lends staged reads (its transport can read them
     /// one-sided): bytes lent so far and slots lent now.
     lent: Box<dyn Fn() -> (u64, usize) + Send + Sync>,
@@ -96,8 +100,9 @@ async fn ranges_and_bounds(f: Fixture) {
     let crc = f.transport.read_crc32c(&w, 0, &mut back).await.unwrap();
     assert_eq!(crc, crc32c::crc32c(&bytes));
     // The fixture's path was the one taken: one-sided exactly when the
-    // node does not check grants.
+    // node does not check grants, by cross-memory attach where it should.
     assert_eq!((f.one_sided)() > 0, !f.checks_signatures);
+    assert_eq!((f.attached)() > 0, f.attaches);
     (f.kill)();
 }
 
@@ -545,6 +550,8 @@ async fn tcp() -> Fixture {
         checks_signatures: true,
         one_sided: Box::new(|| 0),
         unconfirmed: Box::new(|| 0),
+        attached: Box::new(|| 0),
+        attaches: false,
         lent: Box::new(|| (0, 0)),
         stages: false,
         table: n.table,
@@ -628,6 +635,7 @@ async fn ucx_node(tls: &'static str, segment: &Arc<Segment>) -> strata_transport
 
 #[cfg(feature = "ucx")]
 fn ucx_route(n: &strata_transport::ucx::UcxNode, addr: &str) -> strata_proto::UcxRoute {
+    // The node names no process: co-located clients use the engine.
     strata_proto::UcxRoute {
         segment_id: SEGMENT,
         fingerprint: ROUTE,
@@ -640,6 +648,7 @@ fn ucx_route(n: &strata_transport::ucx::UcxNode, addr: &str) -> strata_proto::Uc
         fence_base: n.fence_routes()[0].base,
         fence_granule: strata_transport::published::GRANULE,
         fence_stamp: STAMP,
+        process: None,
     }
 }
 
@@ -707,13 +716,28 @@ mod ucx {
     /// A node serving UCX (over `tls`) and TCP; a UCX client that is
     /// (`rdma`) or is not given the route.
     pub async fn fixture(tls: &'static str, rdma: bool) -> Fixture {
-        fixture_with(tls, rdma).await.0
+        fixture_with(tls, rdma, None).await.0
     }
 
-    /// [`fixture`], and the route source its client asks.
-    pub async fn fixture_with(tls: &'static str, rdma: bool) -> (Fixture, Arc<Routes>) {
+    /// A co-located node whose route names its process (this one): an
+    /// rdma client reads and writes it by cross-memory attach.
+    pub async fn attached() -> Fixture {
+        let me = strata_transport::ucx::cross_memory::this_process().cloned();
+        let (mut f, _) = fixture_with("sm,self", true, me).await;
+        f.attaches = true;
+        f
+    }
+
+    /// [`fixture`] whose route names `process`, and the route source its
+    /// client asks.
+    pub async fn fixture_with(
+        tls: &'static str,
+        rdma: bool,
+        process: Option<strata_proto::HostProcess>,
+    ) -> (Fixture, Arc<Routes>) {
         let n = start_node(Some(tls));
-        let route = n.route.clone().expect("a UCX node has a route");
+        let mut route = n.route.clone().expect("a UCX node has a route");
+        route.process = process;
         let lend = n.lend.clone().expect("a UCX node lends");
         let cfg = UcxClientConfig {
             tls: Some(tls.to_string()),
@@ -732,6 +756,7 @@ mod ucx {
         let t = Arc::new(UcxTransport::new(cfg, tcp, source.clone()).unwrap());
         let counts = t.clone();
         let refused = t.clone();
+        let attached = t.clone();
         let f = Fixture {
             transport: t,
             addr: n.addr,
@@ -741,6 +766,8 @@ mod ucx {
             checks_signatures: !rdma,
             one_sided: Box::new(move || counts.one_sided_transfers()),
             unconfirmed: Box::new(move || refused.unconfirmed_reads()),
+            attached: Box::new(move || attached.attached_transfers()),
+            attaches: false,
             lent: Box::new(move || {
                 (
                     lend.lent_bytes.get(),
@@ -762,7 +789,7 @@ mod ucx {
 #[cfg(feature = "ucx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_is_used_only_for_the_replicas_that_name_it() {
-    let (f, source) = ucx::fixture_with("tcp", true).await;
+    let (f, source) = ucx::fixture_with("tcp", true, None).await;
     let w = f.range(0, 4096, PERM_WRITE | PERM_READ, 1);
     f.transport.write(&w, 0, &data(7, 4096)).await.unwrap();
     let one_sided = (f.one_sided)();
@@ -820,7 +847,7 @@ async fn a_route_is_used_only_for_the_replicas_that_name_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_are_fetched_once_per_batch_and_outages_are_not_hammered() {
     use std::sync::atomic::Ordering::Relaxed;
-    let (f, source) = ucx::fixture_with("tcp", true).await;
+    let (f, source) = ucx::fixture_with("tcp", true, None).await;
     let ranges: Vec<RemoteRange> = (0..8u64)
         .map(|i| f.range(i * 4096, 4096, PERM_WRITE | PERM_READ, 1))
         .collect();
@@ -886,7 +913,7 @@ async fn routes_are_fetched_once_per_batch_and_outages_are_not_hammered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfers_that_miss_together_share_one_route_fetch() {
     use std::sync::atomic::Ordering::Relaxed;
-    let (f, source) = ucx::fixture_with("tcp", true).await;
+    let (f, source) = ucx::fixture_with("tcp", true, None).await;
     // A slow master: every transfer below misses while the first fetch is
     // still out.
     source.delay_ms.store(300, Relaxed);
@@ -926,3 +953,54 @@ conformance_suite!(over_ucx_shared_memory, ucx::fixture("sm,self", true));
 // by the node.
 #[cfg(feature = "ucx")]
 conformance_suite!(ucx_client_without_rdma_role, ucx::fixture("tcp", false));
+// One-sided to a co-located node by cross-memory attach to its process.
+#[cfg(feature = "ucx")]
+conformance_suite!(over_cross_memory_attach, ucx::attached());
+
+/// A co-located node the kernel does not let this process attach to (here:
+/// a pid no process has) is reached through the shared-memory engine,
+/// one-sided still, every byte right.
+#[cfg(feature = "ucx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_attach_goes_through_the_engine() {
+    let mut nobody = strata_transport::ucx::cross_memory::this_process()
+        .cloned()
+        .unwrap();
+    nobody.pid = i32::MAX as u32;
+    let (f, _) = ucx::fixture_with("sm,self", true, Some(nobody)).await;
+    let w = f.range(0, 1 << 20, PERM_WRITE | PERM_READ, 1);
+    let bytes = data(5, 1 << 20);
+    f.transport.write(&w, 0, &bytes).await.unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    let crc = f.transport.read_crc32c(&w, 0, &mut back).await.unwrap();
+    assert!(back == bytes, "read back intact");
+    assert_eq!(crc, crc32c::crc32c(&bytes));
+    assert_eq!(((f.one_sided)(), (f.attached)()), (2, 0));
+    (f.kill)();
+}
+
+/// An attached write first checks that the node's header still holds the
+/// route's registration stamp (a pid another process took must never be
+/// written): registered again, under a new stamp, the node is written
+/// through the engine, and the bytes land all the same.
+#[cfg(feature = "ucx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_write_checks_the_registration_first() {
+    let f = ucx::attached().await;
+    let w = f.range(0, 8192, PERM_WRITE | PERM_READ, 1);
+    f.transport.write(&w, 0, &data(1, 8192)).await.unwrap();
+    assert_eq!(((f.one_sided)(), (f.attached)()), (1, 1));
+    f.table.install(
+        f.key.clone(),
+        HashMap::from([(SEGMENT, f.segment.clone())]),
+        STAMP + 1,
+    );
+    f.transport.write(&w, 0, &data(2, 8192)).await.unwrap();
+    assert_eq!(
+        ((f.one_sided)(), (f.attached)()),
+        (2, 1),
+        "one-sided, not attached"
+    );
+    assert_eq!(f.segment.slice(0, 8192).unwrap(), &data(2, 8192)[..]);
+    (f.kill)();
+}

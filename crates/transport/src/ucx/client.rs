@@ -17,6 +17,7 @@
 //! lends, the piece is read one-sided, and the slot is given back. Agents
 //! that do not stage are read over TCP.
 
+use super::cross_memory::Attached;
 use super::engine::{Engine, Peer};
 use crate::frame::Staged;
 use crate::tcp::TcpTransport;
@@ -69,6 +70,11 @@ struct Route {
     /// after the bytes. Nodes that predate them publish none; reads of
     /// theirs go over TCP (writes still go one-sided).
     fence: Option<FenceRoute>,
+    /// A co-located node's process, attached for cross-memory transfers
+    /// (`cross_memory.rs`) on the caller's thread instead of through the
+    /// shared-memory engine. Only with published revocations, which both
+    /// directions check.
+    attached: Option<Attached>,
 }
 
 /// Where a segment's published revocations are (`published.rs`).
@@ -161,6 +167,9 @@ const SHARED_MEMORY_TIME: Duration = Duration::from_secs(1);
 const LEND_MARGIN: Duration = Duration::from_secs(2);
 /// Staged reads one client runs at once.
 const MAX_STAGED_READS: usize = 16;
+/// Cross-memory transfers move this much at a time, letting other tasks
+/// run in between (a 16 MiB read keeps no runtime thread for milliseconds).
+const ATTACHED_PIECE: usize = 1 << 20;
 /// Below this much time for a one-sided write, it goes over TCP.
 const MIN_WRITE_TIME: Duration = Duration::from_millis(200);
 /// Bound on asking the master for routes; past it the transfer goes over
@@ -188,6 +197,8 @@ pub struct UcxTransport {
     one_sided: std::sync::atomic::AtomicU64,
     /// One-sided reads the published revocations did not confirm.
     unconfirmed: std::sync::atomic::AtomicU64,
+    /// One-sided transfers done by cross-memory attach.
+    attached: std::sync::atomic::AtomicU64,
     /// One route fetch at a time: transfers that miss together (a burst
     /// on a new segment) wait for it and find its answer, instead of each
     /// asking the master.
@@ -231,6 +242,7 @@ impl UcxTransport {
             denied_until: Mutex::new(None),
             one_sided: Default::default(),
             unconfirmed: Default::default(),
+            attached: Default::default(),
             fetching: tokio::sync::Mutex::new(()),
             demotions: Default::default(),
             windows: Mutex::new(HashMap::new()),
@@ -391,9 +403,15 @@ impl UcxTransport {
             // connected without peer failure handling.
             let same_host = self.local.is_some() && on_this_host(&x.data_addr);
             let worker: Arc<[u8]> = std::mem::take(&mut x.worker).into();
+            let fence = FenceRoute::of(&x, &worker, same_host);
             let route = Route {
                 local: same_host,
-                fence: FenceRoute::of(&x, &worker, same_host),
+                attached: x
+                    .process
+                    .as_ref()
+                    .filter(|_| same_host && fence.is_some())
+                    .and_then(Attached::of),
+                fence,
                 peer: Peer {
                     worker,
                     rkey: x.rkey.into(),
@@ -480,6 +498,7 @@ impl UcxTransport {
             data_addr: addr.to_string(),
             // A lent slot is the reader's until its TTL: nothing to revoke.
             fence: None,
+            attached: None,
         });
         w.insert(st.fingerprint, route.clone());
         route
@@ -655,17 +674,27 @@ impl UcxTransport {
             // their fences check each read.
             if let Some(fence) = &route.fence {
                 let addr = Self::addr(&route, src, at);
-                let (engine, deadline) = self.engine_for(&route, buf.len(), deadline);
-                // The words are read after the bytes have landed, by the
-                // progress thread, in the same hand-off.
-                let read = engine
-                    .get_then(&route.peer, addr, buf.len(), fence.words(src), deadline)
-                    .await
-                    .map(|(bytes, words)| {
-                        fence
-                            .stands(src, &words)
-                            .then(|| copy_crc(&bytes, buf, crc))
-                    });
+                let read = match self.read_attached(&route, fence, src, addr, buf, crc).await {
+                    Some(r) => {
+                        if r.is_some() {
+                            self.attached.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(r)
+                    }
+                    None => {
+                        let (engine, deadline) = self.engine_for(&route, buf.len(), deadline);
+                        // The words are read after the bytes have landed,
+                        // by the progress thread, in the same hand-off.
+                        engine
+                            .get_then(&route.peer, addr, buf.len(), fence.words(src), deadline)
+                            .await
+                            .map(|(bytes, words)| {
+                                fence
+                                    .stands(src, &words)
+                                    .then(|| copy_crc(&bytes, buf, crc))
+                            })
+                    }
+                };
                 match read {
                     Ok(Some(c)) => {
                         self.one_sided.fetch_add(1, Ordering::Relaxed);
@@ -689,6 +718,97 @@ impl UcxTransport {
     /// One-sided reads whose revocation check failed (and went to TCP).
     pub fn unconfirmed_reads(&self) -> u64 {
         self.unconfirmed.load(Ordering::Relaxed)
+    }
+
+    /// One-sided transfers done by cross-memory attach (also counted in
+    /// [`UcxTransport::one_sided_transfers`]).
+    pub fn attached_transfers(&self) -> u64 {
+        self.attached.load(Ordering::Relaxed)
+    }
+
+    /// Reads `buf` at `addr` of `route`'s attached process, then the words
+    /// of `fence`: `None` when the route has no usable attachment or the
+    /// kernel refused (the engine reads it instead), else whether the grant
+    /// stood (and the bytes' crc32c with `crc`, else 0). Large reads go a
+    /// piece at a time, letting other tasks run between pieces.
+    async fn read_attached(
+        &self,
+        route: &Route,
+        fence: &FenceRoute,
+        src: &RemoteRange,
+        addr: u64,
+        buf: &mut [u8],
+        crc: bool,
+    ) -> Option<Option<u32>> {
+        let a = route.attached.as_ref().filter(|a| a.usable())?;
+        let mut c = 0;
+        let mut at = addr;
+        for (i, piece) in buf.chunks_mut(ATTACHED_PIECE).enumerate() {
+            if i > 0 {
+                tokio::task::yield_now().await;
+            }
+            if let Err(e) = a.read(at, piece) {
+                a.refuse(&e);
+                return None;
+            }
+            if crc {
+                c = crc32c::crc32c_append(c, piece);
+            }
+            at += piece.len() as u64;
+        }
+        let word = fence.base + crate::published::word_offset(src.scope.offset, fence.granule);
+        match a.read_words(fence.base, word) {
+            Ok(words) => Some(fence.stands(src, &words).then_some(c)),
+            Err(e) => {
+                a.refuse(&e);
+                None
+            }
+        }
+    }
+
+    /// Writes `data` at `addr` of `route`'s attached process, once its
+    /// header shows the route's registration still stands (a pid another
+    /// process took is never written): false when the route has no usable
+    /// attachment, the kernel refused, the header says otherwise, or the
+    /// write's deadline passed between pieces (the engine writes it
+    /// instead, and fails if the node is gone or the deadline passed).
+    async fn write_attached(
+        &self,
+        route: &Route,
+        addr: u64,
+        data: &[u8],
+        deadline: Instant,
+    ) -> bool {
+        let (Some(a), Some(fence)) = (route.attached.as_ref(), route.fence.as_ref()) else {
+            return false;
+        };
+        if !a.usable() {
+            return false;
+        }
+        match a.read_words(fence.base, fence.base) {
+            Ok([header, _]) if header == fence.stamp => {}
+            Ok(_) => return false,
+            Err(e) => {
+                a.refuse(&e);
+                return false;
+            }
+        }
+        let mut at = addr;
+        for (i, piece) in data.chunks(ATTACHED_PIECE).enumerate() {
+            if i > 0 {
+                tokio::task::yield_now().await;
+            }
+            // No piece after the deadline: the range may have a new owner.
+            if Instant::now() >= deadline {
+                return false;
+            }
+            if let Err(e) = a.write(at, piece) {
+                a.refuse(&e);
+                return false;
+            }
+            at += piece.len() as u64;
+        }
+        true
     }
 
     /// The engine for a transfer of `len` bytes to `route`, and its
@@ -817,6 +937,11 @@ impl Transport for UcxTransport {
         Box::pin(async move {
             if let Path::Ucx(route, deadline) = self.path(dst, at, data.len(), PERM_WRITE).await? {
                 let addr = Self::addr(&route, dst, at);
+                if self.write_attached(&route, addr, data, deadline).await {
+                    self.attached.fetch_add(1, Ordering::Relaxed);
+                    self.one_sided.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
                 let (engine, deadline) = self.engine_for(&route, data.len(), deadline);
                 let r = engine.put_slice(&route.peer, addr, data, deadline).await;
                 match r {

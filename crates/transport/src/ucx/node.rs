@@ -20,6 +20,17 @@ pub struct UcxNode {
     _segments: Vec<Arc<Segment>>,
 }
 
+impl Drop for UcxNode {
+    /// Its segments' routes stop standing: a co-located reader attached to
+    /// this process's memory (`cross_memory.rs`), which outlives the UCX
+    /// registrations, fails its revocation check from now on.
+    fn drop(&mut self) {
+        for s in &self._segments {
+            s.published().serve(0);
+        }
+    }
+}
+
 impl UcxNode {
     /// Starts an engine (`tls` as in [`super::api::Context::new`]; `None`
     /// lets `UCX_TLS` decide) and registers `segments` with it, in order.
