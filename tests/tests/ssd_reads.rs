@@ -154,14 +154,24 @@ async fn a_batch_of_ssd_keys_is_one_request_per_agent() {
         assert_eq!(r.as_ref().unwrap(), &payload(500 + i as u64, 8 << 10));
     }
     assert_eq!(got[40].as_ref().unwrap_err().code, Code::NotFound);
-    let after = agent_metrics(&c).await;
-    let (mut bytes, mut requests, mut agents_used) = (0.0, 0.0, 0);
-    for (a, b) in after.iter().zip(&before) {
-        bytes += a.0 - b.0;
-        requests += a.1 - b.1;
-        agents_used += usize::from(a.1 > b.1);
-    }
-    assert_eq!(bytes, (40 * (8 << 10)) as f64);
+    // An agent counts a read's bytes once they are sent, which can be just
+    // after the client has them: wait (bounded) for the count to settle.
+    let want = (40 * (8 << 10)) as f64;
+    let t0 = std::time::Instant::now();
+    let (bytes, requests, agents_used) = loop {
+        let after = agent_metrics(&c).await;
+        let (mut bytes, mut requests, mut agents_used) = (0.0, 0.0, 0);
+        for (a, b) in after.iter().zip(&before) {
+            bytes += a.0 - b.0;
+            requests += a.1 - b.1;
+            agents_used += usize::from(a.1 > b.1);
+        }
+        if bytes >= want || t0.elapsed() > Duration::from_secs(5) {
+            break (bytes, requests, agents_used);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(bytes, want);
     assert!(agents_used >= 1);
     assert_eq!(
         requests, agents_used as f64,
@@ -215,6 +225,45 @@ async fn small_owner(bucket_bytes: u64, low_watermark: f64) -> LocalCluster {
         .unwrap()
 }
 
+/// Puts `keys` (object i = payload(seed + i, size)), waits for the offload
+/// queue to drain and drops the DRAM copies of those that reached the SSD.
+/// On an owner this small, a forced bucket eviction can take an object's
+/// SSD copy before its DRAM copy goes; the master then refuses to drop the
+/// DRAM copy (`NotReady`), and the object stays readable from DRAM.
+async fn put_then_evict_memory(
+    c: &LocalCluster,
+    cl: &strata_client::Client,
+    keys: &[String],
+    size: usize,
+    seed: u64,
+) {
+    for (i, k) in keys.iter().enumerate() {
+        cl.put(
+            k,
+            &payload(seed + i as u64, size),
+            &strata_client::PutOptions::default(),
+        )
+        .await
+        .unwrap();
+    }
+    assert!(wait_until(Duration::from_secs(20), || strata_tests::drained(c)).await);
+    let r = cl
+        .master_client()
+        .evict_memory(pb::EvictMemoryRequest {
+            keys: keys.to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for (k, s) in keys.iter().zip(r.results) {
+        assert!(
+            s.code == 0 || s.code == Code::NotReady as u32,
+            "{k}: {}",
+            s.message
+        );
+    }
+}
+
 /// Readers race continuous offload and bucket eviction on a small owner:
 /// every read returns the right bytes or a clean "not found", never wrong
 /// bytes, a checksum failure or a crash.
@@ -256,7 +305,7 @@ async fn reads_racing_bucket_eviction_get_right_bytes_or_not_found() {
         let keys: Vec<String> = (round * 6..round * 6 + 6)
             .map(|i| format!("race-{i}"))
             .collect();
-        put_on_ssd_only(&c, &cl, &keys, size, round * 6).await;
+        put_then_evict_memory(&c, &cl, &keys, size, round * 6).await;
         written.store(round * 6 + 6, std::sync::atomic::Ordering::Release);
         // Capacity plus at most one bucket (compaction writes the objects
         // it keeps before the emptied buckets go).
