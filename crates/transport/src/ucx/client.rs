@@ -70,10 +70,12 @@ struct Route {
     /// after the bytes. Nodes that predate them publish none; reads of
     /// theirs go over TCP (writes still go one-sided).
     fence: Option<FenceRoute>,
-    /// A co-located node's process, attached for cross-memory transfers
+    /// A co-located node's process, attached for cross-memory reads
     /// (`cross_memory.rs`) on the caller's thread instead of through the
-    /// shared-memory engine. Only with published revocations, which both
-    /// directions check.
+    /// shared-memory engine. Only with published revocations, which every
+    /// such read checks. Writes go through the engine: the node names its
+    /// process itself, and a write aimed by a lying node at another process
+    /// would be the client's doing, where a read is only checked bytes.
     attached: Option<Attached>,
 }
 
@@ -167,8 +169,8 @@ const SHARED_MEMORY_TIME: Duration = Duration::from_secs(1);
 const LEND_MARGIN: Duration = Duration::from_secs(2);
 /// Staged reads one client runs at once.
 const MAX_STAGED_READS: usize = 16;
-/// Cross-memory transfers move this much at a time, letting other tasks
-/// run in between (a 16 MiB read keeps no runtime thread for milliseconds).
+/// Cross-memory reads move this much at a time, letting other tasks run
+/// in between (a 16 MiB read keeps no runtime thread for milliseconds).
 const ATTACHED_PIECE: usize = 1 << 20;
 /// Below this much time for a one-sided write, it goes over TCP.
 const MIN_WRITE_TIME: Duration = Duration::from_millis(200);
@@ -197,7 +199,7 @@ pub struct UcxTransport {
     one_sided: std::sync::atomic::AtomicU64,
     /// One-sided reads the published revocations did not confirm.
     unconfirmed: std::sync::atomic::AtomicU64,
-    /// One-sided transfers done by cross-memory attach.
+    /// One-sided reads done by cross-memory attach.
     attached: std::sync::atomic::AtomicU64,
     /// One route fetch at a time: transfers that miss together (a burst
     /// on a new segment) wait for it and find its answer, instead of each
@@ -720,9 +722,9 @@ impl UcxTransport {
         self.unconfirmed.load(Ordering::Relaxed)
     }
 
-    /// One-sided transfers done by cross-memory attach (also counted in
+    /// One-sided reads done by cross-memory attach (also counted in
     /// [`UcxTransport::one_sided_transfers`]).
-    pub fn attached_transfers(&self) -> u64 {
+    pub fn attached_reads(&self) -> u64 {
         self.attached.load(Ordering::Relaxed)
     }
 
@@ -743,72 +745,40 @@ impl UcxTransport {
         let a = route.attached.as_ref().filter(|a| a.usable())?;
         let mut c = 0;
         let mut at = addr;
+        let mut refused = None;
         for (i, piece) in buf.chunks_mut(ATTACHED_PIECE).enumerate() {
             if i > 0 {
                 tokio::task::yield_now().await;
             }
             if let Err(e) = a.read(at, piece) {
-                a.refuse(&e);
-                return None;
+                refused = Some(e);
+                break;
             }
             if crc {
                 c = crc32c::crc32c_append(c, piece);
             }
             at += piece.len() as u64;
         }
+        if let Some(e) = refused {
+            // The engine reads it again; nothing half-read stays behind.
+            a.refuse(&e);
+            buf.fill(0);
+            return None;
+        }
         let word = fence.base + crate::published::word_offset(src.scope.offset, fence.granule);
         match a.read_words(fence.base, word) {
-            Ok(words) => Some(fence.stands(src, &words).then_some(c)),
+            Ok(words) if fence.stands(src, &words) => Some(Some(c)),
+            // What was read is not the grant's: none of it is left in the
+            // caller's buffer, whatever the TCP read after it does.
+            Ok(_) => {
+                buf.fill(0);
+                Some(None)
+            }
             Err(e) => {
                 a.refuse(&e);
                 None
             }
         }
-    }
-
-    /// Writes `data` at `addr` of `route`'s attached process, once its
-    /// header shows the route's registration still stands (a pid another
-    /// process took is never written): false when the route has no usable
-    /// attachment, the kernel refused, the header says otherwise, or the
-    /// write's deadline passed between pieces (the engine writes it
-    /// instead, and fails if the node is gone or the deadline passed).
-    async fn write_attached(
-        &self,
-        route: &Route,
-        addr: u64,
-        data: &[u8],
-        deadline: Instant,
-    ) -> bool {
-        let (Some(a), Some(fence)) = (route.attached.as_ref(), route.fence.as_ref()) else {
-            return false;
-        };
-        if !a.usable() {
-            return false;
-        }
-        match a.read_words(fence.base, fence.base) {
-            Ok([header, _]) if header == fence.stamp => {}
-            Ok(_) => return false,
-            Err(e) => {
-                a.refuse(&e);
-                return false;
-            }
-        }
-        let mut at = addr;
-        for (i, piece) in data.chunks(ATTACHED_PIECE).enumerate() {
-            if i > 0 {
-                tokio::task::yield_now().await;
-            }
-            // No piece after the deadline: the range may have a new owner.
-            if Instant::now() >= deadline {
-                return false;
-            }
-            if let Err(e) = a.write(at, piece) {
-                a.refuse(&e);
-                return false;
-            }
-            at += piece.len() as u64;
-        }
-        true
     }
 
     /// The engine for a transfer of `len` bytes to `route`, and its
@@ -937,11 +907,6 @@ impl Transport for UcxTransport {
         Box::pin(async move {
             if let Path::Ucx(route, deadline) = self.path(dst, at, data.len(), PERM_WRITE).await? {
                 let addr = Self::addr(&route, dst, at);
-                if self.write_attached(&route, addr, data, deadline).await {
-                    self.attached.fetch_add(1, Ordering::Relaxed);
-                    self.one_sided.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
-                }
                 let (engine, deadline) = self.engine_for(&route, data.len(), deadline);
                 let r = engine.put_slice(&route.peer, addr, data, deadline).await;
                 match r {

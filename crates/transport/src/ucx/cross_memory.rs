@@ -1,10 +1,9 @@
-//! Cross-memory attach to a co-located store node: one-sided reads and
-//! writes of its registered segments with `process_vm_readv` /
-//! `process_vm_writev`, on the caller's thread, straight into or out of the
-//! caller's buffer.
+//! Cross-memory attach to a co-located store node: one-sided reads of its
+//! registered segments with `process_vm_readv`, on the caller's thread,
+//! straight into the caller's buffer.
 //!
 //! Why: on one host UCX's shared-memory transports move 1 MiB in well
-//! under 0.1 ms, but a transfer through the engine's progress thread costs
+//! under 0.1 ms, but a read through the engine's progress thread costs
 //! thread hand-offs and a copy out of a pooled buffer, which on a small
 //! host (2 vCPUs, measured) cost more than the bytes themselves. Here the
 //! kernel copies once, and no other thread is involved.
@@ -14,12 +13,14 @@
 //! user, or `CAP_SYS_PTRACE`; Yama's `ptrace_scope` may forbid even that),
 //! and a pid means the node only in its PID namespace on its boot, which
 //! the [`HostProcess`] the node registers lets a client check. Everything
-//! else is as for any one-sided transfer of the route: the client checks
-//! bounds, permission and expiry first, a read checks the node's published
-//! revocations after its bytes, and a write first checks that the header
-//! still holds the route's stamp (so a pid reused by another process is
-//! never written). When the kernel refuses, the route's transfers go
-//! through the UCX engine instead.
+//! else is as for any one-sided read of the route: the client checks
+//! bounds, permission and expiry first, and the node's published
+//! revocations after the bytes (a pid another process took fails them, and
+//! so does a node that stopped serving). Only reads: the node names its
+//! process itself, so a node that lied could aim a client's writes at
+//! another process of the client's user, where a read only brings bytes
+//! that must pass the object's checksum. When the kernel refuses, the
+//! route's reads go through the UCX engine instead.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,7 +68,7 @@ impl Attached {
         !self.refused.load(Ordering::Relaxed)
     }
 
-    /// The kernel refused a transfer: say why once, then use UCX.
+    /// The kernel refused a read: say why once (per route), then use UCX.
     pub(crate) fn refuse(&self, e: &io::Error) {
         if !self.refused.swap(true, Ordering::Relaxed) {
             tracing::info!(pid = self.pid, error = %e, "cross-memory attach to a co-located node refused; its transfers go through UCX");
@@ -76,13 +77,7 @@ impl Attached {
 
     /// Reads `buf.len()` bytes at `addr` of the node's memory.
     pub(crate) fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.transfer(addr, buf.as_mut_ptr(), buf.len(), false)
-    }
-
-    /// Writes `data` at `addr` of the node's memory.
-    pub(crate) fn write(&self, addr: u64, data: &[u8]) -> io::Result<()> {
-        // The kernel only reads from the local buffer of a write.
-        self.transfer(addr, data.as_ptr().cast_mut(), data.len(), true)
+        self.transfer(addr, buf.as_mut_ptr(), buf.len())
     }
 
     /// Reads the two 8-byte words at `a` and `b`, in one call.
@@ -122,7 +117,7 @@ impl Attached {
         }
     }
 
-    fn transfer(&self, addr: u64, local: *mut u8, len: usize, write: bool) -> io::Result<()> {
+    fn transfer(&self, addr: u64, local: *mut u8, len: usize) -> io::Result<()> {
         let mut done = 0usize;
         // Bounded: each round moves at least one byte or returns.
         while done < len {
@@ -135,16 +130,10 @@ impl Attached {
                 iov_base: (addr + done as u64) as *mut libc::c_void,
                 iov_len: len - done,
             };
-            // SAFETY: `l` names the rest of the caller's buffer, alive for
-            // the call (read from for a write, written for a read); `r` is
-            // only an address for the kernel to check.
-            let n = unsafe {
-                if write {
-                    libc::process_vm_writev(self.pid, &l, 1, &r, 1, 0)
-                } else {
-                    libc::process_vm_readv(self.pid, &l, 1, &r, 1, 0)
-                }
-            };
+            // SAFETY: `l` names the rest of the caller's buffer, alive and
+            // writable for the call; `r` is only an address for the kernel
+            // to check.
+            let n = unsafe { libc::process_vm_readv(self.pid, &l, 1, &r, 1, 0) };
             match n {
                 n if n < 0 => {
                     let e = io::Error::last_os_error();
@@ -196,15 +185,12 @@ mod tests {
     }
 
     #[test]
-    fn reads_and_writes_memory_and_reports_refusals() {
+    fn reads_memory_and_reports_refusals() {
         let me = Attached::of(this_process().unwrap()).unwrap();
         let src: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
         let mut dst = vec![0u8; src.len()];
         me.read(src.as_ptr() as u64, &mut dst).unwrap();
         assert_eq!(dst, src);
-        let mut target = vec![0u8; 1000];
-        me.write(target.as_mut_ptr() as u64, &src[..1000]).unwrap();
-        assert_eq!(target, src[..1000]);
         let words = [11u64, 22, 33];
         let w = me
             .read_words(
