@@ -169,9 +169,12 @@ const SHARED_MEMORY_TIME: Duration = Duration::from_secs(1);
 const LEND_MARGIN: Duration = Duration::from_secs(2);
 /// Staged reads one client runs at once.
 const MAX_STAGED_READS: usize = 16;
-/// Cross-memory reads move this much at a time, letting other tasks run
-/// in between (a 16 MiB read keeps no runtime thread for milliseconds).
-const ATTACHED_PIECE: usize = 1 << 20;
+/// Cross-memory reads copy this much at a time and checksum it while it is
+/// still in the CPU's cache; every [`PIECES_PER_YIELD`] pieces (1 MiB) they
+/// let other tasks run (a 16 MiB read keeps no runtime thread for
+/// milliseconds).
+const ATTACHED_PIECE: usize = 256 << 10;
+const PIECES_PER_YIELD: usize = 4;
 /// Below this much time for a one-sided write, it goes over TCP.
 const MIN_WRITE_TIME: Duration = Duration::from_millis(200);
 /// Bound on asking the master for routes; past it the transfer goes over
@@ -747,7 +750,7 @@ impl UcxTransport {
         let mut at = addr;
         let mut refused = None;
         for (i, piece) in buf.chunks_mut(ATTACHED_PIECE).enumerate() {
-            if i > 0 {
+            if i > 0 && i % PIECES_PER_YIELD == 0 {
                 tokio::task::yield_now().await;
             }
             if let Err(e) = a.read(at, piece) {
