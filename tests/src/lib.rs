@@ -107,6 +107,19 @@ pub async fn put_on_ssd_only(
     size: usize,
     seed: u64,
 ) {
+    put_and_drain(c, cl, keys, size, seed).await;
+    evict_memory(cl, keys).await;
+}
+
+/// Puts `keys` (object i = payload(seed + i, size)) and waits (bounded)
+/// until the master's offload queue is idle.
+pub async fn put_and_drain(
+    c: &LocalCluster,
+    cl: &strata_client::Client,
+    keys: &[String],
+    size: usize,
+    seed: u64,
+) {
     for (i, k) in keys.iter().enumerate() {
         cl.put(
             k,
@@ -117,7 +130,6 @@ pub async fn put_on_ssd_only(
         .unwrap();
     }
     assert!(wait_until(std::time::Duration::from_secs(20), || drained(c)).await);
-    evict_memory(cl, keys).await;
 }
 
 /// Drops the DRAM copies of `keys` (admin role), each of which must succeed.

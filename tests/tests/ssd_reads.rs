@@ -237,16 +237,7 @@ async fn put_then_evict_memory(
     size: usize,
     seed: u64,
 ) {
-    for (i, k) in keys.iter().enumerate() {
-        cl.put(
-            k,
-            &payload(seed + i as u64, size),
-            &strata_client::PutOptions::default(),
-        )
-        .await
-        .unwrap();
-    }
-    assert!(wait_until(Duration::from_secs(20), || strata_tests::drained(c)).await);
+    strata_tests::put_and_drain(c, cl, keys, size, seed).await;
     let r = cl
         .master_client()
         .evict_memory(pb::EvictMemoryRequest {
