@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 use strata_client::{Client, ClientConfig, PutOptions};
+use strata_common::Code;
+use strata_proto as pb;
 use strata_tests::procs::{start_node_admin, Proc, RestartableMaster};
 use strata_tests::{http_get, metric, payload};
 
@@ -64,6 +66,67 @@ async fn dram_objects_survive_a_master_restart() {
     let _master = restart(master, &m, total as f64).await;
     assert!(cl.get("new3").await.unwrap() == payload(103, 100_000));
     assert!(cl.get("k5").await.unwrap() == payload(5, 105_000));
+}
+
+/// A put whose client declared its checksum at PutStart is announced to its
+/// node, which reports it to a restarted master only if the bytes it holds
+/// match: a put whose bytes arrived whole is kept even though its node never
+/// saw a commit (its PutEnd may have been acknowledged), and one whose bytes
+/// are torn or were never written is not adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announced_puts_are_adopted_only_when_their_bytes_match() {
+    let state = tempfile::tempdir().unwrap();
+    let m = RestartableMaster::new(state.path(), &["--node-ttl", "2s"]);
+    let addr = m.addr.clone();
+    let master = m.start().await;
+    let (_n1, _, n1a) = start_node_admin(&addr, "n1", &[]).await;
+    let cl = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+    let mut mc = cl.master_client();
+    let data = payload(1, 200_000);
+    for (key, written) in [
+        ("whole", data.len()),
+        ("torn", data.len() - 1),
+        ("unwritten", 0),
+    ] {
+        let started = mc
+            .put_start(pb::PutStartRequest {
+                key: key.into(),
+                size: data.len() as u64,
+                replica_num: 1,
+                crc32c: Some(crc32c::crc32c(&data)),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if written > 0 {
+            let range = strata_client::remote_range(&started.replicas[0]).unwrap();
+            cl.transport()
+                .write(&range, 0, &data[..written])
+                .await
+                .unwrap();
+        }
+    }
+    // No PutEnd: the node holds three announcements and no commit.
+    let t0 = std::time::Instant::now();
+    loop {
+        let (_, body) = http_get(n1a, "/api/v1/objects").await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if v["pending"].as_array().map_or(0, Vec::len) == 3 {
+            assert_eq!(v["objects"].as_array().map(Vec::len), Some(0), "{v}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "announcements: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _master = restart(master, &m, 1.0).await;
+    assert!(cl.get("whole").await.unwrap() == data, "whole: bytes");
+    for key in ["torn", "unwritten"] {
+        let e = cl.get(key).await.unwrap_err();
+        assert_eq!(e.code, Code::NotFound, "{key}: {e}");
+    }
+    // The adopted put is a committed object in the node's records again.
+    wait_for_records(&[n1a], 1).await;
 }
 
 async fn wait_for_records(admins: &[std::net::SocketAddr], want: usize) {

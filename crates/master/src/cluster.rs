@@ -43,6 +43,9 @@ pub struct NodeEntry {
     pub(crate) acks: Arc<Acks>,
     /// The log grew: a long-polling heartbeat answers at once.
     pub(crate) log_grew: tokio::sync::Notify,
+    /// The node keeps announced puts (`log_pending`); older nodes do not, so
+    /// their PutEnds wait for the commit itself.
+    pub records_pending: bool,
 }
 
 /// What the node must learn about the objects it holds: commits and frees, in
@@ -73,7 +76,13 @@ impl NodeEntry {
             }),
             acks: Arc::new(Acks::new(format!("store node {}", id_for_acks))),
             log_grew: tokio::sync::Notify::new(),
+            records_pending: false,
         }
+    }
+
+    pub fn with_pending_records(mut self, yes: bool) -> Self {
+        self.records_pending = yes;
+        self
     }
 
     fn push(&self, op: object_log_entry::Op) -> u64 {
@@ -99,6 +108,27 @@ impl NodeEntry {
         generation: u64,
     ) -> u64 {
         self.push(object_log_entry::Op::Commit(CommittedObject {
+            key: key.to_string(),
+            segment_id,
+            offset,
+            length,
+            crc32c: crc,
+            generation,
+        }))
+    }
+
+    /// Announces a put whose client declared its checksum; returns its log
+    /// sequence number.
+    pub fn log_pending(
+        &self,
+        key: &str,
+        segment_id: u64,
+        offset: u64,
+        length: u64,
+        crc: u32,
+        generation: u64,
+    ) -> u64 {
+        self.push(object_log_entry::Op::Pending(CommittedObject {
             key: key.to_string(),
             segment_id,
             offset,

@@ -7,8 +7,15 @@
 //! round trip per PutEnd (or per batch). A removal waits the same way for
 //! its frees, and for SSD owners to drop their copies (`offload/removal.rs`),
 //! so that no restart or failover brings a removed object back.
+//!
+//! A client that knows its object's checksum before writing declares it at
+//! PutStart: the master announces the put to its nodes then (`announce`),
+//! and they report it to a rebuilding master only if the bytes they hold
+//! match. The round trip to the nodes then overlaps the write, and PutEnd
+//! waits only for the announcement, which has usually been applied by then.
 
 use crate::master::Master;
+use crate::objects::{Announced, Replica};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -68,6 +75,23 @@ impl Unsynced {
     pub(crate) fn extend(&mut self, other: Unsynced) {
         self.0.extend(other.0);
     }
+}
+
+/// Tells each replica's node (those that keep pending puts) of a put whose
+/// checksum is known, before its bytes are written.
+pub(crate) fn announce(key: &str, size: u64, crc32c: u32, replicas: &[Replica]) -> Announced {
+    let seqs = replicas
+        .iter()
+        .filter(|r| r.seg.node.records_pending)
+        .map(|r| {
+            let seq = r
+                .seg
+                .node
+                .log_pending(key, r.seg.id, r.offset, size, crc32c, r.generation);
+            (r.seg.id, seq)
+        })
+        .collect();
+    Announced { crc32c, seqs }
 }
 
 impl Master {

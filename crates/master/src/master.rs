@@ -102,6 +102,8 @@ pub struct PutSpec {
     pub preferred_segment: Option<u64>,
     pub soft_pin: bool,
     pub hard_pin: bool,
+    /// The checksum the client declared at PutStart, if any.
+    pub crc32c: Option<u32>,
 }
 
 impl From<pb::PutStartRequest> for PutSpec {
@@ -113,6 +115,7 @@ impl From<pb::PutStartRequest> for PutSpec {
             preferred_segment: r.preferred_segment,
             soft_pin: r.soft_pin,
             hard_pin: r.hard_pin,
+            crc32c: r.crc32c,
         }
     }
 }
@@ -397,6 +400,16 @@ impl Master {
             let mut obj = Object::processing(spec.size, replicas, put_id, deadline, now);
             obj.soft_pin = spec.soft_pin;
             obj.hard_pin = spec.hard_pin;
+            if let Some(crc) = spec.crc32c {
+                // Under the shard lock, so no free of this put (revoke,
+                // reclaim) can reach a node's log before its announcement.
+                obj.set_announced(crate::commit_sync::announce(
+                    &spec.key,
+                    spec.size,
+                    crc,
+                    obj.replicas(),
+                ));
+            }
             shard.insert(&spec.key, obj);
         }
         self.metrics.keys.inc();
@@ -446,6 +459,13 @@ impl Master {
                 format!("key {key:?} is already committed"),
             ));
         }
+        // A node that holds the announcement of these very bytes reports
+        // them to a rebuilding master on its own: that entry is what this
+        // PutEnd waits for (usually applied while the bytes were written).
+        let announced: Vec<(u64, u64)> = match obj.announced() {
+            Some(a) if a.crc32c == crc32c => a.seqs.clone(),
+            _ => Vec::new(),
+        };
         obj.crc32c = crc32c;
         obj.complete();
         obj.last_access_ms = unix_ms();
@@ -455,7 +475,11 @@ impl Master {
                 r.seg
                     .node
                     .log_commit(key, r.seg.id, r.offset, obj.size, crc32c, r.generation);
-            unsynced.push(r.seg.node.acks.clone(), seq);
+            let wait_for = announced
+                .iter()
+                .find(|(seg, _)| *seg == r.seg.id)
+                .map_or(seq, |&(_, pending)| pending);
+            unsynced.push(r.seg.node.acks.clone(), wait_for);
         }
         Ok((obj.size, unsynced))
     }
@@ -1085,18 +1109,21 @@ impl Master {
             .map(|_| self.next_segment_id.fetch_add(1, Ordering::Relaxed))
             .collect();
         let grant_key = self.member_key(&node_member(&req.node_id), &proof);
-        let node = Arc::new(NodeEntry::new(
-            crate::cluster::NodeIdentity {
-                node_id: req.node_id.clone(),
-                data_addr: req.data_addr.clone(),
-                instance: req.instance.clone(),
-                proof,
-                grant_key: grant_key.clone(),
-            },
-            incarnation,
-            ids.clone(),
-            unix_ms(),
-        ));
+        let node = Arc::new(
+            NodeEntry::new(
+                crate::cluster::NodeIdentity {
+                    node_id: req.node_id.clone(),
+                    data_addr: req.data_addr.clone(),
+                    instance: req.instance.clone(),
+                    proof,
+                    grant_key: grant_key.clone(),
+                },
+                incarnation,
+                ids.clone(),
+                unix_ms(),
+            )
+            .with_pending_records(req.records_pending),
+        );
         {
             let mut segs = self.segments.write();
             for ((id, spec), route) in ids.iter().zip(&req.segments).zip(routes) {

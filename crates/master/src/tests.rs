@@ -303,6 +303,7 @@ fn nodes_learn_commits_and_frees_through_heartbeats() {
         .map(|e| match e.op.as_ref().unwrap() {
             pb::object_log_entry::Op::Commit(c) => format!("commit {}", c.key),
             pb::object_log_entry::Op::Free(_) => "free".to_string(),
+            pb::object_log_entry::Op::Pending(p) => format!("pending {}", p.key),
         })
         .collect();
     assert_eq!(ops, ["commit a", "commit b", "free"]);
@@ -624,6 +625,100 @@ async fn put_end_waits_for_the_node_to_confirm_the_commit() {
     assert!(
         e.retryable() && t0.elapsed() < Duration::from_millis(200),
         "{e}"
+    );
+}
+
+/// A put whose client declared its checksum at PutStart is announced to
+/// nodes that keep pending puts; its PutEnd then waits for the node to hold
+/// the announcement, not for the commit entry. Both sides: a PutEnd with
+/// another checksum, and a node that does not keep pending puts, wait for
+/// the commit as before; a revoked announced put is freed on its node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
+    let m = master_with(0, 1 << 20, |c| c.node_ttl = Duration::from_millis(400));
+    for (id, keeps) in [("keeps", true), ("old", false)] {
+        m.register_node(pb::RegisterNodeRequest {
+            node_id: id.into(),
+            data_addr: format!("127.0.0.1:{}", if keeps { 9000 } else { 9001 }),
+            segments: vec![pb::SegmentSpec {
+                local_id: 0,
+                size: 1 << 20,
+                ..Default::default()
+            }],
+            instance: id.into(),
+            instance_proof: NODE_PROOF.to_vec(),
+            records_pending: keeps,
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    let (keeps, old) = {
+        let nodes = m.nodes.read();
+        (nodes["keeps"].clone(), nodes["old"].clone())
+    };
+    let seg_of = |n: &crate::cluster::NodeEntry| n.segment_ids[0];
+    let announced = |key: &str, seg: u64, crc: u32| {
+        m.put_start(PutSpec {
+            crc32c: Some(crc),
+            preferred_segment: Some(seg),
+            ..spec(key, 100, 1)
+        })
+        .unwrap()
+    };
+    let last = |n: &crate::cluster::NodeEntry| n.log_page(0).unwrap().last().cloned().unwrap();
+
+    announced("a", seg_of(&keeps), 42);
+    let pending = last(&keeps);
+    match &pending.op {
+        Some(pb::object_log_entry::Op::Pending(p)) => {
+            assert_eq!((p.key.as_str(), p.crc32c, p.length), ("a", 42, 100));
+        }
+        op => panic!("expected an announcement, got {op:?}"),
+    }
+    keeps.ack(pending.seq);
+    // The commit entry is logged but never acknowledged: still answered.
+    let u = m.put_end_unsynced("a", 42).unwrap();
+    assert!(matches!(
+        last(&keeps).op,
+        Some(pb::object_log_entry::Op::Commit(_))
+    ));
+    tokio::time::timeout(Duration::from_secs(5), m.await_synced(u, "commit"))
+        .await
+        .expect("answered without the commit's acknowledgement")
+        .unwrap();
+
+    // Another checksum at PutEnd: the announcement says nothing of these
+    // bytes, so the commit itself must be confirmed.
+    announced("b", seg_of(&keeps), 42);
+    keeps.ack(last(&keeps).seq);
+    let u = m.put_end_unsynced("b", 43).unwrap();
+    let e = m.await_synced(u, "commit").await.unwrap_err();
+    assert!(e.retryable(), "{e}");
+
+    // A node that keeps no pending puts is told nothing at PutStart.
+    let before = old.log_page(0).unwrap().len();
+    announced("c", seg_of(&old), 42);
+    assert_eq!(old.log_page(0).unwrap().len(), before, "nothing announced");
+    let u = m.put_end_unsynced("c", 42).unwrap();
+    let commit = last(&old);
+    let m2 = m.clone();
+    let mut wait = tokio::spawn(async move { m2.await_synced(u, "commit").await });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut wait)
+            .await
+            .is_err(),
+        "answered before the old node confirmed the commit"
+    );
+    old.ack(commit.seq);
+    wait.await.unwrap().unwrap();
+
+    // A revoked announced put is freed on its node, so it never reports it.
+    announced("d", seg_of(&keeps), 42);
+    m.put_revoke("d").unwrap();
+    assert!(
+        matches!(last(&keeps).op, Some(pb::object_log_entry::Op::Free(_))),
+        "{:?}",
+        last(&keeps)
     );
 }
 

@@ -55,6 +55,7 @@ struct NodeMetrics {
     ucx_exposed: IntGauge,
     objects: IntGauge,
     object_bytes: IntGauge,
+    pending_puts: IntGauge,
     registrations: IntCounter,
     server: ServerMetrics,
 }
@@ -80,6 +81,10 @@ impl NodeMetrics {
             object_bytes: g(
                 "strata_store_node_object_bytes",
                 "Bytes of committed objects held",
+            ),
+            pending_puts: g(
+                "strata_store_node_pending_puts",
+                "Puts announced to this node and not yet committed or freed (reported to a rebuilding master if their bytes match their checksum)",
             ),
             registrations: c(
                 "strata_store_node_registrations_total",
@@ -185,12 +190,16 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
             let (rec, m2) = (rec.clone(), m2.clone());
             async move {
                 m2.objects.set(rec.len() as i64);
-                Json(serde_json::json!({
-                    "applied_seq": rec.applied_seq(),
-                    "objects": rec.snapshot().iter().map(|c| serde_json::json!({
+                let view = |c: &pb::CommittedObject| {
+                    serde_json::json!({
                         "key": c.key, "segment_id": c.segment_id, "offset": c.offset,
                         "length": c.length, "crc32c": c.crc32c,
-                    })).collect::<Vec<_>>(),
+                    })
+                };
+                Json(serde_json::json!({
+                    "applied_seq": rec.applied_seq(),
+                    "objects": rec.snapshot().iter().map(view).collect::<Vec<_>>(),
+                    "pending": rec.pending().iter().map(view).collect::<Vec<_>>(),
                 }))
             }
         }),
@@ -334,29 +343,47 @@ struct Agent {
 const REPORT_BATCH: usize = 4096;
 
 impl Agent {
-    /// The committed objects we hold, by local segment index (a new master
-    /// gives our segments new ids).
-    fn held_objects(&self) -> Vec<pb::NodeObject> {
-        let local: HashMap<u64, u64> = self
-            .segment_ids
-            .iter()
-            .enumerate()
-            .map(|(i, &id)| (id, i as u64))
-            .collect();
-        self.records
+    /// The objects we hold, by local segment index (a new master gives our
+    /// segments new ids): committed ones, and announced puts whose bytes
+    /// match their checksum (their PutEnd may have been acknowledged).
+    async fn held_objects(&self) -> Vec<pb::NodeObject> {
+        let local: Arc<HashMap<u64, usize>> = Arc::new(
+            self.segment_ids
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| (id, i))
+                .collect(),
+        );
+        let node_object = |c: pb::CommittedObject| {
+            Some(pb::NodeObject {
+                local_segment: *local.get(&c.segment_id)? as u64,
+                key: c.key,
+                offset: c.offset,
+                length: c.length,
+                crc32c: c.crc32c,
+                generation: c.generation,
+            })
+        };
+        let mut held: Vec<pb::NodeObject> = self
+            .records
             .snapshot()
             .into_iter()
-            .filter_map(|c| {
-                Some(pb::NodeObject {
-                    local_segment: *local.get(&c.segment_id)?,
-                    key: c.key,
-                    offset: c.offset,
-                    length: c.length,
-                    crc32c: c.crc32c,
-                    generation: c.generation,
+            .filter_map(node_object)
+            .collect();
+        let pending = self.records.pending();
+        if !pending.is_empty() {
+            let (segments, ids) = (self.segments.clone(), local.clone());
+            let complete = tokio::task::spawn_blocking(move || {
+                ObjectRecords::complete_puts(pending, |p| {
+                    let seg = segments.get(*ids.get(&p.segment_id)?)?;
+                    seg.slice(p.offset, p.length).ok()
                 })
             })
-            .collect()
+            .await
+            .unwrap_or_default();
+            held.extend(complete.into_iter().filter_map(node_object));
+        }
+        held
     }
 
     /// Reports what we hold to a master rebuilding its metadata; what it
@@ -395,7 +422,7 @@ impl Agent {
         );
     }
     async fn register(&mut self) -> Result<(u64, Duration)> {
-        let held = self.held_objects();
+        let held = self.held_objects().await;
         // Names this registration to one-sided readers: routes of an
         // earlier one (another master's grants) stop reading.
         let stamp = strata_transport::published::new_stamp();
@@ -408,6 +435,7 @@ impl Agent {
             instance: self.instance.clone(),
             instance_proof: self.proof.clone(),
             held_objects: held.len() as u64,
+            records_pending: true,
             segments: self
                 .sizes
                 .iter()
@@ -518,6 +546,9 @@ impl Agent {
                         }
                         self.metrics.objects.set(self.records.len() as i64);
                         self.metrics.object_bytes.set(self.records.bytes() as i64);
+                        self.metrics
+                            .pending_puts
+                            .set(self.records.pending_len() as i64);
                         // Entries delivered: acknowledge them at once. Else
                         // the master held the call; keep the cadence.
                         if full || !r.log.is_empty() {

@@ -1,5 +1,9 @@
 //! The node's own record of the committed objects it holds, kept from the
 //! master's object log. A new master leader rebuilds its metadata from this.
+//! It also keeps the puts the master announced (their client declared the
+//! checksum at PutStart): the master acknowledges such a put once the node
+//! holds its announcement, so the node reports it as committed to a
+//! rebuilding master if, and only if, the bytes it holds match.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -15,6 +19,8 @@ struct Inner {
     applied_seq: u64,
     /// (segment id, offset) → committed object.
     by_range: HashMap<(u64, u64), CommittedObject>,
+    /// (segment id, offset) → announced put, until its commit or free.
+    pending: HashMap<(u64, u64), CommittedObject>,
     /// Sum of their lengths, kept as they change (read every heartbeat,
     /// which follows every commit).
     bytes: u64,
@@ -30,13 +36,18 @@ impl ObjectRecords {
                 continue;
             }
             match &e.op {
+                Some(Op::Pending(p)) => {
+                    g.pending.insert((p.segment_id, p.offset), p.clone());
+                }
                 Some(Op::Commit(c)) => {
+                    g.pending.remove(&(c.segment_id, c.offset));
                     g.bytes += c.length;
                     if let Some(old) = g.by_range.insert((c.segment_id, c.offset), c.clone()) {
                         g.bytes -= old.length;
                     }
                 }
                 Some(Op::Free(f)) => {
+                    g.pending.remove(&(f.segment_id, f.offset));
                     if let Some(old) = g.by_range.remove(&(f.segment_id, f.offset)) {
                         g.bytes -= old.length;
                     }
@@ -56,6 +67,10 @@ impl ObjectRecords {
         self.inner.lock().by_range.len()
     }
 
+    pub fn pending_len(&self) -> usize {
+        self.inner.lock().pending.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -70,11 +85,107 @@ impl ObjectRecords {
         v
     }
 
+    /// Announced puts not yet committed or freed; a rebuilding master gets
+    /// those whose bytes match (`verified_pending`).
+    pub fn pending(&self) -> Vec<CommittedObject> {
+        let mut v: Vec<_> = self.inner.lock().pending.values().cloned().collect();
+        v.sort_by(|a, b| a.key.cmp(&b.key));
+        v
+    }
+
+    /// Of the announced puts, those whose bytes (`bytes_of`, None when the
+    /// range is not ours) match the declared checksum: their writes ended,
+    /// so their PutEnd may have been acknowledged. Runs over the bytes: call
+    /// it off the async runtime.
+    pub fn complete_puts<'a>(
+        pending: Vec<CommittedObject>,
+        bytes_of: impl Fn(&CommittedObject) -> Option<&'a [u8]>,
+    ) -> Vec<CommittedObject> {
+        pending
+            .into_iter()
+            .filter(|p| bytes_of(p).is_some_and(|b| crc32c::crc32c(b) == p.crc32c))
+            .collect()
+    }
+
     /// A new registration starts from nothing.
     pub fn reset(&self) {
         let mut g = self.inner.lock();
         g.applied_seq = 0;
         g.by_range.clear();
+        g.pending.clear();
         g.bytes = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(key: &str, offset: u64, length: u64, crc32c: u32) -> CommittedObject {
+        CommittedObject {
+            key: key.into(),
+            segment_id: 1,
+            offset,
+            length,
+            crc32c,
+            generation: 7,
+        }
+    }
+
+    fn entry(seq: u64, op: Op) -> ObjectLogEntry {
+        ObjectLogEntry { seq, op: Some(op) }
+    }
+
+    #[test]
+    fn announced_puts_end_with_their_commit_or_free() {
+        let r = ObjectRecords::default();
+        r.apply(&[
+            entry(1, Op::Pending(obj("a", 0, 10, 1))),
+            entry(2, Op::Pending(obj("b", 64, 10, 2))),
+        ]);
+        assert_eq!(r.pending_len(), 2);
+        assert!(r.is_empty(), "announced puts are not committed objects");
+        assert_eq!(r.bytes(), 0);
+        r.apply(&[
+            entry(3, Op::Commit(obj("a", 0, 10, 1))),
+            entry(
+                4,
+                Op::Free(strata_proto::FreedRange {
+                    segment_id: 1,
+                    offset: 64,
+                    length: 64,
+                    generation: 7,
+                }),
+            ),
+        ]);
+        assert_eq!(r.pending_len(), 0);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.bytes(), 10);
+        // Re-sent entries are skipped: no announcement comes back.
+        r.apply(&[entry(2, Op::Pending(obj("b", 64, 10, 2)))]);
+        assert_eq!(r.pending_len(), 0);
+        r.apply(&[entry(5, Op::Pending(obj("c", 128, 10, 3)))]);
+        r.reset();
+        assert_eq!(r.pending_len(), 0);
+    }
+
+    #[test]
+    fn only_puts_whose_bytes_match_are_complete() {
+        let bytes = [5u8; 100];
+        let crc = crc32c::crc32c(&bytes[..40]);
+        let pending = vec![
+            obj("whole", 0, 40, crc),
+            // One byte short of the checksummed bytes.
+            obj("short", 0, 39, crc),
+            // The same length, another checksum (bytes not written).
+            obj("other", 0, 40, crc ^ 1),
+            // A range the node cannot find.
+            obj("elsewhere", 90, 40, crc),
+        ];
+        let done = ObjectRecords::complete_puts(pending, |p| {
+            bytes.get(p.offset as usize..(p.offset + p.length) as usize)
+        });
+        let keys: Vec<&str> = done.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["whole"]);
     }
 }

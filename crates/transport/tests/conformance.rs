@@ -198,6 +198,44 @@ async fn a_freed_range_refuses_its_old_grant(f: Fixture) {
     (f.kill)();
 }
 
+/// A write under a grant that died (its allocation freed, or the node
+/// registered again, with another master) does not land, one-sided or not:
+/// a one-sided transport checks the node's published words before writing
+/// and sends such a write to the node's fenced path, which refuses it.
+async fn a_dead_grant_writes_nothing(f: Fixture) {
+    let rw = PERM_WRITE | PERM_READ;
+    let a = f.range(0, 8192, rw, 10);
+    let b = f.range(65536, 8192, rw, 11);
+    f.transport.write(&a, 0, &data(1, 8192)).await.unwrap();
+    f.transport.write(&b, 0, &data(2, 8192)).await.unwrap();
+    f.table.freed(SEGMENT, 0, 8192, 10);
+    let e = f.transport.write(&a, 0, &data(3, 8192)).await.unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
+    assert!(
+        f.segment.slice(0, 8192).unwrap() == data(1, 8192),
+        "a freed grant's write landed"
+    );
+    // The neighbour's grant still writes, one-sided where the transport is.
+    let before = (f.one_sided)();
+    f.transport.write(&b, 0, &data(4, 8192)).await.unwrap();
+    assert_eq!((f.one_sided)() > before, !f.checks_signatures);
+    assert!(f.segment.slice(65536, 8192).unwrap() == data(4, 8192));
+    // Registered again, with another master: a new key and stamp, and the
+    // same segment id. The old registration's grant writes nothing.
+    f.table.install(
+        GrantKey::random(),
+        HashMap::from([(SEGMENT, f.segment.clone())]),
+        STAMP + 1,
+    );
+    let e = f.transport.write(&b, 0, &data(5, 8192)).await.unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e:?}");
+    assert!(
+        f.segment.slice(65536, 8192).unwrap() == data(4, 8192),
+        "an earlier registration's write landed"
+    );
+    (f.kill)();
+}
+
 /// A write whose grant ends soon still lands, and a one-sided transport
 /// sends it through the node's fenced path instead: once the grant has
 /// ended, the range may belong to another object.
@@ -427,6 +465,10 @@ macro_rules! conformance_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_freed_range_refuses_its_old_grant() {
                 super::a_freed_range_refuses_its_old_grant($fixture.await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_dead_grant_writes_nothing() {
+                super::a_dead_grant_writes_nothing($fixture.await).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_write_near_its_grants_end_is_fenced() {

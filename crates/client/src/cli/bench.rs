@@ -104,6 +104,11 @@ pub struct BenchArgs {
     /// the ratios printed
     #[arg(long)]
     pub compare_transports: bool,
+    /// Before each size's phases, also time puts whose client declares no
+    /// checksum at PutStart (rows marked "(unannounced)"), to compare with
+    /// the library's default
+    #[arg(long)]
+    pub compare_announce: bool,
 }
 
 /// Shared op counter and latency log of one phase.
@@ -272,6 +277,12 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
     // locations between reads (the library's default) for the repeat-read
     // phase.
     let cached = Client::connect(cfg.clone()).await?;
+    let unannounced = match args.compare_announce {
+        true => {
+            Some(Client::connect(cfg.clone().with_location_cache(0).with_announce_up_to(0)).await?)
+        }
+        false => None,
+    };
     let client = Client::connect(cfg.with_location_cache(0)).await?;
     client
         .stat()
@@ -367,6 +378,13 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
             batch: args.batch,
             quiet,
         };
+        if let Some(u) = &unannounced {
+            // First, on the same keys, so both puts find an empty cluster.
+            let mut r = w.put_with(u).await?;
+            r.scenario.push_str(report::UNANNOUNCED);
+            report.rows.push(r);
+            client.remove_all(true).await?;
+        }
         report.rows.extend(w.phases(ops).await?);
         client.remove_all(true).await?;
         if let Some((pc, pcached)) = &plain_client {
@@ -483,6 +501,10 @@ impl Workload {
     }
 
     async fn put(&self) -> anyhow::Result<Row> {
+        self.put_with(&self.client).await
+    }
+
+    async fn put_with(&self, client: &Client) -> anyhow::Result<Row> {
         let phase = Phase::new(
             &format!("strata put {}", format_size(self.size)),
             self.keys,
@@ -490,7 +512,7 @@ impl Workload {
         );
         let data = Arc::new(self.buffer());
         let el = drive(&phase, self.clients, |_, ph| {
-            let (c, data, keys) = (self.client.clone(), data.clone(), self.keys_fn("s"));
+            let (c, data, keys) = (client.clone(), data.clone(), self.keys_fn("s"));
             async move {
                 while let Some(i) = ph.take() {
                     let t0 = Instant::now();

@@ -55,6 +55,17 @@ struct Spill {
     replicas: Vec<Replica>,
     ssd: Vec<SsdReplica>,
     pending: Option<(u64, Instant)>,
+    /// What the nodes were told at PutStart (`Object::set_announced`).
+    announced: Option<Announced>,
+}
+
+/// A put announced to its nodes at PutStart (its client declared the
+/// checksum): the nodes keep it as pending and report it to a rebuilding
+/// master if their bytes match, so PutEnd need only wait for these entries.
+pub struct Announced {
+    pub crc32c: u32,
+    /// (segment id, the node's log sequence number of the pending entry).
+    pub seqs: Vec<(u64, u64)>,
 }
 
 /// One object's metadata. The master holds one per cached object, so its
@@ -150,10 +161,22 @@ impl Object {
         self.spill.as_ref().is_none_or(|s| s.pending.is_none())
     }
 
+    /// PutStart told the nodes of this put (before any PutEnd).
+    pub fn set_announced(&mut self, a: Announced) {
+        if let Some(s) = self.spill.as_mut() {
+            s.announced = Some(a);
+        }
+    }
+
+    pub fn announced(&self) -> Option<&Announced> {
+        self.spill.as_ref().and_then(|s| s.announced.as_ref())
+    }
+
     /// PutEnd: the object becomes visible.
     pub fn complete(&mut self) {
         if let Some(s) = self.spill.as_mut() {
             s.pending = None;
+            s.announced = None;
         }
         self.tidy();
     }
@@ -306,7 +329,8 @@ impl Object {
             && !self.replicas().is_empty()
     }
 
-    /// Frees every replica's space, telling nodes about committed ranges.
+    /// Frees every replica's space, telling nodes about the ranges they know
+    /// of (committed objects, announced puts).
     pub fn release(self) -> u64 {
         self.release_unsynced().0
     }
@@ -314,11 +338,12 @@ impl Object {
     /// `release`, also returning the nodes' log entries for the frees (a
     /// removal waits for them: `commit_sync.rs`).
     pub fn release_unsynced(mut self) -> (u64, Unsynced) {
-        let committed = self.is_complete();
+        // Nodes know of committed objects and of announced puts.
+        let known_to_nodes = self.is_complete() || self.announced().is_some();
         let (mut freed, mut unsynced) = (0, Unsynced::default());
         for r in self.locations().0 {
             r.seg.free(r.offset, r.alloc_len);
-            if committed {
+            if known_to_nodes {
                 let seq = r
                     .seg
                     .node

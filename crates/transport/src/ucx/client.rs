@@ -202,6 +202,8 @@ pub struct UcxTransport {
     one_sided: std::sync::atomic::AtomicU64,
     /// One-sided reads the published revocations did not confirm.
     unconfirmed: std::sync::atomic::AtomicU64,
+    /// Writes the published revocations sent to TCP instead of one-sided.
+    unconfirmed_writes: std::sync::atomic::AtomicU64,
     /// One-sided reads done by cross-memory attach.
     attached: std::sync::atomic::AtomicU64,
     /// One route fetch at a time: transfers that miss together (a burst
@@ -247,6 +249,7 @@ impl UcxTransport {
             denied_until: Mutex::new(None),
             one_sided: Default::default(),
             unconfirmed: Default::default(),
+            unconfirmed_writes: Default::default(),
             attached: Default::default(),
             fetching: tokio::sync::Mutex::new(()),
             demotions: Default::default(),
@@ -725,6 +728,53 @@ impl UcxTransport {
         self.unconfirmed.load(Ordering::Relaxed)
     }
 
+    /// Writes whose grant the published revocations did not confirm
+    /// before the write (they went to the node's fenced TCP path).
+    pub fn unconfirmed_writes(&self) -> u64 {
+        self.unconfirmed_writes.load(Ordering::Relaxed)
+    }
+
+    /// Whether a one-sided write under `dst`'s grant may go ahead, by the
+    /// node's published words read just before it: the header must hold
+    /// the route's stamp (a grant of an earlier registration, e.g. from a
+    /// deposed master whose segments the node's new master reallocates, is
+    /// refused) and no free may have killed the grant's generation. Nodes
+    /// that publish no words (older releases) are written one-sided
+    /// unchecked, as before. The check narrows a late write's window from
+    /// the grant's whole life to the moment between check and write.
+    async fn may_write(&self, route: &Route, dst: &RemoteRange, deadline: Instant) -> Result<bool> {
+        let Some(fence) = &route.fence else {
+            return Ok(true);
+        };
+        let word = fence.base + crate::published::word_offset(dst.scope.offset, fence.granule);
+        // A co-located node's words are read on this thread, no hand-off.
+        if let Some(a) = route.attached.as_ref().filter(|a| a.usable()) {
+            match a.read_words(fence.base, word) {
+                Ok(words) => return Ok(fence.stands(dst, &words)),
+                Err(e) => a.refuse(&e),
+            }
+        }
+        let (engine, deadline) = self.engine_for(route, 16, deadline);
+        let (header, words) = engine
+            .get_then(
+                &fence.peer,
+                fence.base,
+                8,
+                vec![(fence.peer.clone(), word)],
+                deadline,
+            )
+            .await?;
+        let header = header
+            .get(..8)
+            .and_then(|h| h.try_into().ok())
+            .map(u64::from_ne_bytes)
+            .ok_or_else(|| Error::internal("a word read was not 8 bytes"))?;
+        Ok(match *words {
+            [w] => fence.stands(dst, &[header, w]),
+            _ => false,
+        })
+    }
+
     /// One-sided reads done by cross-memory attach (also counted in
     /// [`UcxTransport::one_sided_transfers`]).
     pub fn attached_reads(&self) -> u64 {
@@ -909,13 +959,21 @@ impl Transport for UcxTransport {
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             if let Path::Ucx(route, deadline) = self.path(dst, at, data.len(), PERM_WRITE).await? {
-                let addr = Self::addr(&route, dst, at);
-                let (engine, deadline) = self.engine_for(&route, data.len(), deadline);
-                let r = engine.put_slice(&route.peer, addr, data, deadline).await;
-                match r {
-                    Ok(()) => {
-                        self.one_sided.fetch_add(1, Ordering::Relaxed);
-                        return Ok(());
+                match self.may_write(&route, dst, deadline).await {
+                    Ok(true) => {
+                        let addr = Self::addr(&route, dst, at);
+                        let (engine, deadline) = self.engine_for(&route, data.len(), deadline);
+                        match engine.put_slice(&route.peer, addr, data, deadline).await {
+                            Ok(()) => {
+                                self.one_sided.fetch_add(1, Ordering::Relaxed);
+                                return Ok(());
+                            }
+                            Err(e) => self.demote(dst, &e),
+                        }
+                    }
+                    // Revoked (or spuriously so): the node's fences decide.
+                    Ok(false) => {
+                        self.unconfirmed_writes.fetch_add(1, Ordering::Relaxed);
                     }
                     Err(e) => self.demote(dst, &e),
                 }

@@ -20,6 +20,9 @@ pub struct Row {
 pub const NO_CREDENTIALS: &str = " (no creds)";
 /// Suffix of rows measured through a UCX client (`--compare-transports`).
 pub const OVER_UCX: &str = " (ucx)";
+/// Suffix of put rows whose client declared no checksum at PutStart
+/// (`--compare-announce`).
+pub const UNANNOUNCED: &str = " (unannounced)";
 
 #[derive(Debug, Default)]
 pub struct Report {
@@ -56,6 +59,12 @@ impl Report {
                     if base > 0.0 {
                         parts.push(format!("{:.2}x over tcp", r.gb_per_sec / base));
                     }
+                }
+            }
+            let unannounced = format!("{}{UNANNOUNCED}", r.scenario);
+            if let Some(&base) = idx.get(&(unannounced, r.size)) {
+                if base > 0.0 {
+                    parts.push(format!("{:.2}x unannounced", r.gb_per_sec / base));
                 }
             }
             if r.scenario.starts_with("strata ") && !r.scenario.ends_with(NO_CREDENTIALS) {
