@@ -485,6 +485,13 @@ impl Master {
     }
 
     pub fn put_revoke(&self, key: &str) -> Result<()> {
+        self.put_revoke_unsynced(key).map(|_| ())
+    }
+
+    /// Revokes a put; an announced one's frees must reach its nodes before
+    /// the revoke is answered (`commit_sync.rs`), or a rebuilding master
+    /// could adopt the revoked bytes from a node that wrote them whole.
+    pub(crate) fn put_revoke_unsynced(&self, key: &str) -> Result<crate::commit_sync::Unsynced> {
         validate_key(key)?;
         let obj = {
             let mut shard = self.objects.shard(key);
@@ -502,13 +509,14 @@ impl Master {
                 Some(_) => shard.remove(key),
             }
         };
+        let mut unsynced = crate::commit_sync::Unsynced::default();
         if let Some(o) = obj {
             self.metrics.keys.dec();
             self.forget_ssd(key, o.ssd());
-            o.release();
+            unsynced = o.release_unsynced().1;
             self.space.notify();
         }
-        Ok(())
+        Ok(unsynced)
     }
 
     /// Places `n` replicas on distinct segments (at least one), evicting when

@@ -195,10 +195,14 @@ impl MasterRpc for MasterService {
         req: Request<pb::PutRevokeRequest>,
     ) -> Result<Response<pb::PutRevokeResponse>, Status> {
         let t0 = Instant::now();
-        let r = self
-            .master
-            .put_revoke(&req.get_ref().key)
-            .map(|_| pb::PutRevokeResponse {});
+        let r = match self.master.put_revoke_unsynced(&req.get_ref().key) {
+            Ok(u) => self
+                .master
+                .await_synced(u, "revoke")
+                .await
+                .map(|()| pb::PutRevokeResponse {}),
+            Err(e) => Err(e),
+        };
         self.done("put_revoke", t0, r)
     }
 
@@ -270,10 +274,19 @@ impl MasterRpc for MasterService {
         let t0 = Instant::now();
         let keys = req.into_inner().keys;
         let r = self
-            .batch(keys.len(), move |m| pb::BatchStatusResponse {
-                results: keys.iter().map(|k| status_of(m.put_revoke(k))).collect(),
+            .batch(keys.len(), move |m| {
+                let mut all = crate::commit_sync::Unsynced::default();
+                let results = keys
+                    .iter()
+                    .map(|k| status_of(m.put_revoke_unsynced(k).map(|u| all.extend(u))))
+                    .collect();
+                (pb::BatchStatusResponse { results }, all)
             })
             .await;
+        let r = match r {
+            Ok((resp, all)) => self.master.await_synced(all, "revoke").await.map(|()| resp),
+            Err(e) => Err(e),
+        };
         self.done("batch_put_revoke", t0, r)
     }
 

@@ -667,6 +667,21 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     };
     let last = |n: &crate::cluster::NodeEntry| n.log_page(0).unwrap().last().cloned().unwrap();
 
+    // Not answered before the node holds the announcement.
+    announced("early", seg_of(&keeps), 41);
+    let early = last(&keeps);
+    let u = m.put_end_unsynced("early", 41).unwrap();
+    let m2 = m.clone();
+    let mut wait = tokio::spawn(async move { m2.await_synced(u, "commit").await });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut wait)
+            .await
+            .is_err(),
+        "answered before the node held the announcement"
+    );
+    keeps.ack(early.seq);
+    wait.await.unwrap().unwrap();
+
     announced("a", seg_of(&keeps), 42);
     let pending = last(&keeps);
     match &pending.op {
@@ -712,14 +727,25 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     old.ack(commit.seq);
     wait.await.unwrap().unwrap();
 
-    // A revoked announced put is freed on its node, so it never reports it.
+    // A revoked announced put is freed on its node, so it never reports
+    // it, and the revoke waits for that free as a removal does.
     announced("d", seg_of(&keeps), 42);
-    m.put_revoke("d").unwrap();
+    let u = m.put_revoke_unsynced("d").unwrap();
+    let free = last(&keeps);
     assert!(
-        matches!(last(&keeps).op, Some(pb::object_log_entry::Op::Free(_))),
-        "{:?}",
-        last(&keeps)
+        matches!(free.op, Some(pb::object_log_entry::Op::Free(_))),
+        "{free:?}"
     );
+    let m2 = m.clone();
+    let mut wait = tokio::spawn(async move { m2.await_synced(u, "revoke").await });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut wait)
+            .await
+            .is_err(),
+        "a revoke answered before its node applied the free"
+    );
+    keeps.ack(free.seq);
+    wait.await.unwrap().unwrap();
 }
 
 /// A removal is answered only once the node holding the object confirmed

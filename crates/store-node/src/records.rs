@@ -26,6 +26,20 @@ struct Inner {
     bytes: u64,
 }
 
+impl Inner {
+    /// A commit or free of the allocation of `generation` at `at` ends an
+    /// announcement of that allocation or an older one, never a newer one.
+    fn pending_ends(&mut self, at: (u64, u64), generation: u64) {
+        if self
+            .pending
+            .get(&at)
+            .is_some_and(|p| p.generation <= generation)
+        {
+            self.pending.remove(&at);
+        }
+    }
+}
+
 impl ObjectRecords {
     /// Applies log entries in order; entries at or below the applied sequence
     /// (re-sent after a lost response) are skipped.
@@ -40,16 +54,25 @@ impl ObjectRecords {
                     g.pending.insert((p.segment_id, p.offset), p.clone());
                 }
                 Some(Op::Commit(c)) => {
-                    g.pending.remove(&(c.segment_id, c.offset));
+                    let at = (c.segment_id, c.offset);
+                    g.pending_ends(at, c.generation);
                     g.bytes += c.length;
-                    if let Some(old) = g.by_range.insert((c.segment_id, c.offset), c.clone()) {
+                    if let Some(old) = g.by_range.insert(at, c.clone()) {
                         g.bytes -= old.length;
                     }
                 }
                 Some(Op::Free(f)) => {
-                    g.pending.remove(&(f.segment_id, f.offset));
-                    if let Some(old) = g.by_range.remove(&(f.segment_id, f.offset)) {
-                        g.bytes -= old.length;
+                    // Only the freed allocation (or an older one) goes: a
+                    // newer one placed at the same offset stays.
+                    let at = (f.segment_id, f.offset);
+                    g.pending_ends(at, f.generation);
+                    if g.by_range
+                        .get(&at)
+                        .is_some_and(|c| c.generation <= f.generation)
+                    {
+                        if let Some(old) = g.by_range.remove(&at) {
+                            g.bytes -= old.length;
+                        }
                     }
                 }
                 None => {}
@@ -166,6 +189,49 @@ mod tests {
         assert_eq!(r.pending_len(), 0);
         r.apply(&[entry(5, Op::Pending(obj("c", 128, 10, 3)))]);
         r.reset();
+        assert_eq!(r.pending_len(), 0);
+    }
+
+    /// A free or commit of an older allocation at the same offset (an entry
+    /// that was late) leaves a newer announcement and a newer commit alone.
+    #[test]
+    fn older_entries_leave_newer_allocations_alone() {
+        let r = ObjectRecords::default();
+        let at = |generation, op: fn(CommittedObject) -> Op| {
+            op(CommittedObject {
+                generation,
+                ..obj("k", 0, 10, 1)
+            })
+        };
+        let free = |generation| {
+            Op::Free(strata_proto::FreedRange {
+                segment_id: 1,
+                offset: 0,
+                length: 64,
+                generation,
+            })
+        };
+        r.apply(&[entry(1, at(8, Op::Pending)), entry(2, free(7))]);
+        assert_eq!(
+            r.pending_len(),
+            1,
+            "an older free ended a newer announcement"
+        );
+        r.apply(&[entry(3, at(7, Op::Commit))]);
+        assert_eq!(
+            r.pending_len(),
+            1,
+            "an older commit ended a newer announcement"
+        );
+        r.apply(&[entry(4, free(7))]);
+        assert_eq!(r.len(), 0, "the older commit is freed by its own free");
+        r.apply(&[entry(5, at(8, Op::Commit)), entry(6, free(7))]);
+        assert_eq!((r.len(), r.pending_len()), (1, 0), "{:?}", r.snapshot());
+        assert_eq!(r.bytes(), 10);
+        // The allocation's own free ends it (both sides of the check).
+        r.apply(&[entry(7, free(8))]);
+        assert_eq!((r.len(), r.bytes()), (0, 0));
+        r.apply(&[entry(8, at(9, Op::Pending)), entry(9, free(9))]);
         assert_eq!(r.pending_len(), 0);
     }
 

@@ -342,7 +342,9 @@ impl Object {
         let known_to_nodes = self.is_complete() || self.announced().is_some();
         let (mut freed, mut unsynced) = (0, Unsynced::default());
         for r in self.locations().0 {
-            r.seg.free(r.offset, r.alloc_len);
+            // Logged before the range goes back to the allocator: a new
+            // allocation of it logs its own entries after this free, so the
+            // node never applies an old free after a newer announcement.
             if known_to_nodes {
                 let seq = r
                     .seg
@@ -350,6 +352,7 @@ impl Object {
                     .log_free(r.seg.id, r.offset, r.alloc_len, r.generation);
                 unsynced.push(r.seg.node.acks.clone(), seq);
             }
+            r.seg.free(r.offset, r.alloc_len);
             freed += r.alloc_len;
         }
         (freed, unsynced)
