@@ -43,7 +43,7 @@ pub struct NodeEntry {
     pub(crate) acks: Arc<Acks>,
     /// The log grew: a long-polling heartbeat answers at once.
     pub(crate) log_grew: tokio::sync::Notify,
-    /// The node keeps announced puts (`log_pending`); older nodes do not, so
+    /// The node keeps announced puts (`Op::Pending`); older nodes do not, so
     /// their PutEnds wait for the commit itself.
     pub records_pending: bool,
 }
@@ -97,9 +97,13 @@ impl NodeEntry {
         seq
     }
 
-    /// Records a commit for the node; returns its log sequence number.
-    pub fn log_commit(
+    /// Records a committed object (`Op::Commit`) or an announced put
+    /// (`Op::Pending`, whose client declared its checksum) for the node;
+    /// returns its log sequence number.
+    #[allow(clippy::too_many_arguments)]
+    pub fn log_object(
         &self,
+        kind: fn(CommittedObject) -> object_log_entry::Op,
         key: &str,
         segment_id: u64,
         offset: u64,
@@ -107,28 +111,7 @@ impl NodeEntry {
         crc: u32,
         generation: u64,
     ) -> u64 {
-        self.push(object_log_entry::Op::Commit(CommittedObject {
-            key: key.to_string(),
-            segment_id,
-            offset,
-            length,
-            crc32c: crc,
-            generation,
-        }))
-    }
-
-    /// Announces a put whose client declared its checksum; returns its log
-    /// sequence number.
-    pub fn log_pending(
-        &self,
-        key: &str,
-        segment_id: u64,
-        offset: u64,
-        length: u64,
-        crc: u32,
-        generation: u64,
-    ) -> u64 {
-        self.push(object_log_entry::Op::Pending(CommittedObject {
+        self.push(kind(CommittedObject {
             key: key.to_string(),
             segment_id,
             offset,

@@ -84,10 +84,15 @@ pub(crate) fn announce(key: &str, size: u64, crc32c: u32, replicas: &[Replica]) 
         .iter()
         .filter(|r| r.seg.node.records_pending)
         .map(|r| {
-            let seq = r
-                .seg
-                .node
-                .log_pending(key, r.seg.id, r.offset, size, crc32c, r.generation);
+            let seq = r.seg.node.log_object(
+                pb::object_log_entry::Op::Pending,
+                key,
+                r.seg.id,
+                r.offset,
+                size,
+                crc32c,
+                r.generation,
+            );
             (r.seg.id, seq)
         })
         .collect();
@@ -142,6 +147,12 @@ impl Master {
             }
         }
         Ok(())
+    }
+
+    /// `r`'s answer once its members applied what it logged (`await_synced`).
+    pub(crate) async fn when_synced<T>(&self, r: Result<(T, Unsynced)>, what: &str) -> Result<T> {
+        let (answer, u) = r?;
+        self.await_synced(u, what).await.map(|()| answer)
     }
 
     /// A node heartbeat that, with nothing to deliver, waits up to

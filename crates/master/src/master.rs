@@ -471,10 +471,15 @@ impl Master {
         obj.last_access_ms = unix_ms();
         let mut unsynced = crate::commit_sync::Unsynced::default();
         for r in obj.replicas() {
-            let seq =
-                r.seg
-                    .node
-                    .log_commit(key, r.seg.id, r.offset, obj.size, crc32c, r.generation);
+            let seq = r.seg.node.log_object(
+                pb::object_log_entry::Op::Commit,
+                key,
+                r.seg.id,
+                r.offset,
+                obj.size,
+                crc32c,
+                r.generation,
+            );
             let wait_for = announced
                 .iter()
                 .find(|(seg, _)| *seg == r.seg.id)

@@ -269,8 +269,15 @@ impl Master {
         match adopted {
             Ok(a) => {
                 // The node's records come back through its object log.
-                seg.node
-                    .log_commit(&o.key, seg.id, o.offset, o.length, o.crc32c, generation);
+                seg.node.log_object(
+                    pb::object_log_entry::Op::Commit,
+                    &o.key,
+                    seg.id,
+                    o.offset,
+                    o.length,
+                    o.crc32c,
+                    generation,
+                );
                 Ok(a)
             }
             Err(r) => {

@@ -179,14 +179,15 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::PutEndResponse>, Status> {
         let t0 = Instant::now();
         let r = req.get_ref();
-        let r = match self.master.put_end_unsynced(&r.key, r.crc32c) {
-            Ok(u) => self
-                .master
-                .await_synced(u, "commit")
-                .await
-                .map(|()| pb::PutEndResponse {}),
-            Err(e) => Err(e),
-        };
+        let r = self
+            .master
+            .when_synced(
+                self.master
+                    .put_end_unsynced(&r.key, r.crc32c)
+                    .map(|u| (pb::PutEndResponse {}, u)),
+                "commit",
+            )
+            .await;
         self.done("put_end", t0, r)
     }
 
@@ -195,14 +196,15 @@ impl MasterRpc for MasterService {
         req: Request<pb::PutRevokeRequest>,
     ) -> Result<Response<pb::PutRevokeResponse>, Status> {
         let t0 = Instant::now();
-        let r = match self.master.put_revoke_unsynced(&req.get_ref().key) {
-            Ok(u) => self
-                .master
-                .await_synced(u, "revoke")
-                .await
-                .map(|()| pb::PutRevokeResponse {}),
-            Err(e) => Err(e),
-        };
+        let r = self
+            .master
+            .when_synced(
+                self.master
+                    .put_revoke_unsynced(&req.get_ref().key)
+                    .map(|u| (pb::PutRevokeResponse {}, u)),
+                "revoke",
+            )
+            .await;
         self.done("put_revoke", t0, r)
     }
 
@@ -260,10 +262,7 @@ impl MasterRpc for MasterService {
                 (pb::BatchStatusResponse { results }, all)
             })
             .await;
-        let r = match r {
-            Ok((resp, all)) => self.master.await_synced(all, "commit").await.map(|()| resp),
-            Err(e) => Err(e),
-        };
+        let r = self.master.when_synced(r, "commit").await;
         self.done("batch_put_end", t0, r)
     }
 
@@ -283,10 +282,7 @@ impl MasterRpc for MasterService {
                 (pb::BatchStatusResponse { results }, all)
             })
             .await;
-        let r = match r {
-            Ok((resp, all)) => self.master.await_synced(all, "revoke").await.map(|()| resp),
-            Err(e) => Err(e),
-        };
+        let r = self.master.when_synced(r, "revoke").await;
         self.done("batch_put_revoke", t0, r)
     }
 

@@ -589,6 +589,27 @@ async fn a_restarted_master_takes_writes_only_after_its_nodes_reported() {
     }
 }
 
+/// Asserts that `u` is not answered before `node` applied log entry `seq`
+/// (a bounded look, 50 ms), and is once it has.
+async fn answered_once_applied(
+    m: &Arc<Master>,
+    u: crate::commit_sync::Unsynced,
+    what: &'static str,
+    node: &crate::cluster::NodeEntry,
+    seq: u64,
+) {
+    let m2 = m.clone();
+    let mut wait = tokio::spawn(async move { m2.await_synced(u, what).await });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut wait)
+            .await
+            .is_err(),
+        "the {what} was answered before its node applied entry {seq}"
+    );
+    node.ack(seq);
+    wait.await.unwrap().unwrap();
+}
+
 /// A PutEnd is answered only once the node holding the object confirmed the
 /// commit (its heartbeat acknowledged the log entry); a node that does not
 /// within the bound, or a term that ends, makes it a retryable error.
@@ -598,18 +619,9 @@ async fn put_end_waits_for_the_node_to_confirm_the_commit() {
     let node = m.nodes.read().get("n0").cloned().unwrap();
     m.put_start(spec("a", 100, 1)).unwrap();
     let u = m.put_end_unsynced("a", 7).unwrap();
-    let m2 = m.clone();
-    let mut wait = tokio::spawn(async move { m2.await_synced(u, "commit").await });
     // Not before the node's acknowledgement (the log holds the commit).
     let seq = node.log_page(0).unwrap().last().unwrap().seq;
-    assert!(
-        tokio::time::timeout(Duration::from_millis(50), &mut wait)
-            .await
-            .is_err(),
-        "answered before the node confirmed"
-    );
-    node.ack(seq);
-    wait.await.unwrap().unwrap();
+    answered_once_applied(&m, u, "commit", &node, seq).await;
     // Never confirmed: a retryable error once the bound (node_ttl/2) passes.
     m.put_start(spec("b", 100, 1)).unwrap();
     let u = m.put_end_unsynced("b", 7).unwrap();
@@ -671,16 +683,7 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     announced("early", seg_of(&keeps), 41);
     let early = last(&keeps);
     let u = m.put_end_unsynced("early", 41).unwrap();
-    let m2 = m.clone();
-    let mut wait = tokio::spawn(async move { m2.await_synced(u, "commit").await });
-    assert!(
-        tokio::time::timeout(Duration::from_millis(50), &mut wait)
-            .await
-            .is_err(),
-        "answered before the node held the announcement"
-    );
-    keeps.ack(early.seq);
-    wait.await.unwrap().unwrap();
+    answered_once_applied(&m, u, "commit", &keeps, early.seq).await;
 
     announced("a", seg_of(&keeps), 42);
     let pending = last(&keeps);
@@ -715,17 +718,7 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     announced("c", seg_of(&old), 42);
     assert_eq!(old.log_page(0).unwrap().len(), before, "nothing announced");
     let u = m.put_end_unsynced("c", 42).unwrap();
-    let commit = last(&old);
-    let m2 = m.clone();
-    let mut wait = tokio::spawn(async move { m2.await_synced(u, "commit").await });
-    assert!(
-        tokio::time::timeout(Duration::from_millis(50), &mut wait)
-            .await
-            .is_err(),
-        "answered before the old node confirmed the commit"
-    );
-    old.ack(commit.seq);
-    wait.await.unwrap().unwrap();
+    answered_once_applied(&m, u, "commit", &old, last(&old).seq).await;
 
     // A revoked announced put is freed on its node, so it never reports
     // it, and the revoke waits for that free as a removal does.
@@ -736,16 +729,7 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
         matches!(free.op, Some(pb::object_log_entry::Op::Free(_))),
         "{free:?}"
     );
-    let m2 = m.clone();
-    let mut wait = tokio::spawn(async move { m2.await_synced(u, "revoke").await });
-    assert!(
-        tokio::time::timeout(Duration::from_millis(50), &mut wait)
-            .await
-            .is_err(),
-        "a revoke answered before its node applied the free"
-    );
-    keeps.ack(free.seq);
-    wait.await.unwrap().unwrap();
+    answered_once_applied(&m, u, "revoke", &keeps, free.seq).await;
 }
 
 /// A removal is answered only once the node holding the object confirmed
@@ -763,16 +747,7 @@ async fn remove_waits_for_the_node_to_confirm_the_free() {
         matches!(free.op, Some(pb::object_log_entry::Op::Free(_))),
         "{free:?}"
     );
-    let m2 = m.clone();
-    let mut wait = tokio::spawn(async move { m2.await_synced(u, "removal").await });
-    assert!(
-        tokio::time::timeout(Duration::from_millis(50), &mut wait)
-            .await
-            .is_err(),
-        "answered before the node confirmed"
-    );
-    node.ack(free.seq);
-    wait.await.unwrap().unwrap();
+    answered_once_applied(&m, u, "removal", &node, free.seq).await;
     m.put_start(spec("b", 100, 1)).unwrap();
     m.put_end("b", 7).unwrap();
     let u = m.remove_unsynced("b", false).unwrap();

@@ -173,7 +173,8 @@ impl Master {
                             && o.crc32c == f.crc32c =>
                     {
                         for r in &f.replicas {
-                            r.seg.node.log_commit(
+                            r.seg.node.log_object(
+                                strata_proto::object_log_entry::Op::Commit,
                                 &f.key,
                                 r.seg.id,
                                 r.offset,
