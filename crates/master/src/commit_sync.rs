@@ -86,6 +86,7 @@ pub(crate) fn announce(key: &str, size: u64, crc32c: u32, replicas: &[Replica]) 
         .map(|r| {
             let seq = r.seg.node.log_object(
                 pb::object_log_entry::Op::Pending,
+                true,
                 key,
                 r.seg.id,
                 r.offset,

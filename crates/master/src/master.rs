@@ -471,8 +471,15 @@ impl Master {
         obj.last_access_ms = unix_ms();
         let mut unsynced = crate::commit_sync::Unsynced::default();
         for r in obj.replicas() {
+            let pending = announced
+                .iter()
+                .find(|(seg, _)| *seg == r.seg.id)
+                .map(|&(_, pending)| pending);
+            // Nobody waits for the commit of an announced put: it reaches
+            // the node with its next entry (or heartbeat).
             let seq = r.seg.node.log_object(
                 pb::object_log_entry::Op::Commit,
+                pending.is_none(),
                 key,
                 r.seg.id,
                 r.offset,
@@ -480,11 +487,7 @@ impl Master {
                 crc32c,
                 r.generation,
             );
-            let wait_for = announced
-                .iter()
-                .find(|(seg, _)| *seg == r.seg.id)
-                .map_or(seq, |&(_, pending)| pending);
-            unsynced.push(r.seg.node.acks.clone(), wait_for);
+            unsynced.push(r.seg.node.acks.clone(), pending.unwrap_or(seq));
         }
         Ok((obj.size, unsynced))
     }

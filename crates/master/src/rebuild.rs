@@ -271,6 +271,7 @@ impl Master {
                 // The node's records come back through its object log.
                 seg.node.log_object(
                     pb::object_log_entry::Op::Commit,
+                    true,
                     &o.key,
                     seg.id,
                     o.offset,

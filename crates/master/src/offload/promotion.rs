@@ -175,6 +175,7 @@ impl Master {
                         for r in &f.replicas {
                             r.seg.node.log_object(
                                 strata_proto::object_log_entry::Op::Commit,
+                                true,
                                 &f.key,
                                 r.seg.id,
                                 r.offset,
