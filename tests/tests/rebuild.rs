@@ -127,6 +127,16 @@ async fn announced_puts_are_adopted_only_when_their_bytes_match() {
     }
     // The adopted put is a committed object in the node's records again.
     wait_for_records(&[n1a], 1).await;
+    // Its PutEnd, arriving after the restart, finds it done; a PutEnd of
+    // other bytes is refused.
+    let crc = crc32c::crc32c(&data);
+    let end = |crc32c| pb::PutEndRequest {
+        key: "whole".into(),
+        crc32c,
+    };
+    mc.put_end(end(crc)).await.unwrap();
+    let e = mc.put_end(end(crc ^ 1)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e}");
 }
 
 async fn wait_for_records(admins: &[std::net::SocketAddr], want: usize) {

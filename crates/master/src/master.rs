@@ -93,6 +93,14 @@ pub(crate) enum Placement {
     Wait(u64),
 }
 
+/// What a PutEnd did.
+enum Committed {
+    /// Made the object visible: (its size, what its nodes must apply).
+    Now(u64, crate::commit_sync::Unsynced),
+    /// The object was committed already, with these bytes.
+    Already(crate::commit_sync::Unsynced),
+}
+
 /// What PutStart/PutEnd callers ask for.
 #[derive(Debug, Clone, Default)]
 pub struct PutSpec {
@@ -440,12 +448,16 @@ impl Master {
         key: &str,
         crc32c: u32,
     ) -> Result<crate::commit_sync::Unsynced> {
-        let (size, unsynced) = self.commit(key, crc32c)?;
-        self.admit_on_put_end(key, size);
-        Ok(unsynced)
+        match self.commit(key, crc32c)? {
+            Committed::Now(size, unsynced) => {
+                self.admit_on_put_end(key, size);
+                Ok(unsynced)
+            }
+            Committed::Already(unsynced) => Ok(unsynced),
+        }
     }
 
-    fn commit(&self, key: &str, crc32c: u32) -> Result<(u64, crate::commit_sync::Unsynced)> {
+    fn commit(&self, key: &str, crc32c: u32) -> Result<Committed> {
         validate_key(key)?;
         let mut shard = self.objects.shard(key);
         let obj = shard.get_mut(key).ok_or_else(|| {
@@ -454,9 +466,20 @@ impl Master {
             ))
         })?;
         if obj.is_complete() {
+            if obj.crc32c == crc32c {
+                // These very bytes are committed: a put a restarted master
+                // adopted from its nodes (announced, bytes whole) before its
+                // PutEnd came. Answered once the nodes have applied all that
+                // was logged for them so far, which covers this object.
+                let mut synced = crate::commit_sync::Unsynced::default();
+                for r in obj.replicas() {
+                    synced.push(r.seg.node.acks.clone(), r.seg.node.log_head());
+                }
+                return Ok(Committed::Already(synced));
+            }
             return Err(Error::new(
                 Code::AlreadyExists,
-                format!("key {key:?} is already committed"),
+                format!("key {key:?} is already committed (with another checksum)"),
             ));
         }
         // A node that holds the announcement of these very bytes reports
@@ -489,7 +512,7 @@ impl Master {
             );
             unsynced.push(r.seg.node.acks.clone(), pending.unwrap_or(seq));
         }
-        Ok((obj.size, unsynced))
+        Ok(Committed::Now(obj.size, unsynced))
     }
 
     pub fn put_revoke(&self, key: &str) -> Result<()> {
