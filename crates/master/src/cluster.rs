@@ -85,11 +85,6 @@ impl NodeEntry {
         self
     }
 
-    /// The last sequence number logged for the node (0: none).
-    pub fn log_head(&self) -> u64 {
-        self.log.lock().next_seq - 1
-    }
-
     /// Appends `op`; with `wake`, a long-polling heartbeat delivers it at
     /// once, else it rides with the next entry that wakes one (or the next
     /// heartbeat): one node round trip fewer for what nobody waits for.

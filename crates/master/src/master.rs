@@ -97,8 +97,9 @@ pub(crate) enum Placement {
 enum Committed {
     /// Made the object visible: (its size, what its nodes must apply).
     Now(u64, crate::commit_sync::Unsynced),
-    /// The object was committed already, with these bytes.
-    Already(crate::commit_sync::Unsynced),
+    /// The object was committed already, with these bytes: (its size,
+    /// whether it is in DRAM only, what its nodes must apply).
+    Already(u64, bool, crate::commit_sync::Unsynced),
 }
 
 /// What PutStart/PutEnd callers ask for.
@@ -453,7 +454,13 @@ impl Master {
                 self.admit_on_put_end(key, size);
                 Ok(unsynced)
             }
-            Committed::Already(unsynced) => Ok(unsynced),
+            // Adopted by a rebuild, which queues no offload of its own.
+            Committed::Already(size, in_dram, unsynced) => {
+                if in_dram {
+                    self.admit_on_put_end(key, size);
+                }
+                Ok(unsynced)
+            }
         }
     }
 
@@ -465,18 +472,13 @@ impl Master {
                 "no put in progress for key {key:?} (it may have timed out after --put-timeout)"
             ))
         })?;
-        if obj.is_complete() {
-            if obj.crc32c == crc32c {
-                // These very bytes are committed: a put a restarted master
-                // adopted from its nodes (announced, bytes whole) before its
-                // PutEnd came. Answered once the nodes have applied all that
-                // was logged for them so far, which covers this object.
-                let mut synced = crate::commit_sync::Unsynced::default();
-                for r in obj.replicas() {
-                    synced.push(r.seg.node.acks.clone(), r.seg.node.log_head());
-                }
-                return Ok(Committed::Already(synced));
-            }
+        // These very bytes committed already: a put a restarted master
+        // adopted from its nodes (announced, bytes whole) before its PutEnd
+        // came. Answered once its nodes have its commit in their records:
+        // logged again below (a node keeps one record per range), woken,
+        // and waited for.
+        let already = obj.is_complete();
+        if already && obj.crc32c != crc32c {
             return Err(Error::new(
                 Code::AlreadyExists,
                 format!("key {key:?} is already committed (with another checksum)"),
@@ -489,9 +491,11 @@ impl Master {
             Some(a) if a.crc32c == crc32c => a.seqs.clone(),
             _ => Vec::new(),
         };
-        obj.crc32c = crc32c;
-        obj.complete();
-        obj.last_access_ms = unix_ms();
+        if !already {
+            obj.crc32c = crc32c;
+            obj.complete();
+            obj.last_access_ms = unix_ms();
+        }
         let mut unsynced = crate::commit_sync::Unsynced::default();
         for r in obj.replicas() {
             let pending = announced
@@ -512,7 +516,13 @@ impl Master {
             );
             unsynced.push(r.seg.node.acks.clone(), pending.unwrap_or(seq));
         }
-        Ok(Committed::Now(obj.size, unsynced))
+        Ok(match already {
+            true => {
+                let in_dram = !obj.replicas().is_empty() && obj.ssd().is_empty();
+                Committed::Already(obj.size, in_dram, unsynced)
+            }
+            false => Committed::Now(obj.size, unsynced),
+        })
     }
 
     pub fn put_revoke(&self, key: &str) -> Result<()> {

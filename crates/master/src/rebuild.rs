@@ -227,7 +227,7 @@ impl Master {
         };
         let adopted = {
             let mut shard = self.objects.shard(&o.key);
-            match shard.get_mut(&o.key) {
+            let adopted = match shard.get_mut(&o.key) {
                 None => {
                     shard.insert(
                         &o.key,
@@ -264,11 +264,11 @@ impl Master {
                     Ok(Adopted::ReplacedOlder(old))
                 }
                 Some(_) => Err(replica),
-            }
-        };
-        match adopted {
-            Ok(a) => {
-                // The node's records come back through its object log.
+            };
+            if adopted.is_ok() {
+                // The node's records come back through its object log;
+                // logged under the shard lock, so a removal or a PutEnd of
+                // the object logs after it.
                 seg.node.log_object(
                     pb::object_log_entry::Op::Commit,
                     true,
@@ -279,8 +279,11 @@ impl Master {
                     o.crc32c,
                     generation,
                 );
-                Ok(a)
             }
+            adopted
+        };
+        match adopted {
+            Ok(a) => Ok(a),
             Err(r) => {
                 r.seg.free(r.offset, r.alloc_len);
                 Err(Refusal::OtherVersion)

@@ -4,6 +4,7 @@
 
 use crate::config::MasterConfig;
 use crate::master::{Master, PutSpec};
+use futures::FutureExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_common::Code;
@@ -593,6 +594,15 @@ async fn a_restarted_master_takes_writes_only_after_its_nodes_reported() {
     }
 }
 
+/// A long poll of `node` waiting for its log to grow.
+fn parked(
+    node: &crate::cluster::NodeEntry,
+) -> std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>> {
+    let mut p = Box::pin(node.log_grew.notified());
+    p.as_mut().enable();
+    p
+}
+
 /// Asserts that `u` is not answered before `node` applied log entry `seq`
 /// (a bounded look, 50 ms), and is once it has.
 async fn answered_once_applied(
@@ -683,6 +693,20 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     };
     let last = |n: &crate::cluster::NodeEntry| n.log_page(0).unwrap().last().cloned().unwrap();
 
+    // Only what someone waits for wakes a node's parked long poll: an
+    // announcement does, the commit of an announced put does not (it rides
+    // with the next entry).
+    let mut poll = parked(&keeps);
+    announced("w", seg_of(&keeps), 40);
+    assert!(poll.as_mut().now_or_never().is_some(), "not woken");
+    keeps.ack(last(&keeps).seq);
+    let mut poll = parked(&keeps);
+    drop(m.put_end_unsynced("w", 40).unwrap());
+    assert!(
+        poll.as_mut().now_or_never().is_none(),
+        "the commit of an announced put woke the poll"
+    );
+
     // Not answered before the node holds the announcement.
     announced("early", seg_of(&keeps), 41);
     let early = last(&keeps);
@@ -721,8 +745,26 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     let before = old.log_page(0).unwrap().len();
     announced("c", seg_of(&old), 42);
     assert_eq!(old.log_page(0).unwrap().len(), before, "nothing announced");
+    let mut poll = parked(&old);
     let u = m.put_end_unsynced("c", 42).unwrap();
+    assert!(
+        poll.as_mut().now_or_never().is_some(),
+        "a commit waited for woke nothing"
+    );
     answered_once_applied(&m, u, "commit", &old, last(&old).seq).await;
+
+    // A PutEnd of bytes already committed (a put a restarted master adopted
+    // before its PutEnd came) logs their commit again, wakes the node and
+    // is answered once the node applied it.
+    let mut poll = parked(&keeps);
+    let u = m.put_end_unsynced("a", 42).unwrap();
+    assert!(poll.as_mut().now_or_never().is_some(), "not woken");
+    let commit = last(&keeps);
+    assert!(matches!(
+        commit.op,
+        Some(pb::object_log_entry::Op::Commit(ref c)) if c.key == "a"
+    ));
+    answered_once_applied(&m, u, "commit", &keeps, commit.seq).await;
 
     // A revoked announced put is freed on its node, so it never reports
     // it, and the revoke waits for that free as a removal does.
