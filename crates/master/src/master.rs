@@ -93,15 +93,6 @@ pub(crate) enum Placement {
     Wait(u64),
 }
 
-/// What a PutEnd did.
-enum Committed {
-    /// Made the object visible: (its size, what its nodes must apply).
-    Now(u64, crate::commit_sync::Unsynced),
-    /// The object was committed already, with these bytes: (its size,
-    /// whether it is in DRAM only, what its nodes must apply).
-    Already(u64, bool, crate::commit_sync::Unsynced),
-}
-
 /// What PutStart/PutEnd callers ask for.
 #[derive(Debug, Clone, Default)]
 pub struct PutSpec {
@@ -449,22 +440,20 @@ impl Master {
         key: &str,
         crc32c: u32,
     ) -> Result<crate::commit_sync::Unsynced> {
-        match self.commit(key, crc32c)? {
-            Committed::Now(size, unsynced) => {
-                self.admit_on_put_end(key, size);
-                Ok(unsynced)
-            }
-            // Adopted by a rebuild, which queues no offload of its own.
-            Committed::Already(size, in_dram, unsynced) => {
-                if in_dram {
-                    self.admit_on_put_end(key, size);
-                }
-                Ok(unsynced)
-            }
+        let (unsynced, admit) = self.commit(key, crc32c)?;
+        if let Some(size) = admit {
+            self.admit_on_put_end(key, size);
         }
+        Ok(unsynced)
     }
 
-    fn commit(&self, key: &str, crc32c: u32) -> Result<Committed> {
+    /// Commits `key`: what its nodes must apply, and the size to offer the
+    /// offload policy (`None` when the object is not DRAM-only).
+    fn commit(
+        &self,
+        key: &str,
+        crc32c: u32,
+    ) -> Result<(crate::commit_sync::Unsynced, Option<u64>)> {
         validate_key(key)?;
         let mut shard = self.objects.shard(key);
         let obj = shard.get_mut(key).ok_or_else(|| {
@@ -487,8 +476,8 @@ impl Master {
         // A node that holds the announcement of these very bytes reports
         // them to a rebuilding master on its own: that entry is what this
         // PutEnd waits for (usually applied while the bytes were written).
-        let announced: Vec<(u64, u64)> = match obj.announced() {
-            Some(a) if a.crc32c == crc32c => a.seqs.clone(),
+        let announced: Vec<(u64, u64)> = match obj.take_announced() {
+            Some(a) if a.crc32c == crc32c => a.seqs,
             _ => Vec::new(),
         };
         if !already {
@@ -516,13 +505,10 @@ impl Master {
             );
             unsynced.push(r.seg.node.acks.clone(), pending.unwrap_or(seq));
         }
-        Ok(match already {
-            true => {
-                let in_dram = !obj.replicas().is_empty() && obj.ssd().is_empty();
-                Committed::Already(obj.size, in_dram, unsynced)
-            }
-            false => Committed::Now(obj.size, unsynced),
-        })
+        // A first PutEnd always offers it; an adopted object (the rebuild
+        // queues no offload) only while it is in DRAM alone.
+        let dram_only = !obj.replicas().is_empty() && obj.ssd().is_empty();
+        Ok((unsynced, (!already || dram_only).then_some(obj.size)))
     }
 
     pub fn put_revoke(&self, key: &str) -> Result<()> {
@@ -550,13 +536,13 @@ impl Master {
                 Some(_) => shard.remove(key),
             }
         };
-        let mut unsynced = crate::commit_sync::Unsynced::default();
-        if let Some(o) = obj {
-            self.metrics.keys.dec();
-            self.forget_ssd(key, o.ssd());
-            unsynced = o.release_unsynced().1;
-            self.space.notify();
-        }
+        let Some(o) = obj else {
+            return Ok(Default::default());
+        };
+        self.metrics.keys.dec();
+        self.forget_ssd(key, o.ssd());
+        let (_, unsynced) = o.release_unsynced();
+        self.space.notify();
         Ok(unsynced)
     }
 

@@ -282,12 +282,9 @@ impl Master {
             }
             adopted
         };
-        match adopted {
-            Ok(a) => Ok(a),
-            Err(r) => {
-                r.seg.free(r.offset, r.alloc_len);
-                Err(Refusal::OtherVersion)
-            }
-        }
+        adopted.map_err(|r| {
+            r.seg.free(r.offset, r.alloc_len);
+            Refusal::OtherVersion
+        })
     }
 }

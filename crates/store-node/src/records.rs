@@ -26,17 +26,17 @@ struct Inner {
     bytes: u64,
 }
 
-impl Inner {
-    /// A commit or free of the allocation of `generation` at `at` ends an
-    /// announcement of that allocation or an older one, never a newer one.
-    fn pending_ends(&mut self, at: (u64, u64), generation: u64) {
-        if self
-            .pending
-            .get(&at)
-            .is_some_and(|p| p.generation <= generation)
-        {
-            self.pending.remove(&at);
-        }
+/// Removes the record at `at` if it is of the allocation of `generation`
+/// or an older one: a late commit or free of an older allocation never ends
+/// a newer one placed at the same offset.
+fn end_at(
+    records: &mut HashMap<(u64, u64), CommittedObject>,
+    at: (u64, u64),
+    generation: u64,
+) -> Option<CommittedObject> {
+    match records.get(&at) {
+        Some(r) if r.generation <= generation => records.remove(&at),
+        _ => None,
     }
 }
 
@@ -55,24 +55,17 @@ impl ObjectRecords {
                 }
                 Some(Op::Commit(c)) => {
                     let at = (c.segment_id, c.offset);
-                    g.pending_ends(at, c.generation);
+                    end_at(&mut g.pending, at, c.generation);
                     g.bytes += c.length;
                     if let Some(old) = g.by_range.insert(at, c.clone()) {
                         g.bytes -= old.length;
                     }
                 }
                 Some(Op::Free(f)) => {
-                    // Only the freed allocation (or an older one) goes: a
-                    // newer one placed at the same offset stays.
                     let at = (f.segment_id, f.offset);
-                    g.pending_ends(at, f.generation);
-                    if g.by_range
-                        .get(&at)
-                        .is_some_and(|c| c.generation <= f.generation)
-                    {
-                        if let Some(old) = g.by_range.remove(&at) {
-                            g.bytes -= old.length;
-                        }
+                    end_at(&mut g.pending, at, f.generation);
+                    if let Some(old) = end_at(&mut g.by_range, at, f.generation) {
+                        g.bytes -= old.length;
                     }
                 }
                 None => {}

@@ -172,6 +172,11 @@ impl Object {
         self.spill.as_ref().and_then(|s| s.announced.as_ref())
     }
 
+    /// What PutStart told the nodes, taken (PutEnd).
+    pub fn take_announced(&mut self) -> Option<Announced> {
+        self.spill.as_mut().and_then(|s| s.announced.take())
+    }
+
     /// PutEnd: the object becomes visible.
     pub fn complete(&mut self) {
         if let Some(s) = self.spill.as_mut() {
