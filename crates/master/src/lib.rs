@@ -301,10 +301,23 @@ async fn housekeeping(m: Arc<Master>, shutdown: CancellationToken) {
         })
         .await
         .unwrap_or_default();
-        for id in dead {
-            // A later master should not wait for it.
-            if let Err(e) = members::forget(m.kv.as_ref(), &id).await {
-                tracing::warn!(node = id, error = %e, "could not forget a lost node durably");
+        // A later master should not wait for lost members: nodes that
+        // expired, and members that did not come back to this master in
+        // time. (An SSD owner that stops heartbeating keeps its entry and
+        // may resume, so it is forgotten only in the second way.)
+        let lost = dead.into_iter().map(members::Member::Node);
+        for who in lost.chain(m.lost_members()) {
+            if let Err(e) = members::forget(m.kv.as_ref(), &who).await {
+                tracing::warn!(member = %who, error = %e, "could not forget a lost member durably");
+                continue;
+            }
+            tracing::info!(member = %who, "forgot a lost member");
+            // It came back meanwhile, and its own remembering may have
+            // gone first: remember it again.
+            if m.registered(&who) {
+                if let Err(e) = m.remember(who.clone()).await {
+                    tracing::warn!(member = %who, error = %e, "could not remember a member again");
+                }
             }
         }
     }

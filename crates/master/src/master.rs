@@ -14,7 +14,7 @@ use crate::offload::queue::OffloadQueue;
 use parking_lot::{Mutex, RwLock};
 use rand::seq::SliceRandom;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use strata_common::auth::ProofHash;
@@ -57,8 +57,10 @@ pub struct Master {
     pub(crate) started: Instant,
     /// It found its durable state from an earlier run.
     pub(crate) restarted: bool,
-    /// The nodes it waits for before taking writes (when restarted).
+    /// The members it waits for before taking writes (when restarted).
     pub(crate) members: crate::members::Members,
+    /// `lost_members` answered once.
+    pub(crate) members_lost_taken: AtomicBool,
     pub(crate) kv: Arc<dyn DurableKv>,
     /// In-flight puts in deadline order (the timeout is constant, so FIFO).
     pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
@@ -208,6 +210,7 @@ impl Master {
             started: Instant::now(),
             restarted,
             members,
+            members_lost_taken: AtomicBool::new(false),
             kv,
             pending_puts: Mutex::new(VecDeque::new()),
             evict_wakeup: tokio::sync::Notify::new(),
@@ -1171,7 +1174,8 @@ impl Master {
         self.nodes.write().insert(req.node_id.clone(), node);
         if req.held_objects == 0 || !self.rebuilding() {
             // Nothing to report: this node is accounted for.
-            self.members.reported(&req.node_id);
+            self.members
+                .reported(crate::members::Member::Node(req.node_id.clone()));
         }
         tracing::info!(
             node = req.node_id,
@@ -1256,6 +1260,9 @@ impl Master {
         let (owner_id, epoch) = self
             .owners
             .register(&req, |addr| async move { self.pinger.ping(&addr).await })
+            .await?;
+        // Before the owner hears back: a later master waits for its inventory.
+        self.remember(crate::members::Member::Owner(owner_id))
             .await?;
         let key = self.owner_key(owner_id, &ProofHash::of(&req.instance_proof)?);
         self.owners.set_key(owner_id, epoch, key.clone());

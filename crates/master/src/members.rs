@@ -1,34 +1,77 @@
-//! The store nodes a cluster has, kept in the durable state (ids only:
-//! small, written once per node and when it is lost), so a new master knows
-//! whom to wait for: it takes writes once every remembered node has
-//! re-registered and reported what it holds (`rebuild.rs`), or after a bound
-//! for nodes that do not come back.
+//! The members a cluster has, kept in the durable state (ids only: small,
+//! written once per member and when it is lost), so a new master knows whom
+//! to wait for: it takes writes, and answers "not found", once every
+//! remembered member re-registered and reported what it holds (store nodes
+//! their committed objects, `rebuild.rs`; SSD owners their inventory), or
+//! after a bound for members that do not come back.
+//!
+//! Keys: `members/nodes/<node id>` and `members/owners/<owner id>`, valued
+//! `live` or `gone`. A state written before owners were remembered has only
+//! nodes; its owners are remembered at their next registration.
 
 use crate::durable::DurableKv;
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use strata_common::Result;
 
-const PREFIX: &str = "members/nodes/";
+const PREFIX: &str = "members/";
 const LIVE: &str = "live";
 const GONE: &str = "gone";
 
-/// The nodes a term waits for, and those that reported.
+/// One member a restarted master waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Member {
+    /// A store node, by node id.
+    Node(String),
+    /// An SSD owner, by its durable owner id.
+    Owner(u64),
+}
+
+impl Member {
+    fn key(&self) -> String {
+        match self {
+            Member::Node(id) => format!("{PREFIX}nodes/{id}"),
+            Member::Owner(id) => format!("{PREFIX}owners/{id}"),
+        }
+    }
+
+    fn parse(key: &str) -> Option<Member> {
+        let rest = key.strip_prefix(PREFIX)?;
+        if let Some(id) = rest.strip_prefix("nodes/") {
+            return Some(Member::Node(id.to_string()));
+        }
+        rest.strip_prefix("owners/")?
+            .parse()
+            .ok()
+            .map(Member::Owner)
+    }
+}
+
+impl std::fmt::Display for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Member::Node(id) => write!(f, "store node {id:?}"),
+            Member::Owner(id) => write!(f, "SSD owner {id}"),
+        }
+    }
+}
+
+/// The members a term waits for, and those that reported.
 #[derive(Default)]
 pub struct Members {
-    expected: HashSet<String>,
-    reported: Mutex<HashSet<String>>,
+    expected: HashSet<Member>,
+    reported: Mutex<HashSet<Member>>,
 }
 
 impl Members {
-    /// The nodes the durable state remembers as live.
+    /// The members the durable state remembers as live.
     pub async fn load(kv: &dyn DurableKv) -> Result<Members> {
         let expected = kv
             .list(PREFIX.into())
             .await?
             .into_iter()
             .filter(|(_, v)| v == LIVE)
-            .filter_map(|(k, _)| k.strip_prefix(PREFIX).map(String::from))
+            .filter_map(|(k, _)| Member::parse(&k))
             .collect();
         Ok(Members {
             expected,
@@ -36,21 +79,25 @@ impl Members {
         })
     }
 
-    /// `node` re-registered and reported everything it holds.
-    pub fn reported(&self, node: &str) {
-        self.reported.lock().insert(node.to_string());
+    /// `m` re-registered and reported everything it holds.
+    pub fn reported(&self, m: Member) {
+        self.reported.lock().insert(m);
     }
 
-    /// Remembered nodes that have not reported yet.
-    pub fn missing(&self) -> usize {
+    /// Remembered members that have not reported yet.
+    pub fn missing(&self) -> Vec<Member> {
         let r = self.reported.lock();
-        self.expected.iter().filter(|n| !r.contains(*n)).count()
+        self.expected
+            .iter()
+            .filter(|m| !r.contains(*m))
+            .cloned()
+            .collect()
     }
 }
 
-/// Remembers `node` as a member (a no-op when it already is).
-pub async fn remember(kv: &dyn DurableKv, node: &str) -> Result<()> {
-    let key = format!("{PREFIX}{node}");
+/// Remembers `m` as a member (a no-op when it already is).
+pub async fn remember(kv: &dyn DurableKv, m: &Member) -> Result<()> {
+    let key = m.key();
     match kv.get(key.clone()).await?.as_deref() {
         Some(LIVE) => Ok(()),
         cur => {
@@ -60,10 +107,9 @@ pub async fn remember(kv: &dyn DurableKv, node: &str) -> Result<()> {
     }
 }
 
-/// Forgets `node` (it missed `--node-ttl`): no new master waits for it.
-pub async fn forget(kv: &dyn DurableKv, node: &str) -> Result<()> {
-    let key = format!("{PREFIX}{node}");
-    kv.compare_and_set(key, Some(LIVE.into()), GONE.into())
+/// Forgets `m` (it missed `--node-ttl`): no new master waits for it.
+pub async fn forget(kv: &dyn DurableKv, m: &Member) -> Result<()> {
+    kv.compare_and_set(m.key(), Some(LIVE.into()), GONE.into())
         .await
         .map(|_| ())
 }
@@ -73,22 +119,40 @@ mod tests {
     use super::*;
     use crate::durable::MemKv;
 
+    fn node(id: &str) -> Member {
+        Member::Node(id.into())
+    }
+
     #[tokio::test]
-    async fn remembered_nodes_are_expected_until_forgotten() {
+    async fn remembered_members_are_expected_until_forgotten() {
         let kv = MemKv::new();
-        remember(&kv, "a").await.unwrap();
-        remember(&kv, "a").await.unwrap();
-        remember(&kv, "b").await.unwrap();
+        remember(&kv, &node("a")).await.unwrap();
+        remember(&kv, &node("a")).await.unwrap();
+        remember(&kv, &node("b")).await.unwrap();
+        remember(&kv, &Member::Owner(7)).await.unwrap();
         let m = Members::load(&kv).await.unwrap();
-        assert_eq!(m.missing(), 2);
-        m.reported("a");
-        m.reported("x");
-        assert_eq!(m.missing(), 1);
-        m.reported("b");
-        assert_eq!(m.missing(), 0);
-        forget(&kv, "b").await.unwrap();
-        assert_eq!(Members::load(&kv).await.unwrap().missing(), 1);
-        remember(&kv, "b").await.unwrap();
-        assert_eq!(Members::load(&kv).await.unwrap().missing(), 2, "back");
+        assert_eq!(m.missing().len(), 3);
+        m.reported(node("a"));
+        m.reported(node("x"));
+        m.reported(Member::Owner(8));
+        assert_eq!(m.missing().len(), 2);
+        m.reported(node("b"));
+        assert_eq!(m.missing(), vec![Member::Owner(7)], "an owner is a member");
+        m.reported(Member::Owner(7));
+        assert!(m.missing().is_empty());
+        forget(&kv, &node("b")).await.unwrap();
+        forget(&kv, &Member::Owner(7)).await.unwrap();
+        assert_eq!(Members::load(&kv).await.unwrap().missing(), vec![node("a")]);
+        remember(&kv, &node("b")).await.unwrap();
+        assert_eq!(Members::load(&kv).await.unwrap().missing().len(), 2, "back");
+    }
+
+    #[test]
+    fn member_keys_parse_back() {
+        for m in [node("n-1/x"), Member::Owner(42)] {
+            assert_eq!(Member::parse(&m.key()), Some(m));
+        }
+        assert_eq!(Member::parse("members/owners/x"), None);
+        assert_eq!(Member::parse("members/other/x"), None);
     }
 }

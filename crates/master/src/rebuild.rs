@@ -7,6 +7,7 @@
 
 use crate::allocator::{aligned_len, ALIGN};
 use crate::master::{validate_key, Master};
+use crate::members::Member;
 use crate::objects::{Object, Replica};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -57,20 +58,21 @@ impl Master {
         self.started.elapsed() < window(self.cfg.node_ttl)
     }
 
-    /// Longest a restarted master waits for the nodes it remembers: a live
-    /// node heartbeats well within `--node-ttl`, so one that has not come
-    /// back by then is lost (and forgotten when it expires).
+    /// Longest a restarted master waits for the members it remembers: a
+    /// live one heartbeats well within `--node-ttl`, so one that has not
+    /// come back by then is lost (and forgotten, `lost_members`).
     fn gate_bound(&self) -> Duration {
         self.cfg.node_ttl
     }
 
     /// Whether puts are taken (and `/ready` says so): a restarted master
-    /// (or a new leader) waits until every node it remembers re-registered
+    /// (or a new leader) waits until every member it remembers re-registered
     /// and reported what it holds, since a put before that could take a
-    /// range a not-yet-reported object holds.
+    /// range a not-yet-reported object holds, and a get would call a key
+    /// an SSD owner has not reported yet "not found".
     pub fn accepting_writes(&self) -> bool {
         !self.restarted
-            || self.members.missing() == 0
+            || self.members.missing().is_empty()
             || self.started.elapsed() >= self.gate_bound()
     }
 
@@ -79,27 +81,56 @@ impl Master {
             return Ok(());
         }
         let left = self.gate_bound().saturating_sub(self.started.elapsed());
+        let missing = self.members.missing();
+        let first = missing
+            .first()
+            .map(|m| format!(", e.g. {m}"))
+            .unwrap_or_default();
         Err(Error::new(
             Code::NotReady,
             format!(
-                "the master rebuilds its metadata from its store nodes ({} have not reported yet; at most another {} ms); retry",
-                self.members.missing(),
+                "the master rebuilds its metadata from its members ({} have not reported yet{first}; at most another {} ms); retry",
+                missing.len(),
                 left.as_millis()
             ),
         ))
     }
 
-    /// Remembers a registered node durably, so a later master waits for it.
-    /// A registration whose node is not remembered fails (retryably): a
-    /// later master would not wait for that node's report.
-    pub async fn remember_node(&self, node: &str) -> Result<()> {
-        crate::members::remember(self.kv.as_ref(), node)
+    /// Remembers a registered member durably, so a later master waits for
+    /// it. A registration whose member is not remembered fails (retryably):
+    /// a later master would not wait for its report.
+    pub async fn remember(&self, m: Member) -> Result<()> {
+        crate::members::remember(self.kv.as_ref(), &m)
             .await
             .map_err(|e| {
                 Error::unavailable(format!(
-                    "could not record store node {node:?} in the durable state ({e}); retry"
+                    "could not record {m} in the durable state ({e}); retry"
                 ))
             })
+    }
+
+    /// The remembered members that did not come back within the gate's
+    /// bound, once (the caller forgets them durably, so the next master
+    /// does not wait for them either). Empty before the bound. One that
+    /// registered and is still reporting is not lost.
+    pub fn lost_members(&self) -> Vec<Member> {
+        if !self.restarted
+            || self.started.elapsed() < self.gate_bound()
+            || self.members_lost_taken.swap(true, Ordering::Relaxed)
+        {
+            return Vec::new();
+        }
+        let mut lost = self.members.missing();
+        lost.retain(|m| !self.registered(m));
+        lost
+    }
+
+    /// Whether `m` registered with this master.
+    pub fn registered(&self, m: &Member) -> bool {
+        match m {
+            Member::Node(id) => self.nodes.read().contains_key(id),
+            Member::Owner(id) => self.owners.registered(*id),
+        }
     }
 
     /// A key this master does not know: not found, unless it is still
@@ -185,7 +216,7 @@ impl Master {
                 .inc();
         }
         if req.last {
-            self.members.reported(&req.node_id);
+            self.members.reported(Member::Node(req.node_id.clone()));
         }
         tracing::info!(
             node = req.node_id,

@@ -2,6 +2,7 @@
 //! and maps errors to statuses (through `strata_common::Error`).
 
 use crate::master::{Master, PutSpec};
+use crate::members::Member;
 use std::sync::Arc;
 use std::time::Instant;
 use strata_common::auth::{Role, Roles};
@@ -457,7 +458,7 @@ impl MasterRpc for MasterService {
             Err(e) => Err(e),
         };
         let r = match r {
-            Ok(resp) => self.master.remember_node(&id).await.map(|()| resp),
+            Ok(resp) => self.master.remember(Member::Node(id)).await.map(|()| resp),
             Err(e) => Err(e),
         };
         self.done("register_node", t0, r)

@@ -324,6 +324,11 @@ impl Master {
                 self.forget_ssd(&o.key, &[r]);
             }
         }
+        if !req.relocation {
+            // A restarted master waits for this before calling keys absent.
+            self.members
+                .reported(crate::members::Member::Owner(req.owner_id));
+        }
         tracing::info!(owner = req.owner_id, adopted, "SSD inventory adopted");
         Ok(adopted)
     }

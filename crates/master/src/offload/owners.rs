@@ -231,6 +231,11 @@ impl OwnerRegistry {
             .collect()
     }
 
+    /// Whether `owner` registered with this master.
+    pub fn registered(&self, owner: u64) -> bool {
+        self.owners.read().contains_key(&owner)
+    }
+
     /// Sets the grant key of registration `epoch` of `owner`.
     pub fn set_key(&self, owner: u64, epoch: u64, key: GrantKey) {
         if let Some(o) = self.owners.write().get_mut(&owner) {

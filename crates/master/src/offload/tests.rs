@@ -729,3 +729,99 @@ async fn reads_served_from_client_caches_count_towards_admission_but_extend_no_l
     assert_eq!(e.code, strata_common::Code::InvalidArgument);
     assert_eq!(m.metrics.cached_reads.get(), 102);
 }
+
+/// A restarted master calls a key absent only once every SSD owner it
+/// remembers re-reported its inventory (before, a key only on SSD would be
+/// "not found" for a moment: retry instead). An owner that never comes back
+/// holds the gate for `--node-ttl` at most and is then forgotten, once; one
+/// that registered but has not reported yet is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_master_waits_for_its_ssd_owners_before_calling_keys_absent() {
+    use crate::members::Member;
+    use strata_common::Code;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = |ttl: std::time::Duration| {
+        let d = dir.path().to_path_buf();
+        move |c: &mut crate::config::MasterConfig| {
+            c.state_dir = Some(d.clone());
+            c.node_ttl = ttl;
+        }
+    };
+    let long = std::time::Duration::from_secs(60);
+    let first = master_with(0, 1 << 20, cfg(long));
+    let owner = register(&first, "h/0").await.owner_id;
+    let other = register(&first, "h/1").await.owner_id;
+    drop(first);
+
+    let again = master_with(0, 1 << 20, cfg(long));
+    let e = again.exists("on-ssd").unwrap_err();
+    assert_eq!(e.code, Code::NotReady, "{e}");
+    assert!(e.retryable());
+    assert_eq!(
+        again
+            .put_start(crate::tests::spec("p", 100, 1))
+            .unwrap_err()
+            .code,
+        Code::NotReady
+    );
+    let r = register(&again, "h/0").await;
+    assert_eq!(r.owner_id, owner, "durable owner id");
+    assert_eq!(
+        again.exists("on-ssd").unwrap_err().code,
+        Code::NotReady,
+        "registered, inventory to come"
+    );
+    let inventory = |id, epoch, objects| pb::ReportInventoryRequest {
+        instance_proof: PROOF.to_vec(),
+        owner_id: id,
+        epoch,
+        objects,
+        relocation: false,
+    };
+    let obj = pb::SsdObject {
+        key: "on-ssd".into(),
+        bucket_id: 1,
+        offset: 0,
+        length: 100,
+        crc32c: 9,
+    };
+    again
+        .report_inventory(inventory(owner, r.epoch, vec![obj]))
+        .await
+        .unwrap();
+    assert_eq!(
+        again.exists("unknown").unwrap_err().code,
+        Code::NotReady,
+        "h/1 still to report"
+    );
+    assert_eq!(again.members.missing(), vec![Member::Owner(other)]);
+    let r1 = register(&again, "h/1").await;
+    again
+        .report_inventory(inventory(other, r1.epoch, vec![]))
+        .await
+        .unwrap();
+    assert!(again.exists("on-ssd").unwrap(), "reported");
+    assert!(
+        !again.exists("unknown").unwrap(),
+        "every member reported: absent"
+    );
+    assert!(
+        again.lost_members().is_empty(),
+        "restarted master within its bound"
+    );
+    drop(again);
+
+    // h/1 never comes back; h/0 registers but has not reported when the
+    // bound passes: only h/1 is lost, and only once.
+    let short = std::time::Duration::from_millis(200);
+    let third = master_with(0, 1 << 20, cfg(short));
+    register(&third, "h/0").await;
+    assert!(third.lost_members().is_empty(), "before the bound");
+    let t0 = std::time::Instant::now();
+    while !third.accepting_writes() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(third.lost_members(), vec![Member::Owner(other)]);
+    assert!(third.lost_members().is_empty(), "once");
+}
