@@ -137,7 +137,11 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
     let segments: Vec<Arc<Segment>> = sizes
         .iter()
         .map(|&s| {
-            if cfg.huge_pages {
+            // With UCX, co-located clients may map the segments and read
+            // them without a system call (`cross_memory.rs`).
+            if cfg.transport == config::TransportKind::Ucx {
+                Segment::new_shared(s as usize, cfg.huge_pages).map(Arc::new)
+            } else if cfg.huge_pages {
                 Segment::new_huge(s as usize).map(Arc::new)
             } else {
                 Segment::new(s as usize).map(Arc::new)

@@ -21,11 +21,30 @@ use strata_common::{Code, Error, Result};
 pub struct Segment {
     ptr: *mut u8,
     len: usize,
-    /// Mapped from the kernel's huge page pool (`new_huge`), unmapped on
-    /// drop; otherwise a heap allocation.
+    /// Mapped from the kernel's huge page pool (`new_huge`, or `new_shared`
+    /// with huge pages).
     huge: bool,
+    /// How the memory was obtained, so drop gives it back the same way.
+    backing: Backing,
     /// What one-sided readers check their grants against (`published.rs`).
     published: crate::published::FenceWords,
+}
+
+enum Backing {
+    /// `alloc_zeroed` with the layout of `len` bytes, alignment 16.
+    Heap,
+    /// An anonymous mapping of `len` bytes.
+    Mapped,
+    /// A shared mapping of a sealed memory file, kept open (never read
+    /// here) so a co-located client finds and maps it too (`new_shared`).
+    Shared { _file: std::os::fd::OwnedFd },
+}
+
+/// The name a shared segment's memory file carries in `/proc/<pid>/fd`
+/// (as `/memfd:<name> (deleted)`): a co-located client finds the file of
+/// the segment its route names by the segment's address.
+pub fn shared_segment_name(base: u64) -> String {
+    format!("strata-segment-{base:x}")
 }
 
 /// The huge page size `new_huge` maps (the x86-64 and arm64 default).
@@ -58,6 +77,7 @@ impl Segment {
             ptr,
             len,
             huge: false,
+            backing: Backing::Heap,
             published: crate::published::FenceWords::new(len as u64)?,
         })
     }
@@ -99,8 +119,129 @@ impl Segment {
             ptr: ptr.cast(),
             len,
             huge: true,
+            backing: Backing::Mapped,
             published: crate::published::FenceWords::new(len as u64)?,
         })
+    }
+
+    /// A segment whose memory is a memory file (`memfd`), sealed against
+    /// shrinking, that a co-located client of the same user may map
+    /// read-only and copy from without a system call per read (it finds the
+    /// file by [`shared_segment_name`]; see `ucx/cross_memory.rs`). With
+    /// `huge`, of 2 MiB huge pages as [`Segment::new_huge`]. Zeroed and
+    /// lazily backed, as the others.
+    pub fn new_shared(len: usize, huge: bool) -> Result<Segment> {
+        let page = if huge { HUGE_PAGE } else { 4096 };
+        if len == 0 || (huge && !len.is_multiple_of(HUGE_PAGE)) {
+            return Err(Error::invalid(format!(
+                "a shared{} segment must be a positive{} size, not {len} bytes",
+                if huge { " huge-page" } else { "" },
+                if huge { " multiple of 2MiB" } else { "" }
+            )));
+        }
+        let os = |what: &str| {
+            let e = std::io::Error::last_os_error();
+            Error::new(
+                Code::NoSpace,
+                format!("cannot set up a shared DRAM segment of {len} bytes ({what}: {e})"),
+            )
+        };
+        // The address first (a reservation, aligned for huge pages), so the
+        // file can be named after it.
+        let span = len.next_multiple_of(page) + page;
+        // SAFETY: an anonymous inaccessible reservation the kernel places.
+        let res = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if res == libc::MAP_FAILED {
+            return Err(os("reserving its addresses"));
+        }
+        let base = (res as usize).next_multiple_of(page);
+        let name = std::ffi::CString::new(shared_segment_name(base as u64))
+            .map_err(|_| Error::internal("segment name has a NUL"))?;
+        let flags =
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | if huge { libc::MFD_HUGETLB } else { 0 };
+        // SAFETY: a valid C string; the kernel creates a new file.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+        let fd = if fd < 0 {
+            let e = os("memfd_create");
+            // SAFETY: the reservation made above, unused.
+            unsafe { libc::munmap(res, span) };
+            return Err(e);
+        } else {
+            // SAFETY: a new descriptor this function owns.
+            unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+        };
+        use std::os::fd::AsRawFd;
+        let raw = fd.as_raw_fd();
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: plain calls on the descriptor owned above; the fixed
+        // mapping lands inside the reservation made above, which it replaces.
+        let mapped = unsafe {
+            if libc::ftruncate(raw, len as libc::off_t) != 0 {
+                Err(os("sizing its memory file"))
+            } else if libc::fcntl(raw, libc::F_ADD_SEALS, seals) != 0 {
+                Err(os("sealing its memory file"))
+            } else {
+                let p = libc::mmap(
+                    base as *mut libc::c_void,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    raw,
+                    0,
+                );
+                if p == libc::MAP_FAILED {
+                    Err(os(if huge {
+                        "mapping huge pages: reserve them with sysctl vm.nr_hugepages"
+                    } else {
+                        "mapping its memory file"
+                    }))
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        // The reservation around the segment goes back either way.
+        // SAFETY: parts of the reservation made above outside the segment
+        // (or all of it, when the segment was not mapped).
+        unsafe {
+            let head = base - res as usize;
+            let tail = span - head - len;
+            match mapped {
+                Ok(()) => {
+                    if head > 0 {
+                        libc::munmap(res, head);
+                    }
+                    if tail > 0 {
+                        libc::munmap((base + len) as *mut libc::c_void, tail);
+                    }
+                }
+                Err(_) => {
+                    libc::munmap(res, span);
+                }
+            }
+        }
+        mapped?;
+        Ok(Segment {
+            ptr: base as *mut u8,
+            len,
+            huge,
+            backing: Backing::Shared { _file: fd },
+            published: crate::published::FenceWords::new(len as u64)?,
+        })
+    }
+
+    /// Whether co-located clients may map the segment (`new_shared`).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backing, Backing::Shared { .. })
     }
 
     /// Whether the segment is backed by huge pages.
@@ -170,17 +311,19 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        if self.huge {
-            // SAFETY: ptr and len are exactly the mapping made in `new_huge`.
-            unsafe { libc::munmap(self.ptr.cast(), self.len) };
-            return;
-        }
-        // SAFETY: ptr was allocated in `new` with exactly this layout.
-        unsafe {
-            std::alloc::dealloc(
-                self.ptr,
-                std::alloc::Layout::from_size_align_unchecked(self.len, 16),
-            );
+        match self.backing {
+            // SAFETY: ptr and len are exactly the mapping made in
+            // `new_huge` or `new_shared` (whose file closes after this).
+            Backing::Mapped | Backing::Shared { .. } => unsafe {
+                libc::munmap(self.ptr.cast(), self.len);
+            },
+            // SAFETY: ptr was allocated in `new` with exactly this layout.
+            Backing::Heap => unsafe {
+                std::alloc::dealloc(
+                    self.ptr,
+                    std::alloc::Layout::from_size_align_unchecked(self.len, 16),
+                );
+            },
         }
     }
 }

@@ -40,6 +40,10 @@ struct Fixture {
     /// and whether the fixture's client should do them.
     attached: Box<dyn Fn() -> u64 + Send + Sync>,
     attaches: bool,
+    /// Of those, reads copied from the node's shared segment mapped into
+    /// the client, and whether the fixture's client should do them.
+    mapped: Box<dyn Fn() -> u64 + Send + Sync>,
+    maps: bool,
     /// The node lends staged reads (its transport can read them
     /// one-sided): bytes lent so far and slots lent now.
     lent: Box<dyn Fn() -> (u64, usize) + Send + Sync>,
@@ -103,6 +107,7 @@ async fn ranges_and_bounds(f: Fixture) {
     // node does not check grants, by cross-memory attach where it should.
     assert_eq!((f.one_sided)() > 0, !f.checks_signatures);
     assert_eq!((f.attached)() > 0, f.attaches);
+    assert_eq!((f.mapped)() > 0, f.maps);
     (f.kill)();
 }
 
@@ -510,13 +515,18 @@ struct Node {
     kill: Box<dyn FnOnce() + Send>,
 }
 
-fn start_node(ucx: Option<&'static str>) -> Node {
+/// A node serving one segment, over TCP and (with `ucx`, its `UCX_TLS`)
+/// UCX; `shared`: a segment co-located clients may map.
+fn start_node(ucx: Option<&'static str>, shared: bool) -> Node {
     use prometheus::IntCounter;
     use strata_transport::tcp::{serve, ServerMetrics};
     let key = GrantKey::random();
     let table = Arc::new(SegmentTable::new());
     let served = table.clone();
-    let segment = Arc::new(Segment::new(SEGMENT_LEN).unwrap());
+    let segment = Arc::new(match shared {
+        true => Segment::new_shared(SEGMENT_LEN, false).unwrap(),
+        false => Segment::new(SEGMENT_LEN).unwrap(),
+    });
     let memory = segment.clone();
     table.install(
         key.clone(),
@@ -582,7 +592,7 @@ fn start_node(ucx: Option<&'static str>) -> Node {
 /// The TCP data plane: `tcp::serve` over a [`SegmentTable`].
 async fn tcp() -> Fixture {
     use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
-    let n = start_node(None);
+    let n = start_node(None, false);
     Fixture {
         transport: Arc::new(TcpTransport::new(TcpTransportConfig::default())),
         addr: n.addr,
@@ -594,6 +604,8 @@ async fn tcp() -> Fixture {
         unconfirmed: Box::new(|| 0),
         attached: Box::new(|| 0),
         attaches: false,
+        mapped: Box::new(|| 0),
+        maps: false,
         lent: Box::new(|| (0, 0)),
         stages: false,
         table: n.table,
@@ -761,13 +773,26 @@ mod ucx {
         fixture_with(tls, rdma, None).await.0
     }
 
-    /// A co-located node whose route names its process (this one): an
-    /// rdma client reads it by cross-memory attach.
+    /// A co-located node whose route names its process (this one) and
+    /// whose segment is shared: an rdma client maps it and reads it by
+    /// cross-memory attach, copying from the mapping.
     pub async fn attached() -> Fixture {
-        let me = strata_transport::ucx::cross_memory::this_process().cloned();
-        let (mut f, _) = fixture_with("sm,self", true, me).await;
-        f.attaches = true;
+        let (mut f, _) = attached_to(true).await;
+        f.maps = true;
         f
+    }
+
+    /// [`attached`] to a node whose segment is not shared (e.g. an older
+    /// release): the kernel copies each read (`process_vm_readv`).
+    pub async fn attached_unshared() -> Fixture {
+        attached_to(false).await.0
+    }
+
+    async fn attached_to(shared: bool) -> (Fixture, Arc<Routes>) {
+        let me = strata_transport::ucx::cross_memory::this_process().cloned();
+        let (mut f, routes) = fixture_on(start_node(Some("sm,self"), shared), "sm,self", true, me);
+        f.attaches = true;
+        (f, routes)
     }
 
     /// [`fixture`] whose route names `process`, and the route source its
@@ -777,7 +802,15 @@ mod ucx {
         rdma: bool,
         process: Option<strata_proto::HostProcess>,
     ) -> (Fixture, Arc<Routes>) {
-        let n = start_node(Some(tls));
+        fixture_on(start_node(Some(tls), true), tls, rdma, process)
+    }
+
+    fn fixture_on(
+        n: Node,
+        tls: &'static str,
+        rdma: bool,
+        process: Option<strata_proto::HostProcess>,
+    ) -> (Fixture, Arc<Routes>) {
         let mut route = n.route.clone().expect("a UCX node has a route");
         route.process = process;
         let lend = n.lend.clone().expect("a UCX node lends");
@@ -799,6 +832,7 @@ mod ucx {
         let counts = t.clone();
         let refused = t.clone();
         let attached = t.clone();
+        let mapped = t.clone();
         let f = Fixture {
             transport: t,
             addr: n.addr,
@@ -810,6 +844,8 @@ mod ucx {
             unconfirmed: Box::new(move || refused.unconfirmed_reads()),
             attached: Box::new(move || attached.attached_reads()),
             attaches: false,
+            mapped: Box::new(move || mapped.mapped_reads()),
+            maps: false,
             lent: Box::new(move || {
                 (
                     lend.lent_bytes.get(),
@@ -998,6 +1034,9 @@ conformance_suite!(ucx_client_without_rdma_role, ucx::fixture("tcp", false));
 // One-sided to a co-located node by cross-memory attach to its process.
 #[cfg(feature = "ucx")]
 conformance_suite!(over_cross_memory_attach, ucx::attached());
+// The same to a node whose segment is not shared: the kernel copies.
+#[cfg(feature = "ucx")]
+conformance_suite!(over_cross_memory_attach_unshared, ucx::attached_unshared());
 
 /// A co-located node the kernel does not let this process attach to (here:
 /// a pid no process has) is reached through the shared-memory engine,

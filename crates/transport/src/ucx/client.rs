@@ -206,6 +206,8 @@ pub struct UcxTransport {
     unconfirmed_writes: std::sync::atomic::AtomicU64,
     /// One-sided reads done by cross-memory attach.
     attached: std::sync::atomic::AtomicU64,
+    /// Of those, copied from a mapped shared segment.
+    mapped: std::sync::atomic::AtomicU64,
     /// One route fetch at a time: transfers that miss together (a burst
     /// on a new segment) wait for it and find its answer, instead of each
     /// asking the master.
@@ -251,6 +253,7 @@ impl UcxTransport {
             unconfirmed: Default::default(),
             unconfirmed_writes: Default::default(),
             attached: Default::default(),
+            mapped: Default::default(),
             fetching: tokio::sync::Mutex::new(()),
             demotions: Default::default(),
             windows: Mutex::new(HashMap::new()),
@@ -418,7 +421,7 @@ impl UcxTransport {
                     .process
                     .as_ref()
                     .filter(|_| same_host && fence.is_some())
-                    .and_then(Attached::of),
+                    .and_then(|p| Attached::of(p, x.base, x.size)),
                 fence,
                 peer: Peer {
                     worker,
@@ -781,6 +784,12 @@ impl UcxTransport {
         self.attached.load(Ordering::Relaxed)
     }
 
+    /// Cross-memory reads copied from a co-located node's shared segment
+    /// mapped into this process (whether or not their grant then stood).
+    pub fn mapped_reads(&self) -> u64 {
+        self.mapped.load(Ordering::Relaxed)
+    }
+
     /// Reads `buf` at `addr` of `route`'s attached process, then the words
     /// of `fence`: `None` when the route has no usable attachment or the
     /// kernel refused (the engine reads it instead), else whether the grant
@@ -796,6 +805,7 @@ impl UcxTransport {
         crc: bool,
     ) -> Option<Option<u32>> {
         let a = route.attached.as_ref().filter(|a| a.usable())?;
+        let mapped = a.mapped();
         let mut c = 0;
         let mut at = addr;
         let mut refused = None;
@@ -803,14 +813,27 @@ impl UcxTransport {
             if i > 0 && i % PIECES_PER_YIELD == 0 {
                 tokio::task::yield_now().await;
             }
-            if let Err(e) = a.read(at, piece) {
-                refused = Some(e);
-                break;
-            }
-            if crc {
-                c = crc32c::crc32c_append(c, piece);
+            // From the node's shared segment when mapped (one pass, no
+            // system call), else copied by the kernel and checksummed
+            // while still in cache.
+            let got = match &mapped {
+                Some(m) => m.read(route.base, at, piece, crc.then_some(c)),
+                None => a.read(at, piece).map(|()| match crc {
+                    true => crc32c::crc32c_append(c, piece),
+                    false => 0,
+                }),
+            };
+            match got {
+                Ok(next) => c = next,
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
             }
             at += piece.len() as u64;
+        }
+        if mapped.is_some() && refused.is_none() {
+            self.mapped.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(e) = refused {
             // The engine reads it again; nothing half-read stays behind.

@@ -22,9 +22,10 @@
 //! that must pass the object's checksum. When the kernel refuses, the
 //! route's reads go through the UCX engine instead.
 
+use parking_lot::Mutex;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use strata_proto::HostProcess;
 
 /// This process, as a node names itself to co-located clients (`None`
@@ -44,23 +45,39 @@ pub fn this_process() -> Option<&'static HostProcess> {
 }
 
 /// A co-located node's process, reachable by cross-memory attach until the
-/// kernel refuses once.
+/// kernel refuses once, and one of its segments, mapped into this process
+/// when the node shares it.
 pub(crate) struct Attached {
     pid: libc::pid_t,
+    /// The segment's address and size in the node's process.
+    base: u64,
+    size: u64,
     /// The kernel refused (another user, a dead process, unmapped memory):
     /// the route's transfers go through UCX from then on.
     refused: AtomicBool,
+    mapping: Mutex<MapState>,
+}
+
+enum MapState {
+    Untried,
+    Mapped(Arc<Mapping>),
+    /// The node shares no file for the segment, or it could not be mapped,
+    /// or the route was refused: reads copy with `process_vm_readv`.
+    Unavailable,
 }
 
 impl Attached {
-    /// The node's process `p`, if this process can name it: same boot,
-    /// same PID namespace, a valid pid.
-    pub(crate) fn of(p: &HostProcess) -> Option<Attached> {
+    /// The node's process `p`, if this process can name it (same boot,
+    /// same PID namespace, a valid pid), for the segment at `base`.
+    pub(crate) fn of(p: &HostProcess, base: u64, size: u64) -> Option<Attached> {
         let me = this_process()?;
         let pid = libc::pid_t::try_from(p.pid).ok().filter(|&pid| pid > 0)?;
         (p.host == me.host).then(|| Attached {
             pid,
+            base,
+            size,
             refused: AtomicBool::new(false),
+            mapping: Mutex::new(MapState::Untried),
         })
     }
 
@@ -69,9 +86,37 @@ impl Attached {
     }
 
     /// The kernel refused a read: say why once (per route), then use UCX.
+    /// A mapping of the segment goes too (it may be a dead node's memory,
+    /// which only the node's process being readable rules out).
     pub(crate) fn refuse(&self, e: &io::Error) {
         if !self.refused.swap(true, Ordering::Relaxed) {
             tracing::info!(pid = self.pid, error = %e, "cross-memory attach to a co-located node refused; its transfers go through UCX");
+        }
+        *self.mapping.lock() = MapState::Unavailable;
+    }
+
+    /// The segment mapped into this process, mapping it on first use, or
+    /// `None` (then reads copy with `process_vm_readv`). Readers hold the
+    /// `Arc` while they copy, so a refusal never unmaps under them.
+    pub(crate) fn mapped(&self) -> Option<Arc<Mapping>> {
+        let mut m = self.mapping.lock();
+        match &*m {
+            MapState::Mapped(x) => return Some(x.clone()),
+            MapState::Unavailable => return None,
+            MapState::Untried => {}
+        }
+        // Once per route; a few system calls (the node's /proc/<pid>/fd).
+        match Mapping::find(self.pid, self.base, self.size) {
+            Ok(x) => {
+                let x = Arc::new(x);
+                *m = MapState::Mapped(x.clone());
+                Some(x)
+            }
+            Err(e) => {
+                tracing::debug!(pid = self.pid, base = self.base, error = %e, "co-located segment not mapped; reading it with process_vm_readv");
+                *m = MapState::Unavailable;
+                None
+            }
         }
     }
 
@@ -154,6 +199,134 @@ impl Attached {
     }
 }
 
+/// A co-located node's shared segment (`Segment::new_shared`), mapped
+/// read-only into this process: reads copy (and checksum) straight from
+/// it, with no system call and no kernel copy. It may be written by the
+/// node while read, as RDMA memory is: what a reader copies passes the
+/// object's checksum and the published revocations (read from the node's
+/// process after the bytes, which also fails once the node is gone), or is
+/// not used. The file is sealed against shrinking, so no read of it faults.
+pub(crate) struct Mapping {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: a read-only mapping owned by this value; it is only read, by
+// bounds-checked copies.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Finds the memory file the node `pid` shares for its segment at
+    /// `base` (by its name in `/proc/<pid>/fd`, which only a process that
+    /// may inspect the node can read), checks that it is sealed against
+    /// shrinking and holds `len` bytes, and maps it read-only.
+    fn find(pid: libc::pid_t, base: u64, len: u64) -> io::Result<Mapping> {
+        use std::os::fd::AsRawFd;
+        let want = format!(
+            "/memfd:{} (deleted)",
+            crate::region::shared_segment_name(base)
+        );
+        let dir = format!("/proc/{pid}/fd");
+        let len = usize::try_from(len).map_err(|_| io::Error::other("segment too large"))?;
+        // Bounded: a process has finitely many descriptors; stop at 64 Ki.
+        for entry in std::fs::read_dir(&dir)?.take(65_536) {
+            let path = entry?.path();
+            if std::fs::read_link(&path)
+                .ok()
+                .and_then(|l| l.to_str().map(|l| l == want))
+                != Some(true)
+            {
+                continue;
+            }
+            let file = std::fs::File::open(&path)?;
+            let fd = file.as_raw_fd();
+            // SAFETY: plain queries of a descriptor owned by `file`.
+            let (seals, size) = unsafe {
+                let mut st: libc::stat = std::mem::zeroed();
+                let seals = libc::fcntl(fd, libc::F_GET_SEALS);
+                if seals < 0 || libc::fstat(fd, &mut st) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                (seals, st.st_size)
+            };
+            if seals & libc::F_SEAL_SHRINK == 0 {
+                return Err(io::Error::other(
+                    "the segment's file is not sealed against shrinking",
+                ));
+            }
+            if u64::try_from(size).unwrap_or(0) < len as u64 || len == 0 {
+                return Err(io::Error::other(format!(
+                    "the segment's file holds {size} bytes, not {len}"
+                )));
+            }
+            // SAFETY: a read-only shared mapping of `len` bytes of a file
+            // that cannot shrink, at an address the kernel picks.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            return Ok(Mapping { ptr: p.cast(), len });
+        }
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no {want} in {dir}"),
+        ))
+    }
+
+    /// Copies `to.len()` bytes at the node's address `addr` into `to`, and
+    /// with `crc` returns their crc32c appended to `c` (else `c`).
+    pub(crate) fn read(
+        &self,
+        base: u64,
+        addr: u64,
+        to: &mut [u8],
+        crc: Option<u32>,
+    ) -> io::Result<u32> {
+        let off = addr
+            .checked_sub(base)
+            .and_then(|o| usize::try_from(o).ok())
+            .filter(|o| o.checked_add(to.len()).is_some_and(|end| end <= self.len))
+            .ok_or_else(|| {
+                io::Error::other(format!(
+                    "[{addr:#x}, +{}) is outside the mapped segment",
+                    to.len()
+                ))
+            })?;
+        // SAFETY: in bounds (checked above) of a mapping alive while `self`
+        // is; another process may write it meanwhile, which the reader's
+        // checks catch (see the type docs).
+        let from = unsafe { std::slice::from_raw_parts(self.ptr.add(off), to.len()) };
+        Ok(match crc {
+            Some(c) => {
+                let c = crc32c::crc32c_append(c, from);
+                to.copy_from_slice(from);
+                c
+            }
+            None => {
+                to.copy_from_slice(from);
+                0
+            }
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: exactly the mapping made in `find`.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,23 +343,23 @@ mod tests {
     #[test]
     fn only_a_process_this_one_can_name_is_attached() {
         let me = this_process().unwrap();
-        assert!(Attached::of(me).is_some());
+        assert!(Attached::of(me, 0, 1).is_some());
         let elsewhere = HostProcess {
             host: format!("{}x", me.host),
             ..me.clone()
         };
         assert!(
-            Attached::of(&elsewhere).is_none(),
+            Attached::of(&elsewhere, 0, 1).is_none(),
             "another boot or namespace"
         );
         for pid in [0, u32::MAX] {
-            assert!(Attached::of(&HostProcess { pid, ..me.clone() }).is_none());
+            assert!(Attached::of(&HostProcess { pid, ..me.clone() }, 0, 1).is_none());
         }
     }
 
     #[test]
     fn reads_memory_and_reports_refusals() {
-        let me = Attached::of(this_process().unwrap()).unwrap();
+        let me = Attached::of(this_process().unwrap(), 0, 1).unwrap();
         let src: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
         let mut dst = vec![0u8; src.len()];
         me.read(src.as_ptr() as u64, &mut dst).unwrap();
@@ -205,11 +378,77 @@ mod tests {
         let gone = Attached {
             pid: i32::MAX,
             refused: AtomicBool::new(false),
+            ..Attached::of(this_process().unwrap(), 0, 1).unwrap()
         };
         let e = gone.read(src.as_ptr() as u64, &mut dst[..16]).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ESRCH), "{e}");
         assert!(gone.usable());
         gone.refuse(&e);
         assert!(!gone.usable());
+    }
+
+    /// A node's shared segment is found by its address, mapped, read with
+    /// its checksum, and bounds-checked; a heap segment, another address,
+    /// and an unsealed file of the right name are not mapped; a refusal
+    /// drops the mapping.
+    #[test]
+    fn shared_segments_are_mapped_and_read_in_bounds() {
+        use crate::region::Segment;
+        let me = this_process().unwrap();
+        let seg = Segment::new_shared(1 << 20, false).unwrap();
+        assert!(seg.is_shared());
+        let base = seg.as_ptr() as u64;
+        let bytes: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        // SAFETY: this test is the segment's only user.
+        unsafe { seg.slice_mut(4096, bytes.len() as u64) }
+            .unwrap()
+            .copy_from_slice(&bytes);
+        let a = Attached::of(me, base, 1 << 20).unwrap();
+        let m = a.mapped().expect("the node's shared segment is mapped");
+        let mut got = vec![0u8; bytes.len()];
+        let c = m.read(base, base + 4096, &mut got, Some(0)).unwrap();
+        assert_eq!(got, bytes);
+        assert_eq!(c, crc32c::crc32c(&bytes));
+        assert_eq!(m.read(base, base + 4096, &mut got[..8], None).unwrap(), 0);
+        // Just inside the end, and one byte past it; below the base.
+        let mut one = [0u8; 1];
+        m.read(base, base + (1 << 20) - 1, &mut one, None).unwrap();
+        m.read(base, base + (1 << 20), &mut one, None).unwrap_err();
+        m.read(base, base + (1 << 20) - 1, &mut [0u8; 2], None)
+            .unwrap_err();
+        m.read(base, base - 1, &mut one, None).unwrap_err();
+        // Writes of the node show through the mapping.
+        // SAFETY: as above.
+        unsafe { seg.slice_mut(0, 1) }.unwrap()[0] = 42;
+        m.read(base, base, &mut one, None).unwrap();
+        assert_eq!(one, [42]);
+        // A route larger than the file is not mapped.
+        assert!(Attached::of(me, base, 2 << 20).unwrap().mapped().is_none());
+        // No shared file at another address (a heap segment).
+        let heap = Segment::new(1 << 20).unwrap();
+        assert!(!heap.is_shared());
+        let h = Attached::of(me, heap.as_ptr() as u64, 1 << 20).unwrap();
+        assert!(h.mapped().is_none());
+        // A file of the right name that could shrink is refused.
+        let fake = 0x7000_0000_1000u64;
+        let name = std::ffi::CString::new(crate::region::shared_segment_name(fake)).unwrap();
+        // SAFETY: plain calls on a descriptor this test owns.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        assert_eq!(unsafe { libc::ftruncate(fd, 1 << 20) }, 0);
+        let e = Mapping::find(me.pid as i32, fake, 1 << 20)
+            .err()
+            .expect("unsealed");
+        assert!(e.to_string().contains("sealed"), "{e}");
+        // SAFETY: closes the descriptor made above.
+        unsafe { libc::close(fd) };
+        // A refusal drops the mapping (readers keep theirs until done).
+        a.refuse(&io::Error::other("gone"));
+        assert!(a.mapped().is_none());
+        m.read(base, base, &mut one, None).unwrap();
+        drop(m);
+        // Huge-page shared segments need whole huge pages.
+        assert!(Segment::new_shared(4096, true).is_err());
+        assert!(Segment::new_shared(0, false).is_err());
     }
 }
