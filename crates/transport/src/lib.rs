@@ -5,6 +5,7 @@
 //! one-sided implementation fits the same shape (registered region = segment,
 //! remote descriptor = [`RemoteRange`]).
 
+pub mod checksum;
 pub mod fence;
 pub mod frame;
 pub mod lend;

@@ -307,11 +307,7 @@ impl Mapping {
         // checks catch (see the type docs).
         let from = unsafe { std::slice::from_raw_parts(self.ptr.add(off), to.len()) };
         Ok(match crc {
-            Some(c) => {
-                let c = crc32c::crc32c_append(c, from);
-                to.copy_from_slice(from);
-                c
-            }
+            Some(c) => crate::checksum::copy_crc32c(from, to, c),
             None => {
                 to.copy_from_slice(from);
                 0
