@@ -330,10 +330,15 @@ async fn a_co_located_node_process_is_attached_to() {
     let crc = ucx.read_crc32c(&r, 0, &mut back).await.unwrap();
     assert!(back == bytes, "read back intact");
     assert_eq!(crc, got.crc32c);
-    // The write went through UCX shared memory, the read by attach.
+    // The write went through UCX shared memory, the read by attach,
+    // copied from the node's shared segment mapped into this process.
     assert_eq!((ucx.attached_reads(), ucx.one_sided_transfers()), (1, 2));
+    assert_eq!(ucx.mapped_reads(), 1);
     assert_eq!(node_bytes(admin).await, (0.0, 0.0), "no byte over TCP");
 
+    // The mapping outlives the node (its memory file stays while mapped),
+    // but the node's words, read from its process after the bytes, do
+    // not: a dead node's bytes are never served.
     drop(node); // SIGKILL
     let res = tokio::time::timeout(Duration::from_secs(60), ucx.read(&r, 0, &mut back))
         .await

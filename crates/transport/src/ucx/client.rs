@@ -850,8 +850,12 @@ impl UcxTransport {
                 buf.fill(0);
                 Some(None)
             }
+            // The node's process is gone (or no longer ours to read): what
+            // was copied (from a mapping that outlives the node) is not
+            // left behind either.
             Err(e) => {
                 a.refuse(&e);
+                buf.fill(0);
                 None
             }
         }
