@@ -296,6 +296,7 @@ mod tests {
         let p = |pid: u32, host: &str| pb::HostProcess {
             pid,
             host: host.to_string(),
+            start_time: 7,
         };
         // None (an older node), or beside a worker only.
         assert_eq!(node_process(&w, None).unwrap(), None);

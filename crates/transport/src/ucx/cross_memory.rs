@@ -36,12 +36,39 @@ pub fn this_process() -> Option<&'static HostProcess> {
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
         let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
         let boot = boot.trim();
+        let pid = std::process::id();
         (!boot.is_empty()).then(|| HostProcess {
-            pid: std::process::id(),
+            pid,
             host: format!("{boot}/{}", ns.display()),
+            start_time: libc::pid_t::try_from(pid)
+                .ok()
+                .and_then(start_time)
+                .unwrap_or(0),
         })
     })
     .as_ref()
+}
+
+/// When process `pid` started, in clock ticks since boot (field 22 of
+/// `/proc/<pid>/stat`), or `None` when there is no such process.
+pub fn start_time(pid: libc::pid_t) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+/// Field 22 of a `/proc/<pid>/stat` line: counted after the command name,
+/// which is in parentheses and may hold spaces and parentheses itself.
+fn parse_start_time(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    // The fields after the name start at field 3.
+    rest.split_ascii_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// Whether `p` still names the process it named when it registered: the
+/// pid's current process started when `p` says (unchecked when `p` does not
+/// say, as older nodes do not).
+fn same_process(pid: libc::pid_t, started: u64) -> bool {
+    started == 0 || start_time(pid) == Some(started)
 }
 
 /// A co-located node's process, reachable by cross-memory attach until the
@@ -49,6 +76,8 @@ pub fn this_process() -> Option<&'static HostProcess> {
 /// when the node shares it.
 pub(crate) struct Attached {
     pid: libc::pid_t,
+    /// When the node's process started (0: not known).
+    start_time: u64,
     /// The segment's address and size in the node's process.
     base: u64,
     size: u64,
@@ -72,8 +101,10 @@ impl Attached {
     pub(crate) fn of(p: &HostProcess, base: u64, size: u64) -> Option<Attached> {
         let me = this_process()?;
         let pid = libc::pid_t::try_from(p.pid).ok().filter(|&pid| pid > 0)?;
-        (p.host == me.host).then(|| Attached {
+        // Another process that took the node's pid is not attached to.
+        (p.host == me.host && same_process(pid, p.start_time)).then(|| Attached {
             pid,
+            start_time: p.start_time,
             base,
             size,
             refused: AtomicBool::new(false),
@@ -106,7 +137,16 @@ impl Attached {
             MapState::Untried => {}
         }
         // Once per route; a few system calls (the node's /proc/<pid>/fd).
-        match Mapping::find(self.pid, self.base, self.size) {
+        // The pid names the node's process before the file is found and
+        // after it is mapped, so the file mapped is the node's.
+        let node = || match same_process(self.pid, self.start_time) {
+            true => Ok(()),
+            false => Err(io::Error::other("the node's pid now names another process")),
+        };
+        let found = node()
+            .and_then(|()| Mapping::find(self.pid, self.base, self.size))
+            .and_then(|m| node().map(|()| m));
+        match found {
             Ok(x) => {
                 let x = Arc::new(x);
                 *m = MapState::Mapped(x.clone());
@@ -337,6 +377,50 @@ mod tests {
     }
 
     #[test]
+    fn start_times_are_field_22_after_the_command_name() {
+        let tail = "S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 424242 20 21";
+        for comm in ["(strata)", "(a b)", "(x) S 9 (y)", "()"] {
+            assert_eq!(
+                parse_start_time(&format!("123 {comm} {tail}")),
+                Some(424_242),
+                "{comm}"
+            );
+        }
+        assert_eq!(parse_start_time("123 (short) S 1 2"), None);
+        assert_eq!(parse_start_time("no name"), None);
+        let me = this_process().unwrap();
+        assert!(me.start_time > 0);
+        assert_eq!(start_time(me.pid as i32), Some(me.start_time));
+        assert_eq!(start_time(i32::MAX), None, "no such process");
+    }
+
+    /// A pid another process took since the node registered (its start
+    /// time differs) is neither attached to nor mapped; a node that does
+    /// not say when it started (an older one) is.
+    #[test]
+    fn a_reused_pid_is_not_attached_to() {
+        let me = this_process().unwrap();
+        let later = HostProcess {
+            start_time: me.start_time + 1,
+            ..me.clone()
+        };
+        assert!(Attached::of(&later, 0, 1).is_none());
+        let unknown = HostProcess {
+            start_time: 0,
+            ..me.clone()
+        };
+        assert!(Attached::of(&unknown, 0, 1).is_some());
+        let seg = crate::region::Segment::new_shared(1 << 20, false).unwrap();
+        let base = seg.as_ptr() as u64;
+        assert!(Attached::of(me, base, 1 << 20).unwrap().mapped().is_some());
+        let moved = Attached {
+            start_time: me.start_time + 1,
+            ..Attached::of(me, base, 1 << 20).unwrap()
+        };
+        assert!(moved.mapped().is_none(), "the pid's process changed");
+    }
+
+    #[test]
     fn only_a_process_this_one_can_name_is_attached() {
         let me = this_process().unwrap();
         assert!(Attached::of(me, 0, 1).is_some());
@@ -373,6 +457,7 @@ mod tests {
         assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
         let gone = Attached {
             pid: i32::MAX,
+            start_time: 0,
             refused: AtomicBool::new(false),
             ..Attached::of(this_process().unwrap(), 0, 1).unwrap()
         };
