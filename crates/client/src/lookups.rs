@@ -5,6 +5,7 @@
 //! concurrent single gets cost few round trips. Nothing ever waits to fill
 //! a batch: batches form only from what queued meanwhile.
 
+use crate::quick::QuickLookups;
 use std::sync::Arc;
 use strata_common::grpc::MasterChannel;
 use strata_common::{Error, Result};
@@ -31,16 +32,21 @@ type Item = (String, Reply, tracing::Span);
 #[derive(Clone)]
 pub(crate) struct Lookups {
     master: MasterClient<MasterChannel>,
+    quick: Option<Arc<QuickLookups>>,
     singles: Arc<Semaphore>,
     tx: mpsc::UnboundedSender<Item>,
 }
 
 impl Lookups {
-    pub(crate) fn start(master: MasterClient<MasterChannel>) -> Lookups {
+    pub(crate) fn start(
+        master: MasterClient<MasterChannel>,
+        quick: Option<QuickLookups>,
+    ) -> Lookups {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(dispatch(master.clone(), rx));
         Lookups {
             master,
+            quick: quick.map(Arc::new),
             singles: Arc::new(Semaphore::new(IN_FLIGHT)),
             tx,
         }
@@ -49,6 +55,11 @@ impl Lookups {
     /// Where `key`'s bytes are (one attempt; callers retry with backoff).
     pub(crate) async fn get(&self, key: &str) -> Result<pb::GetReplicasResponse> {
         if let Ok(_single) = self.singles.try_acquire() {
+            if let Some(q) = &self.quick {
+                if let Some(r) = q.get(key).await {
+                    return r;
+                }
+            }
             return self
                 .master
                 .clone()
@@ -66,6 +77,11 @@ impl Lookups {
         answer
             .await
             .map_err(|_| Error::unavailable("the lookup was dropped; retry"))?
+    }
+
+    /// Lookups answered over quick lookup connections.
+    pub(crate) fn quick_answered(&self) -> u64 {
+        self.quick.as_ref().map_or(0, |q| q.answered())
     }
 }
 

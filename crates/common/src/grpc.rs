@@ -48,10 +48,20 @@ pub type MasterChannel = InterceptedService<crate::leader::LeaderChannel, Bearer
 /// dialled lazily: it reconnects by itself after failures and follows the
 /// leader, so callers survive a master restart or failover by retrying.
 pub fn master_channel(addr: &str, token: Option<&Secret>) -> Result<MasterChannel> {
+    master_channel_routed(addr, token).map(|(c, _)| c)
+}
+
+/// [`master_channel`] and its route: `LeaderChannel::current` is the
+/// address its calls go to (for protocols beside gRPC on the same port).
+pub fn master_channel_routed(
+    addr: &str,
+    token: Option<&Secret>,
+) -> Result<(MasterChannel, crate::leader::LeaderChannel)> {
     let target = crate::leader::MasterTarget::parse(addr)?;
-    Ok(InterceptedService::new(
-        crate::leader::LeaderChannel::new(target),
-        BearerToken::new(token)?,
+    let route = crate::leader::LeaderChannel::new(target);
+    Ok((
+        InterceptedService::new(route.clone(), BearerToken::new(token)?),
+        route,
     ))
 }
 

@@ -9,6 +9,7 @@ pub mod grant;
 pub mod grpc;
 pub mod leader;
 pub mod limits;
+pub mod lookup_wire;
 pub mod metrics;
 pub mod ports;
 pub mod service;

@@ -15,6 +15,7 @@ pub mod members;
 pub mod metrics;
 pub mod objects;
 pub mod offload;
+mod quick_lookups;
 pub mod rebuild;
 pub mod service;
 pub mod serving;
@@ -146,9 +147,13 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
         service::policy_of,
     );
     let sd = shutdown.clone();
+    let incoming = quick_lookups::split_incoming(
+        listener,
+        serving.clone(),
+        Arc::new(cfg.credentials.clone()),
+        shutdown.clone(),
+    );
     tasks.spawn(async move {
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let res = tonic::transport::Server::builder()
             .add_service(svc)
             .serve_with_incoming_shutdown(incoming, sd.cancelled())

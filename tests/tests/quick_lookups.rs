@@ -1,0 +1,186 @@
+//! Quick lookups (`strata_common::lookup_wire`): a client's single lookups
+//! go on plain connections to the master's gRPC port, answered exactly as
+//! `GetReplicas` is, behind the same credentials; bad hellos and requests
+//! get a clear error; gRPC keeps working on the same port.
+
+use prost::Message;
+use strata_client::{Client, ClusterBuilder, Code, LocalCluster, PutOptions};
+use strata_common::lookup_wire as wire;
+use strata_proto as pb;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn lookups(c: &LocalCluster, code: &str) -> u64 {
+    c.master
+        .metrics
+        .requests
+        .with_label_values(&["get_replicas", code])
+        .get()
+}
+
+/// A client that asks the master on every read.
+async fn uncached(c: &LocalCluster, quick: bool) -> Client {
+    Client::connect(
+        c.client_config()
+            .with_location_cache(0)
+            .with_quick_lookups(quick),
+    )
+    .await
+    .unwrap()
+}
+
+/// A connection that said hello with `token`, and the master's answer.
+async fn greet(
+    c: &LocalCluster,
+    token: Option<&str>,
+) -> (TcpStream, Result<Vec<u8>, strata_common::Error>) {
+    let mut s = TcpStream::connect(c.master_addr).await.unwrap();
+    s.write_all(&wire::hello(token).unwrap()).await.unwrap();
+    let a = wire::read_answer(&mut s).await.unwrap();
+    (s, a)
+}
+
+async fn ask(
+    s: &mut TcpStream,
+    key: &str,
+) -> Result<pb::GetReplicasResponse, strata_common::Error> {
+    let body = pb::GetReplicasRequest { key: key.into() }.encode_to_vec();
+    wire::write_request(s, &body).await.unwrap();
+    wire::read_answer(s)
+        .await
+        .unwrap()
+        .map(|b| pb::GetReplicasResponse::decode(b.as_slice()).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_reads_are_looked_up_quickly_and_answered_as_over_grpc() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = uncached(&c, true).await;
+    let v = vec![7u8; 64 << 10];
+    cl.put("k", &v, &PutOptions::default()).await.unwrap();
+    let ok0 = lookups(&c, "ok");
+    for _ in 0..5 {
+        assert_eq!(cl.get("k").await.unwrap(), v);
+    }
+    assert_eq!(cl.get("absent").await.unwrap_err().code, Code::NotFound);
+    // The master counted each, as it counts gRPC calls.
+    assert_eq!(lookups(&c, "ok") - ok0, 5);
+    // The first lookup may go over gRPC (the leader's address is learnt
+    // from a call); the others went quickly, the miss too.
+    assert!(cl.quick_lookups() >= 5, "{} quick", cl.quick_lookups());
+
+    // Turned off: the same reads, all over gRPC.
+    let grpc = uncached(&c, false).await;
+    assert_eq!(grpc.get("k").await.unwrap(), v);
+    assert_eq!(grpc.get("absent").await.unwrap_err().code, Code::NotFound);
+    assert_eq!(grpc.quick_lookups(), 0);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hello_needs_a_token_that_may_look_keys_up() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .credentials(true)
+        .build()
+        .await
+        .unwrap();
+    let cr = c.credentials().clone();
+    let cl = c.client().await.unwrap();
+    cl.put("k", b"value", &PutOptions::default()).await.unwrap();
+
+    let (_, none) = greet(&c, None).await;
+    assert!(matches!(
+        none.unwrap_err().code,
+        Code::PermissionDenied | Code::Unauthenticated
+    ));
+    let (_, wrong) = greet(&c, Some("not-a-token")).await;
+    assert_eq!(wrong.unwrap_err().code, Code::Unauthenticated);
+    let (_, member) = greet(&c, Some(cr.member.as_ref().unwrap().expose())).await;
+    assert!(member.is_err(), "a member token may not look keys up");
+
+    let (mut s, client) = greet(&c, Some(cr.client.as_ref().unwrap().expose())).await;
+    client.unwrap();
+    let r = ask(&mut s, "k").await.unwrap();
+    assert_eq!((r.size, r.crc32c), (5, crc32c::crc32c(b"value")));
+    assert_eq!(r.replicas.len(), 1);
+    assert_eq!(
+        ask(&mut s, "absent").await.unwrap_err().code,
+        Code::NotFound
+    );
+
+    // A client with a token that matches nothing is told so (over gRPC)
+    // and looks nothing up quickly.
+    let bad = Client::connect(
+        c.client_config()
+            .with_location_cache(0)
+            .with_token(Some(strata_common::auth::Secret::generate())),
+    )
+    .await
+    .unwrap();
+    for _ in 0..2 {
+        assert_eq!(bad.get("k").await.unwrap_err().code, Code::Unauthenticated);
+    }
+    assert_eq!(bad.quick_lookups(), 0);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_hellos_and_requests_get_a_clear_error_and_grpc_still_serves() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("k", b"v", &PutOptions::default()).await.unwrap();
+
+    // Another version: refused, naming the one served.
+    let mut s = TcpStream::connect(c.master_addr).await.unwrap();
+    let mut h = wire::hello(Some("any")).unwrap();
+    h[8..10].copy_from_slice(&(wire::VERSION + 1).to_le_bytes());
+    s.write_all(&h).await.unwrap();
+    let e = wire::read_answer(&mut s).await.unwrap().unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument);
+    assert!(e.message.contains("version"), "{e}");
+
+    // An undecodable request is answered, and the connection goes on.
+    let admin = c.credentials().admin.clone();
+    let (mut s, hello) = greet(&c, admin.as_ref().map(|t| t.expose())).await;
+    hello.unwrap();
+    wire::write_request(&mut s, &[0xff; 7]).await.unwrap();
+    let e = wire::read_answer(&mut s).await.unwrap().unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument);
+    assert_eq!(ask(&mut s, "k").await.unwrap().size, 1);
+    // A key over the master's limit: its error, as over gRPC.
+    let long = "x".repeat(strata_master::master::MAX_KEY_LEN + 1);
+    assert_eq!(
+        ask(&mut s, &long).await.unwrap_err().code,
+        Code::InvalidArgument
+    );
+
+    // A request at the limit is read; one just over it ends the connection.
+    let at = pb::GetReplicasRequest {
+        key: "y".repeat(wire::MAX_REQUEST - 4),
+    }
+    .encode_to_vec();
+    assert_eq!(at.len(), wire::MAX_REQUEST);
+    wire::write_request(&mut s, &at).await.unwrap();
+    let e = wire::read_answer(&mut s).await.unwrap().unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument, "the key's own limit");
+    s.write_all(&((wire::MAX_REQUEST + 1) as u32).to_le_bytes())
+        .await
+        .unwrap();
+    let e = tokio::time::timeout(std::time::Duration::from_secs(5), wire::read_answer(&mut s))
+        .await
+        .expect("an overlong request is refused at once")
+        .unwrap()
+        .unwrap_err();
+    assert!(e.message.contains("longer than"), "{e}");
+    let mut rest = vec![];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .expect("the master closes the connection")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+
+    // gRPC on the same port, untouched.
+    assert_eq!(cl.get("k").await.unwrap(), b"v");
+    c.shutdown().await;
+}
