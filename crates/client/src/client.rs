@@ -40,10 +40,10 @@ pub struct ClientConfig {
     /// more than that round trip, so it is worked out while PutStart is in
     /// flight instead. 0: never declared.
     pub announce_up_to: usize,
-    /// Single lookups go on plain connections to the leader instead of
-    /// gRPC when the master serves them (about a tenth of a gRPC call's
-    /// latency; gRPC whenever they cannot answer).
-    pub quick_lookups: bool,
+    /// Single lookups, PutStart and PutEnd go on plain connections to the
+    /// leader instead of gRPC when the master serves them (about a tenth of
+    /// a gRPC call's latency; gRPC whenever they cannot be sent).
+    pub quick_calls: bool,
 }
 
 impl ClientConfig {
@@ -58,14 +58,14 @@ impl ClientConfig {
             location_cache_keys: 65_536,
             read_report_interval: std::time::Duration::from_millis(500),
             announce_up_to: ANNOUNCE_UP_TO,
-            quick_lookups: true,
+            quick_calls: true,
         }
     }
 
-    /// Looks keys up over gRPC only (`false`), or quickly where the master
-    /// allows (`true`, the default).
-    pub fn with_quick_lookups(mut self, on: bool) -> Self {
-        self.quick_lookups = on;
+    /// Calls the master over gRPC only (`false`), or quickly where the
+    /// master allows (`true`, the default).
+    pub fn with_quick_calls(mut self, on: bool) -> Self {
+        self.quick_calls = on;
         self
     }
 
@@ -125,6 +125,7 @@ pub struct Client {
     cfg: Arc<ClientConfig>,
     locations: Option<Arc<Locations>>,
     lookups: Lookups,
+    quick: Option<Arc<crate::quick::QuickCalls>>,
 }
 
 pub use strata_transport::remote_range;
@@ -166,9 +167,10 @@ impl Client {
         let (channel, route) =
             strata_common::grpc::master_channel_routed(&cfg.master, cfg.token.as_ref())?;
         let quick = cfg
-            .quick_lookups
-            .then(|| crate::quick::QuickLookups::new(route, cfg.token.as_ref()))
-            .transpose()?;
+            .quick_calls
+            .then(|| crate::quick::QuickCalls::new(route, cfg.token.as_ref()))
+            .transpose()?
+            .map(Arc::new);
         let master = MasterClient::new(channel)
             .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE)
             .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE);
@@ -187,7 +189,8 @@ impl Client {
             l
         });
         Ok(Client {
-            lookups: Lookups::start(master.clone(), quick),
+            lookups: Lookups::start(master.clone(), quick.clone()),
+            quick,
             master,
             transport,
             cfg: Arc::new(cfg),
@@ -195,10 +198,11 @@ impl Client {
         })
     }
 
-    /// Lookups the master answered over a quick lookup connection instead
-    /// of gRPC since this client was made: for engines' own metrics.
-    pub fn quick_lookups(&self) -> u64 {
-        self.lookups.quick_answered()
+    /// Calls (lookups, PutStart, PutEnd) the master answered over a quick
+    /// connection instead of gRPC since this client was made: for engines'
+    /// own metrics.
+    pub fn quick_calls(&self) -> u64 {
+        self.quick.as_ref().map_or(0, |q| q.answered())
     }
 
     /// Reads served from the location cache (no master round trip) since
@@ -214,6 +218,35 @@ impl Client {
 
     fn m(&self) -> MasterClient<MasterChannel> {
         self.master.clone()
+    }
+
+    /// PutStart, quickly where the master allows (the request goes out on
+    /// the first poll either way).
+    async fn put_start(&self, req: pb::PutStartRequest) -> Result<pb::PutStartResponse> {
+        if let Some(q) = &self.quick {
+            if let Some(r) = q.put_start(&req).await {
+                return r;
+            }
+        }
+        self.m()
+            .put_start(req)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(Error::from)
+    }
+
+    /// PutEnd, quickly where the master allows.
+    async fn put_end(&self, req: pb::PutEndRequest) -> Result<pb::PutEndResponse> {
+        if let Some(q) = &self.quick {
+            if let Some(r) = q.put_end(&req).await {
+                return r;
+            }
+        }
+        self.m()
+            .put_end(req)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(Error::from)
     }
 
     /// Stores `data` under `key`. Fails with `AlreadyExists` if the key is
@@ -246,8 +279,7 @@ impl Client {
                     hard_pin: opts.hard_pin,
                     crc32c: announced,
                 };
-                let mut master = self.m();
-                let start = master.put_start(req);
+                let start = self.put_start(req);
                 let start = match crc.get() {
                     Some(_) => start.await,
                     // The request goes out on its first poll; the checksum
@@ -259,8 +291,8 @@ impl Client {
                     }
                 };
                 let crc = *crc.get().expect("set by the first attempt");
-                let replicas = match start.map_err(Error::from) {
-                    Ok(r) => r.into_inner().replicas,
+                let replicas = match start {
+                    Ok(r) => r.replicas,
                     Err(e)
                         if e.code == Code::AlreadyExists
                             && unsure.load(std::sync::atomic::Ordering::Relaxed) =>
@@ -286,13 +318,11 @@ impl Client {
                     });
                 }
                 let end = self
-                    .m()
                     .put_end(pb::PutEndRequest {
                         key: key.to_string(),
                         crc32c: crc,
                     })
-                    .await
-                    .map_err(Error::from);
+                    .await;
                 if end.as_ref().is_err_and(|e| e.retryable()) {
                     unsure.store(true, std::sync::atomic::Ordering::Relaxed);
                 }

@@ -5,7 +5,7 @@
 //! concurrent single gets cost few round trips. Nothing ever waits to fill
 //! a batch: batches form only from what queued meanwhile.
 
-use crate::quick::QuickLookups;
+use crate::quick::QuickCalls;
 use std::sync::Arc;
 use strata_common::grpc::MasterChannel;
 use strata_common::{Error, Result};
@@ -32,7 +32,7 @@ type Item = (String, Reply, tracing::Span);
 #[derive(Clone)]
 pub(crate) struct Lookups {
     master: MasterClient<MasterChannel>,
-    quick: Option<Arc<QuickLookups>>,
+    quick: Option<Arc<QuickCalls>>,
     singles: Arc<Semaphore>,
     tx: mpsc::UnboundedSender<Item>,
 }
@@ -40,13 +40,13 @@ pub(crate) struct Lookups {
 impl Lookups {
     pub(crate) fn start(
         master: MasterClient<MasterChannel>,
-        quick: Option<QuickLookups>,
+        quick: Option<Arc<QuickCalls>>,
     ) -> Lookups {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(dispatch(master.clone(), rx));
         Lookups {
             master,
-            quick: quick.map(Arc::new),
+            quick,
             singles: Arc::new(Semaphore::new(IN_FLIGHT)),
             tx,
         }
@@ -56,7 +56,7 @@ impl Lookups {
     pub(crate) async fn get(&self, key: &str) -> Result<pb::GetReplicasResponse> {
         if let Ok(_single) = self.singles.try_acquire() {
             if let Some(q) = &self.quick {
-                if let Some(r) = q.get(key).await {
+                if let Some(r) = q.get_replicas(key).await {
                     return r;
                 }
             }
@@ -77,11 +77,6 @@ impl Lookups {
         answer
             .await
             .map_err(|_| Error::unavailable("the lookup was dropped; retry"))?
-    }
-
-    /// Lookups answered over quick lookup connections.
-    pub(crate) fn quick_answered(&self) -> u64 {
-        self.quick.as_ref().map_or(0, |q| q.answered())
     }
 }
 

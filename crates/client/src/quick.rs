@@ -1,14 +1,17 @@
-//! Quick lookups: `GetReplicas` on plain connections to the leader
-//! (`strata_common::lookup_wire`), each held by one caller for one request
-//! and answer, so a lookup costs the two sockets' wake-ups and not a gRPC
-//! call's task hand-offs (on this 2-core machine ~10 to 20 us against
-//! ~140 us for a first 4 KiB read; docs/benchmarks.md).
+//! Quick calls: `GetReplicas`, `PutStart` and `PutEnd` on plain
+//! connections to the leader (`strata_common::quick_wire`), each held by
+//! one caller for one request and answer, so a call costs the two sockets'
+//! wake-ups and not a gRPC call's task hand-offs (on this 2-core machine
+//! ~10 to 20 us against ~140 us; docs/benchmarks.md).
 //!
-//! Everything else stays on gRPC, which also remains the way back whenever
-//! a quick lookup cannot answer: no leader known yet, a master that does
-//! not speak the protocol (an older one) or refuses the hello, a follower,
-//! a broken connection, a timeout. Traced calls use gRPC too, so the
-//! master's span joins the caller's trace.
+//! Everything else stays on gRPC, which is also the way whenever a quick
+//! call cannot be sent: no leader known yet, a master that does not speak
+//! the protocol (an older one) or refuses the hello, a follower (it answers
+//! `NotLeader` without acting). Once a request may have reached the
+//! master, a broken connection or a timeout is an `Unavailable` error, as
+//! a gRPC call's would be, and the caller's retry decides (a lookup, which
+//! changes nothing, is asked again over gRPC at once). Traced calls use
+//! gRPC, so the master's span joins the caller's trace.
 
 use prost::Message;
 use std::collections::HashMap;
@@ -17,7 +20,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use strata_common::auth::Secret;
 use strata_common::leader::LeaderChannel;
-use strata_common::lookup_wire as wire;
+use strata_common::quick_wire::{self as wire, Op};
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -25,14 +28,19 @@ use tokio::net::TcpStream;
 
 /// Idle connections kept for reuse (a connection per concurrent lookup).
 const IDLE: usize = 8;
-/// Longest a dial, hello or lookup may take before gRPC is asked instead.
-const TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest a dial or hello may take before gRPC is used instead.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest a call may take (as the gRPC channel's call timeout).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest the master may stay silent during a call (it says it is busy
+/// every `quick_wire::BUSY_EVERY`): as gRPC's keep-alive timeout.
+const SILENCE: Duration = Duration::from_secs(3);
 /// How long an address that refused the protocol is left alone.
 const RECHECK: Duration = Duration::from_secs(30);
 
 type Conn = BufReader<TcpStream>;
 
-pub(crate) struct QuickLookups {
+pub(crate) struct QuickCalls {
     route: LeaderChannel,
     hello: Vec<u8>,
     idle: Mutex<Vec<(String, Conn)>>,
@@ -40,9 +48,9 @@ pub(crate) struct QuickLookups {
     answered: AtomicU64,
 }
 
-impl QuickLookups {
-    pub(crate) fn new(route: LeaderChannel, token: Option<&Secret>) -> Result<QuickLookups> {
-        Ok(QuickLookups {
+impl QuickCalls {
+    pub(crate) fn new(route: LeaderChannel, token: Option<&Secret>) -> Result<QuickCalls> {
+        Ok(QuickCalls {
             route,
             hello: wire::hello(token.map(|t| t.expose()))?,
             idle: Mutex::new(Vec::new()),
@@ -51,13 +59,44 @@ impl QuickLookups {
         })
     }
 
-    /// Lookups the master answered this way (for tests and engines' metrics).
+    /// Calls the master answered this way (for tests and engines' metrics).
     pub(crate) fn answered(&self) -> u64 {
         self.answered.load(Ordering::Relaxed)
     }
 
-    /// The master's answer for `key`, or `None`: ask over gRPC instead.
-    pub(crate) async fn get(&self, key: &str) -> Option<Result<pb::GetReplicasResponse>> {
+    /// Where `key`'s bytes are, or `None`: ask over gRPC instead.
+    pub(crate) async fn get_replicas(&self, key: &str) -> Option<Result<pb::GetReplicasResponse>> {
+        let req = pb::GetReplicasRequest {
+            key: key.to_string(),
+        };
+        match self.call(Op::GetReplicas, &req).await? {
+            // Lost on the way: nothing changed, gRPC asks again.
+            Err(e) if e.code == Code::Unavailable => None,
+            r => Some(r),
+        }
+    }
+
+    pub(crate) async fn put_start(
+        &self,
+        req: &pb::PutStartRequest,
+    ) -> Option<Result<pb::PutStartResponse>> {
+        self.call(Op::PutStart, req).await
+    }
+
+    pub(crate) async fn put_end(
+        &self,
+        req: &pb::PutEndRequest,
+    ) -> Option<Result<pb::PutEndResponse>> {
+        self.call(Op::PutEnd, req).await
+    }
+
+    /// The master's answer to `req`, or `None` if it was not sent (use
+    /// gRPC). The request goes out on the first poll.
+    async fn call<Req: Message, Resp: Message + Default>(
+        &self,
+        op: Op,
+        req: &Req,
+    ) -> Option<Result<Resp>> {
         if strata_common::telemetry::TraceParent::current().is_some() {
             return None;
         }
@@ -67,10 +106,10 @@ impl QuickLookups {
         }
         let mut conn = match self.take(&addr) {
             Some(c) => c,
-            None => match tokio::time::timeout(TIMEOUT, self.dial(&addr)).await {
+            None => match tokio::time::timeout(DIAL_TIMEOUT, self.dial(&addr)).await {
                 Ok(Ok(Ok(c))) => c,
                 Ok(Ok(Err(e))) => {
-                    tracing::debug!(%addr, error = %e, "quick lookups refused; using gRPC");
+                    tracing::debug!(%addr, error = %e, "quick calls refused; using gRPC");
                     self.refused
                         .lock()
                         .expect("refused lock")
@@ -81,24 +120,40 @@ impl QuickLookups {
                 Ok(Err(_)) | Err(_) => return None,
             },
         };
-        let body = pb::GetReplicasRequest {
-            key: key.to_string(),
-        }
-        .encode_to_vec();
-        let asked = tokio::time::timeout(TIMEOUT, async {
-            wire::write_request(&mut conn, &body).await?;
-            conn.flush()
-                .await
-                .map_err(|e| Error::unavailable(e.to_string()))?;
-            wire::read_answer(&mut conn).await
+        let body = req.encode_to_vec();
+        let asked = tokio::time::timeout(CALL_TIMEOUT, async {
+            wire::write_request(&mut conn, op as u8, &body).await?;
+            loop {
+                match tokio::time::timeout(SILENCE, wire::read_frame(&mut conn)).await {
+                    Ok(Ok(Some(a))) => return Ok(a),
+                    Ok(Ok(None)) => continue,
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => {
+                        return Err(Error::unavailable(format!(
+                            "master {addr} went silent during {} for {SILENCE:?}",
+                            op.method()
+                        )))
+                    }
+                }
+            }
         })
         .await;
-        // A connection that failed or timed out mid-request is dropped: its
-        // stream may hold half an answer.
-        let answer = asked.ok()?.ok()?;
+        // A connection that failed or timed out mid-call is dropped (its
+        // stream may hold half an answer); the call may have been served.
+        let answer = match asked {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) => return Some(Err(e)),
+            Err(_) => {
+                return Some(Err(Error::unavailable(format!(
+                    "master {addr} did not answer {} within {CALL_TIMEOUT:?}",
+                    op.method()
+                ))))
+            }
+        };
         self.give_back(addr, conn);
         match answer {
-            // A follower, or a leader stepping down: gRPC follows the leader.
+            // A follower, or a leader stepping down, did not act: gRPC
+            // follows the leader.
             Err(e) if e.code == Code::NotLeader => None,
             Err(e) => {
                 self.answered.fetch_add(1, Ordering::Relaxed);
@@ -106,10 +161,9 @@ impl QuickLookups {
             }
             Ok(bytes) => {
                 self.answered.fetch_add(1, Ordering::Relaxed);
-                Some(
-                    pb::GetReplicasResponse::decode(bytes.as_slice())
-                        .map_err(|e| Error::internal(format!("undecodable lookup answer: {e}"))),
-                )
+                Some(Resp::decode(bytes.as_slice()).map_err(|e| {
+                    Error::internal(format!("undecodable {} answer: {e}", op.method()))
+                }))
             }
         }
     }

@@ -15,7 +15,7 @@ pub mod members;
 pub mod metrics;
 pub mod objects;
 pub mod offload;
-mod quick_lookups;
+mod quick_calls;
 pub mod rebuild;
 pub mod service;
 pub mod serving;
@@ -147,7 +147,7 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
         service::policy_of,
     );
     let sd = shutdown.clone();
-    let incoming = quick_lookups::split_incoming(
+    let incoming = quick_calls::split_incoming(
         listener,
         serving.clone(),
         Arc::new(cfg.credentials.clone()),

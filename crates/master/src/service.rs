@@ -27,24 +27,6 @@ const BATCH_REQUEST: usize = MAX_BATCH * (crate::master::MAX_KEY_LEN + 64);
 /// forced remove additionally needs the admin role, checked once its message
 /// is decoded. Batches are refused by item count while they stream in, before
 /// any is decoded.
-/// Counts a served request and its duration (`op` is the method's name in
-/// snake case, whichever protocol carried it).
-pub(crate) fn observe<T>(
-    m: &crate::metrics::MasterMetrics,
-    op: &'static str,
-    t0: Instant,
-    r: &Result<T>,
-) {
-    m.request_duration
-        .with_label_values(&[op])
-        .observe(t0.elapsed().as_secs_f64());
-    let code = match r {
-        Ok(_) => Code::Ok,
-        Err(e) => e.code,
-    };
-    m.requests.with_label_values(&[op, code.as_str()]).inc();
-}
-
 pub fn policy_of(method: &str) -> MethodPolicy {
     let (role, max_bytes, max_items) = match method {
         "ReportInventory" | "ReportOffload" | "ReportPromotion" | "EvictBuckets" => {
@@ -83,7 +65,15 @@ pub struct MasterService {
 
 impl MasterService {
     fn done<T>(&self, op: &'static str, t0: Instant, r: Result<T>) -> Result<Response<T>, Status> {
-        observe(&self.master.metrics, op, t0, &r);
+        let m = &self.master.metrics;
+        m.request_duration
+            .with_label_values(&[op])
+            .observe(t0.elapsed().as_secs_f64());
+        let code = match &r {
+            Ok(_) => Code::Ok,
+            Err(e) => e.code,
+        };
+        m.requests.with_label_values(&[op, code.as_str()]).inc();
         r.map(Response::new).map_err(Status::from)
     }
 

@@ -49,7 +49,7 @@ impl Serving {
         self.current_term().map(|(m, _)| m)
     }
 
-    fn current_term(&self) -> Result<(Arc<Master>, Leadership)> {
+    pub(crate) fn current_term(&self) -> Result<(Arc<Master>, Leadership)> {
         if let Some(t) = self.term.read().as_ref() {
             if t.leadership.is_valid() {
                 return Ok((t.master.clone(), t.leadership.clone()));
@@ -58,18 +58,7 @@ impl Serving {
         Err(self.not_leader())
     }
 
-    /// Runs `f` on the current term's master; its answer counts only if the
-    /// leadership still holds afterwards (as the gRPC gate checks).
-    pub(crate) fn on_leader<T>(&self, f: impl FnOnce(&Master) -> Result<T>) -> Result<T> {
-        let (master, leadership) = self.current_term()?;
-        let r = f(&master);
-        if !leadership.is_valid() {
-            return Err(self.not_leader());
-        }
-        r
-    }
-
-    fn not_leader(&self) -> Error {
+    pub(crate) fn not_leader(&self) -> Error {
         Error::not_leader(self.leader.read().as_ref())
     }
 

@@ -1,13 +1,15 @@
-//! The quick lookup protocol: `GetReplicas` on a plain TCP connection that
-//! shares the master's gRPC port.
+//! The quick call protocol: the master's hottest unary calls (`GetReplicas`,
+//! `PutStart`, `PutEnd`) on a plain TCP connection that shares its gRPC
+//! port, with the same messages, checks and answers.
 //!
-//! Why: a first read is one lookup and one transfer, and a gRPC call costs
+//! Why: a first read is one lookup and one transfer, a put two calls and a
+//! write, and a gRPC call costs
 //! several task hand-offs on each side (the channel's buffer task, the
 //! HTTP/2 connection tasks, a task per stream), each a thread wake-up; on
 //! two cores that made a lookup ~140 us where a plain request and answer
 //! on a socket take ~10. Here the caller's task writes the request and
 //! reads the answer on a connection it holds alone, and the master answers
-//! inline on the connection's task.
+//! on the connection's task.
 //!
 //! The master tells the two apart by a connection's first bytes ([`MAGIC`]
 //! cannot start an HTTP/2 preface), so no port, flag or Service changes.
@@ -18,10 +20,18 @@
 //! hello    client: MAGIC (8) | version u16 | token length u16 | token
 //!          master: code u32 | retryable u8 | message length u32 | message
 //!                  (code 0: go on; otherwise the master closes)
-//! request  length u32 | GetReplicasRequest (protobuf)
-//! answer   code u32 | retryable u8 | length u32 | GetReplicasResponse
+//! request  length u32 | op u8 | the op's request (protobuf; length bytes)
+//! answer   code u32 | retryable u8 | length u32 | the op's response
 //!          (protobuf) when code is 0, else the error's message (UTF-8)
 //! ```
+//!
+//! While a call runs (a put waiting for room or for its nodes), the master
+//! sends an answer with code [`BUSY`] and no body every [`BUSY_EVERY`], so
+//! a client tells a slow call from a master that stopped (paused, cut off)
+//! by silence, as gRPC's keep-alive pings do.
+//!
+//! An op a master does not know is answered `InvalidArgument`; new ops are
+//! added with new numbers (a client learns of them from the version).
 //!
 //! Requests go one at a time per connection, in order.
 
@@ -29,7 +39,41 @@ use crate::{Code, Error, Result};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// A connection's first bytes: not an HTTP/2 preface (`PRI * HTTP/2.0`).
-pub const MAGIC: &[u8; 8] = b"STRATAQL";
+pub const MAGIC: &[u8; 8] = b"STRATAQC";
+
+/// The calls a quick connection carries (`Master` RPCs of the same name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    GetReplicas = 1,
+    PutStart = 2,
+    PutEnd = 3,
+}
+
+impl Op {
+    pub fn from_u8(b: u8) -> Option<Op> {
+        match b {
+            1 => Some(Op::GetReplicas),
+            2 => Some(Op::PutStart),
+            3 => Some(Op::PutEnd),
+            _ => None,
+        }
+    }
+
+    /// The gRPC method's name (for its role).
+    pub fn method(self) -> &'static str {
+        match self {
+            Op::GetReplicas => "GetReplicas",
+            Op::PutStart => "PutStart",
+            Op::PutEnd => "PutEnd",
+        }
+    }
+}
+/// The code of a "still working" answer (never an error code).
+pub const BUSY: u32 = u32::MAX;
+/// How often a master says it is still working on a call.
+pub const BUSY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The protocol version a client asks for; a master refuses others.
 pub const VERSION: u16 = 1;
 /// Longest token a hello may carry.
@@ -71,22 +115,23 @@ pub async fn read_hello<R: AsyncRead + Unpin>(r: &mut R) -> Result<(u16, Vec<u8>
     Ok((version, token))
 }
 
-/// A request: its length, then `body`.
-pub async fn write_request<W: AsyncWrite + Unpin>(w: &mut W, body: &[u8]) -> Result<()> {
+/// A request: its length, `op`, then `body`.
+pub async fn write_request<W: AsyncWrite + Unpin>(w: &mut W, op: u8, body: &[u8]) -> Result<()> {
     if body.len() > MAX_REQUEST {
         return Err(Error::invalid(format!(
             "lookup of {} bytes is longer than {MAX_REQUEST}",
             body.len()
         )));
     }
-    let mut b = Vec::with_capacity(4 + body.len());
+    let mut b = Vec::with_capacity(5 + body.len());
     b.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    b.push(op);
     b.extend_from_slice(body);
     w.write_all(&b).await.map_err(io)
 }
 
-/// The next request's body; `None` at a clean end of the connection.
-pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Vec<u8>>> {
+/// The next request's op and body; `None` at a clean end of the connection.
+pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(u8, Vec<u8>)>> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len).await {
         Ok(_) => {}
@@ -99,9 +144,10 @@ pub async fn read_request<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Vec<
             "lookup of {n} bytes is longer than {MAX_REQUEST}"
         )));
     }
+    let op = r.read_u8().await.map_err(io)?;
     let mut body = vec![0; n];
     r.read_exact(&mut body).await.map_err(io)?;
-    Ok(Some(body))
+    Ok(Some((op, body)))
 }
 
 /// An answer (also a hello's): `Ok` carries the encoded response.
@@ -118,9 +164,26 @@ pub async fn write_answer<W: AsyncWrite + Unpin>(w: &mut W, r: &Result<Vec<u8>>)
     w.write_all(&b).await.map_err(io)
 }
 
-/// Reads an answer: the response's bytes, or the master's error. The outer
-/// error is the connection's (it cannot be used again).
+/// "Still working on it" (see [`BUSY`]).
+pub async fn write_busy<W: AsyncWrite + Unpin>(w: &mut W) -> Result<()> {
+    let mut b = [0u8; 9];
+    b[..4].copy_from_slice(&BUSY.to_le_bytes());
+    w.write_all(&b).await.map_err(io)
+}
+
+/// Reads an answer, past any [`BUSY`] ones: the response's bytes, or the
+/// master's error. The outer error is the connection's (it cannot be used
+/// again).
 pub async fn read_answer<R: AsyncRead + Unpin>(r: &mut R) -> Result<Result<Vec<u8>>> {
+    loop {
+        if let Some(a) = read_frame(r).await? {
+            return Ok(a);
+        }
+    }
+}
+
+/// Reads one answer frame; `None` for a [`BUSY`] one.
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Result<Vec<u8>>>> {
     let mut head = [0u8; 9];
     r.read_exact(&mut head).await.map_err(io)?;
     let code = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
@@ -133,11 +196,14 @@ pub async fn read_answer<R: AsyncRead + Unpin>(r: &mut R) -> Result<Result<Vec<u
     }
     let mut body = vec![0; n];
     r.read_exact(&mut body).await.map_err(io)?;
+    if code == BUSY {
+        return Ok(None);
+    }
     if code == Code::Ok as u32 {
-        return Ok(Ok(body));
+        return Ok(Some(Ok(body)));
     }
     let message = String::from_utf8_lossy(&body).into_owned();
-    Ok(Err(Error::from_parts(code, message, retryable)))
+    Ok(Some(Err(Error::from_parts(code, message, retryable))))
 }
 
 fn io(e: std::io::Error) -> Error {
@@ -149,8 +215,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn magic_cannot_start_an_http2_preface() {
+    fn magic_cannot_start_an_http2_preface_and_ops_read_back() {
         assert!(!b"PRI * HTTP/2.0".starts_with(&MAGIC[..1]));
+        for op in [Op::GetReplicas, Op::PutStart, Op::PutEnd] {
+            assert_eq!(Op::from_u8(op as u8), Some(op));
+        }
+        assert_eq!(Op::from_u8(0), None);
+        assert_eq!(Op::from_u8(4), None);
     }
 
     #[tokio::test]
@@ -174,17 +245,20 @@ mod tests {
     #[tokio::test]
     async fn requests_read_back_and_one_over_the_limit_is_refused() {
         let mut b = vec![];
-        write_request(&mut b, b"abc").await.unwrap();
-        write_request(&mut b, &vec![7; MAX_REQUEST]).await.unwrap();
+        write_request(&mut b, 2, b"abc").await.unwrap();
+        write_request(&mut b, 1, &vec![7; MAX_REQUEST])
+            .await
+            .unwrap();
         let mut r = b.as_slice();
-        assert_eq!(read_request(&mut r).await.unwrap().unwrap(), b"abc");
         assert_eq!(
-            read_request(&mut r).await.unwrap().unwrap().len(),
-            MAX_REQUEST
+            read_request(&mut r).await.unwrap().unwrap(),
+            (2, b"abc".to_vec())
         );
+        let (op, body) = read_request(&mut r).await.unwrap().unwrap();
+        assert_eq!((op, body.len()), (1, MAX_REQUEST));
         assert!(read_request(&mut r).await.unwrap().is_none(), "clean end");
         let mut over = vec![];
-        assert!(write_request(&mut over, &vec![0; MAX_REQUEST + 1])
+        assert!(write_request(&mut over, 1, &vec![0; MAX_REQUEST + 1])
             .await
             .is_err());
         over.extend_from_slice(&((MAX_REQUEST + 1) as u32).to_le_bytes());
@@ -197,13 +271,16 @@ mod tests {
         let mut b = vec![];
         write_answer(&mut b, &Ok(b"resp".to_vec())).await.unwrap();
         let e = Error::new(Code::NotLeader, "not the leader");
+        write_busy(&mut b).await.unwrap();
         write_answer(&mut b, &Err(e.clone())).await.unwrap();
+        write_busy(&mut b).await.unwrap();
         let mut r = b.as_slice();
         assert_eq!(read_answer(&mut r).await.unwrap().unwrap(), b"resp");
         let got = read_answer(&mut r).await.unwrap().unwrap_err();
         assert_eq!(got.code, Code::NotLeader);
         assert_eq!(got.retryable(), e.retryable());
         assert_eq!(got.message, e.message);
+        assert!(read_frame(&mut r).await.unwrap().is_none(), "busy");
         // A truncated answer is the connection's error.
         assert!(read_answer(&mut &b[..5]).await.is_err());
     }

@@ -1,17 +1,19 @@
 //! The master's port serves two protocols: gRPC, and quick lookups
-//! (`strata_common::lookup_wire`: `GetReplicas` on a plain connection,
+//! (`strata_common::quick_wire`: `GetReplicas` on a plain connection,
 //! answered inline with no task hand-off). Each accepted connection is
 //! told apart by its first bytes and either served here or handed to the
 //! gRPC server.
 
+use crate::service::MasterService;
 use crate::serving::Serving;
 use prost::Message;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use strata_common::auth::{Credentials, Role};
-use strata_common::lookup_wire as wire;
+use std::time::Duration;
+use strata_common::auth::{Credentials, Role, Roles};
+use strata_common::quick_wire as wire;
 use strata_common::{Error, Result};
 use strata_proto as pb;
+use strata_proto::master_server::Master as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -87,31 +89,31 @@ async fn is_quick(s: &TcpStream) -> std::io::Result<bool> {
     Err(std::io::ErrorKind::TimedOut.into())
 }
 
-/// Serves one quick lookup connection until it closes or `stop` fires.
+/// Serves one quick call connection until it closes or `stop` fires.
 async fn serve(s: TcpStream, serving: &Serving, creds: &Credentials, stop: CancellationToken) {
     let (rd, mut wr) = s.into_split();
     let mut rd = BufReader::new(rd);
-    let stage = match tokio::time::timeout(FIRST_BYTES, greet(&mut rd, creds)).await {
-        Ok(Ok(stage)) => {
+    let roles = match tokio::time::timeout(FIRST_BYTES, greet(&mut rd, creds)).await {
+        Ok(Ok(roles)) => {
             if wr.write_all(&ok_answer()).await.is_err() {
                 return;
             }
-            stage
+            roles
         }
         Ok(Err(e)) => {
-            tracing::debug!(error = %e, "quick lookup hello refused");
+            tracing::debug!(error = %e, "quick call hello refused");
             let _ = wire::write_answer(&mut wr, &Err(e)).await;
             return;
         }
         Err(_) => return,
     };
     loop {
-        let body = tokio::select! {
+        let request = tokio::select! {
             _ = stop.cancelled() => return,
-            b = wire::read_request(&mut rd) => b,
+            r = wire::read_request(&mut rd) => r,
         };
-        let body = match body {
-            Ok(Some(b)) => b,
+        let (op, body) = match request {
+            Ok(Some(r)) => r,
             Ok(None) => return,
             Err(e) => {
                 // A length over the limit: the stream cannot be trusted on.
@@ -119,30 +121,48 @@ async fn serve(s: TcpStream, serving: &Serving, creds: &Credentials, stop: Cance
                 return;
             }
         };
-        let answer = lookup(serving, &body, stage);
+        // A call in flight ends with the connection at shutdown, as gRPC's
+        // do when their server stops. A long one says it is still alive.
+        let answering = call(serving, creds, roles, op, &body);
+        tokio::pin!(answering);
+        let mut busy = tokio::time::interval_at(
+            tokio::time::Instant::now() + wire::BUSY_EVERY,
+            wire::BUSY_EVERY,
+        );
+        let answer = loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                a = &mut answering => break a,
+                _ = busy.tick() => {
+                    if wire::write_busy(&mut wr).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        };
         if wire::write_answer(&mut wr, &answer).await.is_err() {
             return;
         }
     }
 }
 
-/// Reads the hello after the magic: whether the token may look up keys,
-/// and whether lookups stage SSD objects for one-sided reads (rdma role).
-async fn greet<R: tokio::io::AsyncRead + Unpin>(rd: &mut R, creds: &Credentials) -> Result<bool> {
+/// Reads the hello after the magic: the roles its token proves, which must
+/// include the client role every quick call needs.
+async fn greet<R: tokio::io::AsyncRead + Unpin>(rd: &mut R, creds: &Credentials) -> Result<Roles> {
     let mut magic = [0u8; 8];
     rd.read_exact(&mut magic)
         .await
-        .map_err(|e| Error::unavailable(format!("lookup connection: {e}")))?;
+        .map_err(|e| Error::unavailable(format!("quick call connection: {e}")))?;
     let (version, token) = wire::read_hello(rd).await?;
     if version != wire::VERSION {
         return Err(Error::invalid(format!(
-            "quick lookup version {version} is not served here (this master serves {})",
+            "quick call version {version} is not served here (this master serves {})",
             wire::VERSION
         )));
     }
     let roles = creds.roles_of((!token.is_empty()).then_some(token.as_slice()))?;
-    creds.check(roles, crate::service::policy_of("GetReplicas").role)?;
-    Ok(creds.is_empty() || roles.has(Role::Rdma))
+    creds.check(roles, Role::Client)?;
+    Ok(roles)
 }
 
 fn ok_answer() -> Vec<u8> {
@@ -150,16 +170,48 @@ fn ok_answer() -> Vec<u8> {
     vec![0; 9]
 }
 
-/// One lookup, exactly as the gRPC `GetReplicas` serves it.
-fn lookup(serving: &Serving, body: &[u8], stage: bool) -> Result<Vec<u8>> {
-    let t0 = Instant::now();
-    let req = pb::GetReplicasRequest::decode(body)
-        .map_err(|e| Error::invalid(format!("undecodable lookup: {e}")))?;
-    serving.on_leader(|m| {
-        let r = m.get_replicas_for(&req.key, stage);
-        crate::service::observe(&m.metrics, "get_replicas", t0, &r);
-        r.map(|v| v.encode_to_vec())
-    })
+/// Decodes `body` as the call's request, runs the gRPC handler itself
+/// (same checks, metrics and answers) and encodes its response.
+macro_rules! unary {
+    ($svc:expr, $roles:expr, $body:expr, $method:ident, $req:ty) => {{
+        let req = <$req>::decode($body)
+            .map_err(|e| Error::invalid(format!("undecodable {}: {e}", stringify!($method))))?;
+        let mut req = tonic::Request::new(req);
+        req.extensions_mut().insert($roles);
+        $svc.$method(req)
+            .await
+            .map(|r| r.into_inner().encode_to_vec())
+            .map_err(Error::from)
+    }};
+}
+
+/// One call, exactly as the gRPC gate and service serve it: on the current
+/// term's master, its answer counting only if the leadership still holds.
+async fn call(
+    serving: &Serving,
+    creds: &Credentials,
+    roles: Roles,
+    op: u8,
+    body: &[u8],
+) -> Result<Vec<u8>> {
+    let Some(op) = wire::Op::from_u8(op) else {
+        return Err(Error::invalid(format!(
+            "quick call op {op} is not served here (version {})",
+            wire::VERSION
+        )));
+    };
+    creds.check(roles, crate::service::policy_of(op.method()).role)?;
+    let (master, leadership) = serving.current_term()?;
+    let svc = MasterService { master };
+    let r = match op {
+        wire::Op::GetReplicas => unary!(svc, roles, body, get_replicas, pb::GetReplicasRequest),
+        wire::Op::PutStart => unary!(svc, roles, body, put_start, pb::PutStartRequest),
+        wire::Op::PutEnd => unary!(svc, roles, body, put_end, pb::PutEndRequest),
+    };
+    if !leadership.is_valid() {
+        return Err(serving.not_leader());
+    }
+    r
 }
 
 #[cfg(test)]
@@ -167,18 +219,22 @@ mod tests {
     use super::*;
     use strata_common::Code;
 
-    #[test]
-    fn a_master_that_does_not_lead_answers_not_leader_and_bad_bodies_are_refused() {
+    #[tokio::test]
+    async fn a_master_that_does_not_lead_answers_not_leader_and_unknown_ops_are_refused() {
         let s = Serving::new(
             crate::metrics::MasterMetrics::new(),
             "127.0.0.1:1".into(),
             "ha",
         );
+        let creds = Credentials::default();
         let body = pb::GetReplicasRequest { key: "k".into() }.encode_to_vec();
-        assert_eq!(lookup(&s, &body, false).unwrap_err().code, Code::NotLeader);
-        assert_eq!(
-            lookup(&s, &[0xff; 3], false).unwrap_err().code,
-            Code::InvalidArgument
-        );
+        for op in [wire::Op::GetReplicas, wire::Op::PutStart, wire::Op::PutEnd] {
+            let e = call(&s, &creds, Roles::ALL, op as u8, &body)
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, Code::NotLeader);
+        }
+        let e = call(&s, &creds, Roles::ALL, 9, &body).await.unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
     }
 }

@@ -1,29 +1,21 @@
-//! Quick lookups (`strata_common::lookup_wire`): a client's single lookups
-//! go on plain connections to the master's gRPC port, answered exactly as
-//! `GetReplicas` is, behind the same credentials; bad hellos and requests
-//! get a clear error; gRPC keeps working on the same port.
+//! Quick calls (`strata_common::quick_wire`): a client's single lookups,
+//! PutStart and PutEnd go on plain connections to the master's gRPC port,
+//! answered exactly as over gRPC, behind the same credentials; bad hellos
+//! and requests get a clear error; gRPC keeps working on the same port.
 
 use prost::Message;
 use strata_client::{Client, ClusterBuilder, Code, LocalCluster, PutOptions};
-use strata_common::lookup_wire as wire;
+use strata_common::quick_wire::{self as wire, Op};
 use strata_proto as pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-fn lookups(c: &LocalCluster, code: &str) -> u64 {
-    c.master
-        .metrics
-        .requests
-        .with_label_values(&["get_replicas", code])
-        .get()
-}
 
 /// A client that asks the master on every read.
 async fn uncached(c: &LocalCluster, quick: bool) -> Client {
     Client::connect(
         c.client_config()
             .with_location_cache(0)
-            .with_quick_lookups(quick),
+            .with_quick_calls(quick),
     )
     .await
     .unwrap()
@@ -45,35 +37,62 @@ async fn ask(
     key: &str,
 ) -> Result<pb::GetReplicasResponse, strata_common::Error> {
     let body = pb::GetReplicasRequest { key: key.into() }.encode_to_vec();
-    wire::write_request(s, &body).await.unwrap();
+    wire::write_request(s, Op::GetReplicas as u8, &body)
+        .await
+        .unwrap();
     wire::read_answer(s)
         .await
         .unwrap()
         .map(|b| pb::GetReplicasResponse::decode(b.as_slice()).unwrap())
 }
 
+fn calls(c: &LocalCluster, op: &str, code: &str) -> u64 {
+    c.master
+        .metrics
+        .requests
+        .with_label_values(&[op, code])
+        .get()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_reads_are_looked_up_quickly_and_answered_as_over_grpc() {
+async fn puts_and_first_reads_go_quickly_and_are_answered_as_over_grpc() {
     let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
     let cl = uncached(&c, true).await;
     let v = vec![7u8; 64 << 10];
-    cl.put("k", &v, &PutOptions::default()).await.unwrap();
-    let ok0 = lookups(&c, "ok");
-    for _ in 0..5 {
-        assert_eq!(cl.get("k").await.unwrap(), v);
+    cl.put("k0", &v, &PutOptions::default()).await.unwrap();
+    // The first call may go over gRPC (the leader's address is learnt
+    // from one); from then on they go quickly.
+    let quick0 = cl.quick_calls();
+    let (ok0, starts0, ends0) = (
+        calls(&c, "get_replicas", "ok"),
+        calls(&c, "put_start", "ok"),
+        calls(&c, "put_end", "ok"),
+    );
+    for i in 1..=3 {
+        cl.put(&format!("k{i}"), &v, &PutOptions::default())
+            .await
+            .unwrap();
+    }
+    for i in 0..=3 {
+        assert_eq!(cl.get(&format!("k{i}")).await.unwrap(), v);
     }
     assert_eq!(cl.get("absent").await.unwrap_err().code, Code::NotFound);
-    // The master counted each, as it counts gRPC calls.
-    assert_eq!(lookups(&c, "ok") - ok0, 5);
-    // The first lookup may go over gRPC (the leader's address is learnt
-    // from a call); the others went quickly, the miss too.
-    assert!(cl.quick_lookups() >= 5, "{} quick", cl.quick_lookups());
+    // Refusals come back as they would over gRPC.
+    let e = cl.put("k1", &v, &PutOptions::default()).await.unwrap_err();
+    assert_eq!(e.code, Code::AlreadyExists);
+    // The master counted each call, as it counts gRPC ones.
+    assert_eq!(calls(&c, "get_replicas", "ok") - ok0, 4);
+    assert_eq!(calls(&c, "put_start", "ok") - starts0, 3);
+    assert_eq!(calls(&c, "put_end", "ok") - ends0, 3);
+    // 3 puts (2 calls each), 5 lookups and the refused PutStart.
+    assert_eq!(cl.quick_calls() - quick0, 3 * 2 + 5 + 1);
 
-    // Turned off: the same reads, all over gRPC.
+    // Turned off: the same calls, all over gRPC.
     let grpc = uncached(&c, false).await;
-    assert_eq!(grpc.get("k").await.unwrap(), v);
+    grpc.put("g", &v, &PutOptions::default()).await.unwrap();
+    assert_eq!(grpc.get("g").await.unwrap(), v);
     assert_eq!(grpc.get("absent").await.unwrap_err().code, Code::NotFound);
-    assert_eq!(grpc.quick_lookups(), 0);
+    assert_eq!(grpc.quick_calls(), 0);
     c.shutdown().await;
 }
 
@@ -121,7 +140,7 @@ async fn the_hello_needs_a_token_that_may_look_keys_up() {
     for _ in 0..2 {
         assert_eq!(bad.get("k").await.unwrap_err().code, Code::Unauthenticated);
     }
-    assert_eq!(bad.quick_lookups(), 0);
+    assert_eq!(bad.quick_calls(), 0);
     c.shutdown().await;
 }
 
@@ -144,9 +163,18 @@ async fn bad_hellos_and_requests_get_a_clear_error_and_grpc_still_serves() {
     let admin = c.credentials().admin.clone();
     let (mut s, hello) = greet(&c, admin.as_ref().map(|t| t.expose())).await;
     hello.unwrap();
-    wire::write_request(&mut s, &[0xff; 7]).await.unwrap();
+    wire::write_request(&mut s, Op::GetReplicas as u8, &[0xff; 7])
+        .await
+        .unwrap();
     let e = wire::read_answer(&mut s).await.unwrap().unwrap_err();
     assert_eq!(e.code, Code::InvalidArgument);
+    // So is an op this master does not serve.
+    wire::write_request(&mut s, 0, &[]).await.unwrap();
+    let e = wire::read_answer(&mut s).await.unwrap().unwrap_err();
+    assert!(
+        e.code == Code::InvalidArgument && e.message.contains("op 0"),
+        "{e}"
+    );
     assert_eq!(ask(&mut s, "k").await.unwrap().size, 1);
     // A key over the master's limit: its error, as over gRPC.
     let long = "x".repeat(strata_master::master::MAX_KEY_LEN + 1);
@@ -161,7 +189,9 @@ async fn bad_hellos_and_requests_get_a_clear_error_and_grpc_still_serves() {
     }
     .encode_to_vec();
     assert_eq!(at.len(), wire::MAX_REQUEST);
-    wire::write_request(&mut s, &at).await.unwrap();
+    wire::write_request(&mut s, Op::GetReplicas as u8, &at)
+        .await
+        .unwrap();
     let e = wire::read_answer(&mut s).await.unwrap().unwrap_err();
     assert_eq!(e.code, Code::InvalidArgument, "the key's own limit");
     s.write_all(&((wire::MAX_REQUEST + 1) as u32).to_le_bytes())
