@@ -21,6 +21,13 @@ async fn uncached(c: &LocalCluster, quick: bool) -> Client {
     .unwrap()
 }
 
+/// `f`, or a panic after 10 s (a master that stopped answering).
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(10), f)
+        .await
+        .expect("the master answers")
+}
+
 /// A connection that said hello with `token`, and the master's answer.
 async fn greet(
     c: &LocalCluster,
@@ -28,7 +35,7 @@ async fn greet(
 ) -> (TcpStream, Result<Vec<u8>, strata_common::Error>) {
     let mut s = TcpStream::connect(c.master_addr).await.unwrap();
     s.write_all(&wire::hello(token).unwrap()).await.unwrap();
-    let a = wire::read_answer(&mut s).await.unwrap();
+    let a = within(wire::read_answer(&mut s)).await.unwrap();
     (s, a)
 }
 
@@ -40,7 +47,7 @@ async fn ask(
     wire::write_request(s, Op::GetReplicas as u8, &body)
         .await
         .unwrap();
-    wire::read_answer(s)
+    within(wire::read_answer(s))
         .await
         .unwrap()
         .map(|b| pb::GetReplicasResponse::decode(b.as_slice()).unwrap())
@@ -92,7 +99,6 @@ async fn puts_and_first_reads_go_quickly_and_are_answered_as_over_grpc() {
     grpc.put("g", &v, &PutOptions::default()).await.unwrap();
     assert_eq!(grpc.get("g").await.unwrap(), v);
     assert_eq!(grpc.get("absent").await.unwrap_err().code, Code::NotFound);
-    assert_eq!(grpc.quick_calls(), 0);
     c.shutdown().await;
 }
 

@@ -37,6 +37,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const SILENCE: Duration = Duration::from_secs(3);
 /// How long an address that refused the protocol is left alone.
 const RECHECK: Duration = Duration::from_secs(30);
+/// How long an address that could not be reached is left alone.
+const UNREACHABLE: Duration = Duration::from_secs(1);
 
 type Conn = BufReader<TcpStream>;
 
@@ -116,8 +118,15 @@ impl QuickCalls {
                         .insert(addr, Instant::now() + RECHECK);
                     return None;
                 }
-                // Not reached (gRPC reports why), or too slow.
-                Ok(Err(_)) | Err(_) => return None,
+                // Not reached (gRPC reports why), or too slow: left alone
+                // for a moment rather than dialled on every call.
+                Ok(Err(_)) | Err(_) => {
+                    self.refused
+                        .lock()
+                        .expect("refused lock")
+                        .insert(addr, Instant::now() + UNREACHABLE);
+                    return None;
+                }
             },
         };
         let body = req.encode_to_vec();
@@ -152,8 +161,9 @@ impl QuickCalls {
         };
         self.give_back(addr, conn);
         match answer {
-            // A follower, or a leader stepping down, did not act: gRPC
-            // follows the leader.
+            // A follower, or a master whose term is over, refused before
+            // acting (after acting it answers `Unavailable`): gRPC follows
+            // the leader.
             Err(e) if e.code == Code::NotLeader => None,
             Err(e) => {
                 self.answered.fetch_add(1, Ordering::Relaxed);
@@ -181,11 +191,20 @@ impl QuickCalls {
     }
 
     /// An idle connection to `addr`; those to other addresses (a former
-    /// leader) are closed.
+    /// leader) are closed, and so are those the master closed meanwhile
+    /// (it restarted or stopped): nothing may arrive on an idle one.
     fn take(&self, addr: &str) -> Option<Conn> {
         let mut idle = self.idle.lock().expect("idle lock");
         idle.retain(|(a, _)| a == addr);
-        idle.pop().map(|(_, c)| c)
+        while let Some((_, c)) = idle.pop() {
+            let quiet = c.buffer().is_empty()
+                && matches!(c.get_ref().try_read(&mut [0u8; 1]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+            if quiet {
+                return Some(c);
+            }
+        }
+        None
     }
 
     fn give_back(&self, addr: String, conn: Conn) {
@@ -199,7 +218,12 @@ impl QuickCalls {
     /// `addr` could not be reached; the inner: the master there does not
     /// serve quick lookups to this client.
     async fn dial(&self, addr: &str) -> Result<Result<Conn>> {
-        let s = TcpStream::connect(addr)
+        // The route may name the master as a URI (`http://host:port`).
+        let hostport = addr
+            .trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .trim_end_matches('/');
+        let s = TcpStream::connect(hostport)
             .await
             .map_err(|e| Error::unavailable(format!("connect {addr}: {e}")))?;
         let _ = s.set_nodelay(true);

@@ -14,7 +14,7 @@ use strata_common::quick_wire as wire;
 use strata_common::{Error, Result};
 use strata_proto as pb;
 use strata_proto::master_server::Master as _;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -95,14 +95,14 @@ async fn serve(s: TcpStream, serving: &Serving, creds: &Credentials, stop: Cance
     let mut rd = BufReader::new(rd);
     let roles = match tokio::time::timeout(FIRST_BYTES, greet(&mut rd, creds)).await {
         Ok(Ok(roles)) => {
-            if wr.write_all(&ok_answer()).await.is_err() {
+            if !sent(wire::write_answer(&mut wr, &Ok(Vec::new()))).await {
                 return;
             }
             roles
         }
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "quick call hello refused");
-            let _ = wire::write_answer(&mut wr, &Err(e)).await;
+            sent(wire::write_answer(&mut wr, &Err(e))).await;
             return;
         }
         Err(_) => return,
@@ -117,7 +117,7 @@ async fn serve(s: TcpStream, serving: &Serving, creds: &Credentials, stop: Cance
             Ok(None) => return,
             Err(e) => {
                 // A length over the limit: the stream cannot be trusted on.
-                let _ = wire::write_answer(&mut wr, &Err(e)).await;
+                sent(wire::write_answer(&mut wr, &Err(e))).await;
                 return;
             }
         };
@@ -129,18 +129,21 @@ async fn serve(s: TcpStream, serving: &Serving, creds: &Credentials, stop: Cance
             tokio::time::Instant::now() + wire::BUSY_EVERY,
             wire::BUSY_EVERY,
         );
+        // A client that goes away (or breaks the one-call-at-a-time rule)
+        // ends the call, as a reset stream ends a gRPC handler.
         let answer = loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 a = &mut answering => break a,
+                _ = rd.fill_buf() => return,
                 _ = busy.tick() => {
-                    if wire::write_busy(&mut wr).await.is_err() {
+                    if !sent(wire::write_busy(&mut wr)).await {
                         return;
                     }
                 }
             }
         };
-        if wire::write_answer(&mut wr, &answer).await.is_err() {
+        if !sent(wire::write_answer(&mut wr, &answer)).await {
             return;
         }
     }
@@ -165,9 +168,10 @@ async fn greet<R: tokio::io::AsyncRead + Unpin>(rd: &mut R, creds: &Credentials)
     Ok(roles)
 }
 
-fn ok_answer() -> Vec<u8> {
-    // code 0, not retryable, empty body.
-    vec![0; 9]
+/// Whether a write went out within [`FIRST_BYTES`] (a client that stopped
+/// reading does not hold its task forever).
+async fn sent(w: impl std::future::Future<Output = Result<()>>) -> bool {
+    matches!(tokio::time::timeout(FIRST_BYTES, w).await, Ok(Ok(())))
 }
 
 /// Decodes `body` as the call's request, runs the gRPC handler itself
@@ -203,13 +207,17 @@ async fn call(
     creds.check(roles, crate::service::policy_of(op.method()).role)?;
     let (master, leadership) = serving.current_term()?;
     let svc = MasterService { master };
-    let r = match op {
+    let r: Result<Vec<u8>> = match op {
         wire::Op::GetReplicas => unary!(svc, roles, body, get_replicas, pb::GetReplicasRequest),
         wire::Op::PutStart => unary!(svc, roles, body, put_start, pb::PutStartRequest),
         wire::Op::PutEnd => unary!(svc, roles, body, put_end, pb::PutEndRequest),
     };
     if !leadership.is_valid() {
-        return Err(serving.not_leader());
+        // Not `NotLeader`: the call may have acted, and a client must not
+        // send it again elsewhere as if it had not; its own retry decides.
+        return Err(Error::unavailable(
+            "this master's leadership ended while the call ran; retry (the leader may have changed)",
+        ));
     }
     r
 }
