@@ -410,3 +410,40 @@ async fn a_single_master_restart_under_load_keeps_every_acknowledged_object() {
     let (_, body) = http_get(m.admin, "/api/v1/keys/ssd-only").await;
     assert!(!body.contains("\"memory\""), "served from SSD: {body}");
 }
+
+/// A client's pooled quick connections die with the master: after a
+/// SIGKILL and a restart on the same port, none of its calls is spent on a
+/// connection the old process held (each would have fallen back to gRPC).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_calls_go_quickly_again_after_a_master_restart() {
+    let state = tempfile::tempdir().unwrap();
+    let m = RestartableMaster::new(state.path(), &["--node-ttl", "2s"]);
+    let master = m.start().await;
+    let (_node, _, _) = start_node_admin(&m.addr, "n1", &["--capacity", "32MiB"]).await;
+    let cl = Client::connect(ClientConfig::new(&m.addr).with_location_cache(0))
+        .await
+        .unwrap();
+    cl.put("k", &payload(1, 10_000), &PutOptions::default())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(cl.get("k").await.unwrap(), payload(1, 10_000));
+    }
+    assert!(cl.quick_calls() >= 3, "{} quick calls", cl.quick_calls());
+    drop(master); // SIGKILL
+    let _master = m.start().await;
+    // Another client waits until the restarted master serves the key.
+    let probe = Client::connect(ClientConfig::new(&m.addr).with_location_cache(0))
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    while probe.get("k").await.is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never served again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = cl.quick_calls();
+    for _ in 0..5 {
+        assert_eq!(cl.get("k").await.unwrap(), payload(1, 10_000));
+    }
+    assert_eq!(cl.quick_calls() - before, 5, "every lookup went quickly");
+}
