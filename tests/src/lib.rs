@@ -65,6 +65,31 @@ pub fn metric(body: &str, name: &str) -> f64 {
         .unwrap_or(-1.0)
 }
 
+/// Pauses the first SSD agent's offloads and returns once a heartbeat
+/// answered after the pause has come back (one asked for before it may
+/// still bring tasks; the second brings none).
+pub async fn pause_offloads(c: &LocalCluster) {
+    c.agents[0]
+        .faults
+        .pause_offload
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let agent = c.agents[0].admin_addr;
+    let beats = || async move {
+        metric(
+            &http_get(agent, "/metrics").await.1,
+            "strata_ssd_agent_heartbeats_total",
+        )
+    };
+    let n = beats().await;
+    for _ in 0..400 {
+        if beats().await >= n + 2.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(beats().await >= n + 2.0, "the agent stopped heartbeating");
+}
+
 /// The master's offload queue is idle: nothing queued or in flight, no pin.
 pub fn drained(c: &LocalCluster) -> bool {
     let (q, a) = c.master.queue_counts();

@@ -87,27 +87,7 @@ async fn a_burst_larger_than_dram_loses_nothing_under_on_evict() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_put_whose_wait_runs_out_fails_retryably_and_leaks_nothing() {
     let c = cluster(OffloadPolicy::Eager, Duration::from_millis(200)).await;
-    c.agents[0]
-        .faults
-        .pause_offload
-        .store(true, Ordering::Relaxed);
-    // A heartbeat asked for before the pause may still bring tasks; the
-    // second one answered after it was asked for with none.
-    let agent = c.agents[0].admin_addr;
-    let beats = || async move {
-        metric(
-            &http_get(agent, "/metrics").await.1,
-            "strata_ssd_agent_heartbeats_total",
-        )
-    };
-    let n = beats().await;
-    for _ in 0..400 {
-        if beats().await >= n + 2.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(beats().await >= n + 2.0);
+    strata_tests::pause_offloads(&c).await;
     let cl = c.client().await.unwrap();
     put_16mib(&cl, 3).await;
     let allocated = c.master.allocated_bytes();

@@ -224,8 +224,6 @@ async fn bad_hellos_and_requests_get_a_clear_error_and_grpc_still_serves() {
 /// One node of 48 MiB holding three 16 MiB objects whose copies to SSD are
 /// paused: a fourth 16 MiB PutStart waits for room for `put_wait`.
 async fn full_cluster(put_wait: std::time::Duration) -> LocalCluster {
-    use std::sync::atomic::Ordering;
-    use std::time::Duration;
     const MIB: u64 = 1 << 20;
     let c = ClusterBuilder::new()
         .store_nodes(1)
@@ -239,27 +237,7 @@ async fn full_cluster(put_wait: std::time::Duration) -> LocalCluster {
         .build()
         .await
         .unwrap();
-    c.agents[0]
-        .faults
-        .pause_offload
-        .store(true, Ordering::Relaxed);
-    // Tasks asked for before the pause may still come with one heartbeat;
-    // the second answered after it brings none.
-    let agent = c.agents[0].admin_addr;
-    let beats = || async move {
-        strata_tests::metric(
-            &strata_tests::http_get(agent, "/metrics").await.1,
-            "strata_ssd_agent_heartbeats_total",
-        )
-    };
-    let n = beats().await;
-    for _ in 0..400 {
-        if beats().await >= n + 2.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(beats().await >= n + 2.0);
+    strata_tests::pause_offloads(&c).await;
     let cl = c.client().await.unwrap();
     for i in 0..3u64 {
         let data = strata_tests::payload(i, 16 << 20);
@@ -270,27 +248,29 @@ async fn full_cluster(put_wait: std::time::Duration) -> LocalCluster {
     c
 }
 
-fn late_put_start() -> Vec<u8> {
-    pb::PutStartRequest {
+/// A quick connection that sent a 16 MiB PutStart of `late`.
+async fn start_late_put(c: &LocalCluster) -> TcpStream {
+    let admin = c.credentials().admin.clone();
+    let (mut s, hello) = greet(c, admin.as_ref().map(|t| t.expose())).await;
+    hello.unwrap();
+    let req = pb::PutStartRequest {
         key: "late".into(),
         size: 16 << 20,
         replica_num: 1,
         ..Default::default()
-    }
-    .encode_to_vec()
+    };
+    wire::write_request(&mut s, Op::PutStart as u8, &req.encode_to_vec())
+        .await
+        .unwrap();
+    s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_put_start_says_it_is_busy_and_a_client_that_leaves_ends_it() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     // Waits 2.5 s: busy twice, then the refusal gRPC would give.
     let c = full_cluster(Duration::from_millis(2500)).await;
-    let admin = c.credentials().admin.clone();
-    let (mut s, hello) = greet(&c, admin.as_ref().map(|t| t.expose())).await;
-    hello.unwrap();
-    wire::write_request(&mut s, Op::PutStart as u8, &late_put_start())
-        .await
-        .unwrap();
+    let mut s = start_late_put(&c).await;
     let mut busy = 0;
     let answer = loop {
         match within(wire::read_frame(&mut s)).await.unwrap() {
@@ -308,23 +288,15 @@ async fn a_waiting_put_start_says_it_is_busy_and_a_client_that_leaves_ends_it() 
     // busy frame fails to go out (a second later, or two).
     c.shutdown().await;
     let c = full_cluster(Duration::from_secs(15)).await;
-    let admin = c.credentials().admin.clone();
-    let (mut s, hello) = greet(&c, admin.as_ref().map(|t| t.expose())).await;
-    hello.unwrap();
-    wire::write_request(&mut s, Op::PutStart as u8, &late_put_start())
-        .await
-        .unwrap();
+    let mut s = start_late_put(&c).await;
     assert!(within(wire::read_frame(&mut s)).await.unwrap().is_none());
     assert_eq!(c.master.metrics.put_waiters.get(), 1, "the put waits");
     drop(s);
-    let t0 = Instant::now();
-    while c.master.metrics.put_waiters.get() != 0 {
-        assert!(
-            t0.elapsed() < Duration::from_millis(900),
-            "the abandoned PutStart still waits"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let waiters = &c.master.metrics.put_waiters;
+    assert!(
+        strata_tests::wait_until(Duration::from_millis(900), || waiters.get() == 0).await,
+        "the abandoned PutStart still waits"
+    );
     assert!(!c.master.exists("late").unwrap(), "nothing granted");
     assert_eq!(c.master.metrics.put_waiters.get(), 0);
     c.shutdown().await;
