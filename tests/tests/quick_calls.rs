@@ -1,7 +1,9 @@
 //! Quick calls (`strata_common::quick_wire`): a client's single lookups,
-//! PutStart and PutEnd go on plain connections to the master's gRPC port,
-//! answered exactly as over gRPC, behind the same credentials; bad hellos
-//! and requests get a clear error; gRPC keeps working on the same port.
+//! PutStart and PutEnd, and store nodes' heartbeats, go on plain
+//! connections to the master's gRPC port, answered exactly as over gRPC,
+//! behind the same credentials; bad hellos and requests get a clear error;
+//! gRPC keeps working on the same port, and nodes use it with a master
+//! that does not take quick heartbeats.
 
 use prost::Message;
 use strata_client::{Client, ClusterBuilder, Code, LocalCluster, PutOptions};
@@ -35,7 +37,9 @@ async fn greet(
 ) -> (TcpStream, Result<Vec<u8>, strata_common::Error>) {
     let mut s = TcpStream::connect(c.master_addr).await.unwrap();
     s.write_all(&wire::hello(token).unwrap()).await.unwrap();
-    let a = within(wire::read_answer(&mut s)).await.unwrap();
+    let a = within(wire::read_answer(&mut s, wire::MAX_ANSWER))
+        .await
+        .unwrap();
     (s, a)
 }
 
@@ -47,7 +51,7 @@ async fn ask(
     wire::write_request(s, Op::GetReplicas as u8, &body)
         .await
         .unwrap();
-    within(wire::read_answer(s))
+    within(wire::read_answer(s, wire::MAX_ANSWER))
         .await
         .unwrap()
         .map(|b| pb::GetReplicasResponse::decode(b.as_slice()).unwrap())
@@ -103,7 +107,7 @@ async fn puts_and_first_reads_go_quickly_and_are_answered_as_over_grpc() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_hello_needs_a_token_that_may_look_keys_up() {
+async fn the_hello_needs_a_token_and_each_call_its_role() {
     let c = ClusterBuilder::new()
         .store_nodes(1)
         .credentials(true)
@@ -121,11 +125,30 @@ async fn the_hello_needs_a_token_that_may_look_keys_up() {
     ));
     let (_, wrong) = greet(&c, Some("not-a-token")).await;
     assert_eq!(wrong.unwrap_err().code, Code::Unauthenticated);
-    let (_, member) = greet(&c, Some(cr.member.as_ref().unwrap().expose())).await;
-    assert!(member.is_err(), "a member token may not look keys up");
+    // A member may say hello (it heartbeats this way) but not look keys
+    // up, as over gRPC.
+    let (mut m, member) = greet(&c, Some(cr.member.as_ref().unwrap().expose())).await;
+    member.unwrap();
+    assert_eq!(
+        ask(&mut m, "k").await.unwrap_err().code,
+        Code::PermissionDenied
+    );
 
     let (mut s, client) = greet(&c, Some(cr.client.as_ref().unwrap().expose())).await;
     client.unwrap();
+    // A client may not heartbeat for a node.
+    let beat = pb::HeartbeatRequest {
+        node_id: c.nodes[0].node_id.clone(),
+        ..Default::default()
+    };
+    wire::write_request(&mut s, Op::Heartbeat as u8, &beat.encode_to_vec())
+        .await
+        .unwrap();
+    let e = within(wire::read_answer(&mut s, wire::MAX_ANSWER))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e}");
     let r = ask(&mut s, "k").await.unwrap();
     assert_eq!((r.size, r.crc32c), (5, crc32c::crc32c(b"value")));
     assert_eq!(r.replicas.len(), 1);
@@ -161,7 +184,10 @@ async fn bad_hellos_and_requests_get_a_clear_error_and_grpc_still_serves() {
     let mut h = wire::hello(Some("any")).unwrap();
     h[8..10].copy_from_slice(&(wire::VERSION + 1).to_le_bytes());
     s.write_all(&h).await.unwrap();
-    let e = wire::read_answer(&mut s).await.unwrap().unwrap_err();
+    let e = wire::read_answer(&mut s, wire::MAX_ANSWER)
+        .await
+        .unwrap()
+        .unwrap_err();
     assert_eq!(e.code, Code::InvalidArgument);
     assert!(e.message.contains("version"), "{e}");
 
@@ -172,11 +198,17 @@ async fn bad_hellos_and_requests_get_a_clear_error_and_grpc_still_serves() {
     wire::write_request(&mut s, Op::GetReplicas as u8, &[0xff; 7])
         .await
         .unwrap();
-    let e = wire::read_answer(&mut s).await.unwrap().unwrap_err();
+    let e = wire::read_answer(&mut s, wire::MAX_ANSWER)
+        .await
+        .unwrap()
+        .unwrap_err();
     assert_eq!(e.code, Code::InvalidArgument);
     // So is an op this master does not serve.
     wire::write_request(&mut s, 0, &[]).await.unwrap();
-    let e = wire::read_answer(&mut s).await.unwrap().unwrap_err();
+    let e = wire::read_answer(&mut s, wire::MAX_ANSWER)
+        .await
+        .unwrap()
+        .unwrap_err();
     assert!(
         e.code == Code::InvalidArgument && e.message.contains("op 0"),
         "{e}"
@@ -198,16 +230,22 @@ async fn bad_hellos_and_requests_get_a_clear_error_and_grpc_still_serves() {
     wire::write_request(&mut s, Op::GetReplicas as u8, &at)
         .await
         .unwrap();
-    let e = wire::read_answer(&mut s).await.unwrap().unwrap_err();
+    let e = wire::read_answer(&mut s, wire::MAX_ANSWER)
+        .await
+        .unwrap()
+        .unwrap_err();
     assert_eq!(e.code, Code::InvalidArgument, "the key's own limit");
     s.write_all(&((wire::MAX_REQUEST + 1) as u32).to_le_bytes())
         .await
         .unwrap();
-    let e = tokio::time::timeout(std::time::Duration::from_secs(5), wire::read_answer(&mut s))
-        .await
-        .expect("an overlong request is refused at once")
-        .unwrap()
-        .unwrap_err();
+    let e = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        wire::read_answer(&mut s, wire::MAX_ANSWER),
+    )
+    .await
+    .expect("an overlong request is refused at once")
+    .unwrap()
+    .unwrap_err();
     assert!(e.message.contains("longer than"), "{e}");
     let mut rest = vec![];
     let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut rest))
@@ -273,7 +311,10 @@ async fn a_waiting_put_start_says_it_is_busy_and_a_client_that_leaves_ends_it() 
     let mut s = start_late_put(&c).await;
     let mut busy = 0;
     let answer = loop {
-        match within(wire::read_frame(&mut s)).await.unwrap() {
+        match within(wire::read_frame(&mut s, wire::MAX_ANSWER))
+            .await
+            .unwrap()
+        {
             None => busy += 1,
             Some(a) => break a,
         }
@@ -289,7 +330,10 @@ async fn a_waiting_put_start_says_it_is_busy_and_a_client_that_leaves_ends_it() 
     c.shutdown().await;
     let c = full_cluster(Duration::from_secs(15)).await;
     let mut s = start_late_put(&c).await;
-    assert!(within(wire::read_frame(&mut s)).await.unwrap().is_none());
+    assert!(within(wire::read_frame(&mut s, wire::MAX_ANSWER))
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(c.master.metrics.put_waiters.get(), 1, "the put waits");
     drop(s);
     let waiters = &c.master.metrics.put_waiters;
@@ -300,4 +344,169 @@ async fn a_waiting_put_start_says_it_is_busy_and_a_client_that_leaves_ends_it() 
     assert!(!c.master.exists("late").unwrap(), "nothing granted");
     assert_eq!(c.master.metrics.put_waiters.get(), 0);
     c.shutdown().await;
+}
+
+/// `strata_store_node_heartbeats_total{path}` of the node at `admin`.
+async fn heartbeats(admin: std::net::SocketAddr, path: &str) -> f64 {
+    let body = strata_tests::http_get(admin, "/metrics").await.1;
+    strata_tests::metric(
+        &body,
+        &format!("strata_store_node_heartbeats_total{{path=\"{path}\"}}"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_heartbeat_quickly_and_confirm_puts_that_way() {
+    use std::time::Duration;
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .credentials(true)
+        .build()
+        .await
+        .unwrap();
+    let admin = c.nodes[0].admin_addr;
+    // The first heartbeat may go over gRPC (it learns the leader's address).
+    let t0 = std::time::Instant::now();
+    while heartbeats(admin, "quick").await < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no quick heartbeat");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let grpc0 = heartbeats(admin, "grpc").await;
+    let (quick0, served0) = (
+        heartbeats(admin, "quick").await,
+        calls(&c, "heartbeat", "ok"),
+    );
+    // Announced puts (PutEnd waits for the node to apply the announcement)
+    // and unannounced ones (it waits for the node to apply the commit):
+    // each waits for a heartbeat, which now comes quickly.
+    let announced = c.client().await.unwrap();
+    let unannounced = Client::connect(c.client_config().with_announce_up_to(0))
+        .await
+        .unwrap();
+    let v = vec![5u8; 64 << 10];
+    for i in 0..4 {
+        let cl = if i % 2 == 0 { &announced } else { &unannounced };
+        cl.put(&format!("k{i}"), &v, &PutOptions::default())
+            .await
+            .unwrap();
+    }
+    for i in 0..4 {
+        assert_eq!(announced.get(&format!("k{i}")).await.unwrap(), v);
+    }
+    assert_eq!(c.nodes[0].records.len(), 4, "the node records every commit");
+    let quick = heartbeats(admin, "quick").await - quick0;
+    assert!(quick >= 4.0, "{quick} quick heartbeats for 4 puts");
+    assert_eq!(heartbeats(admin, "grpc").await, grpc0, "none over gRPC");
+    // The master counted them as it counts gRPC ones.
+    assert!(calls(&c, "heartbeat", "ok") - served0 >= quick as u64);
+    c.shutdown().await;
+}
+
+/// How a stand-in for an older master treats quick connections.
+#[derive(Clone, Copy, Debug)]
+enum Older {
+    /// Its quick calls served clients only: a member's hello is refused.
+    RefusesMembers,
+    /// It says hello but knows no `Heartbeat` op.
+    LacksHeartbeats,
+}
+
+/// A master of an older release in front of `master`: gRPC connections
+/// are passed through; quick ones are answered as that release did.
+/// Returns its address and the number of quick requests it refused.
+async fn older_master(
+    master: std::net::SocketAddr,
+    older: Older,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::Ordering;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let r = refused.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let r = r.clone();
+            tokio::spawn(async move {
+                let mut first = [0u8; 8];
+                if s.peek(&mut first).await.is_err() {
+                    return;
+                }
+                if &first != wire::MAGIC {
+                    let Ok(mut m) = TcpStream::connect(master).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut s, &mut m).await;
+                    return;
+                }
+                s.read_exact(&mut first).await.unwrap();
+                let Ok(_) = wire::read_hello(&mut s).await else {
+                    return;
+                };
+                if let Older::RefusesMembers = older {
+                    r.fetch_add(1, Ordering::Relaxed);
+                    let e = strata_common::Error::new(
+                        Code::PermissionDenied,
+                        "this call needs the client role; the presented token is a member token",
+                    );
+                    let _ = wire::write_answer(&mut s, &Err(e)).await;
+                    return;
+                }
+                let _ = wire::write_answer(&mut s, &Ok(vec![])).await;
+                while let Ok(Some((op, _))) = wire::read_request(&mut s).await {
+                    r.fetch_add(1, Ordering::Relaxed);
+                    let e = strata_common::Error::invalid(format!(
+                        "quick call op {op} is not served here (version 1)"
+                    ));
+                    if wire::write_answer(&mut s, &Err(e)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, refused)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_heartbeats_an_older_master_over_grpc() {
+    use std::time::Duration;
+    for older in [Older::RefusesMembers, Older::LacksHeartbeats] {
+        let c = ClusterBuilder::new()
+            .store_nodes(0)
+            .credentials(true)
+            .build()
+            .await
+            .unwrap();
+        let (front, refused) = older_master(c.master_addr, older).await;
+        let mut cfg = strata_store_node::StoreNodeConfig::local(&front.to_string(), 64 << 20);
+        cfg.token = c.credentials().member.clone();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let node = strata_store_node::start(cfg, stop.clone()).await.unwrap();
+        let admin = node.admin_addr;
+        assert!(
+            strata_tests::wait_until(Duration::from_secs(10), || node.is_registered()).await,
+            "{older:?}: the node registers"
+        );
+        // Puts wait for the node's heartbeats to confirm them.
+        let cl = Client::connect(c.client_config().with_announce_up_to(0))
+            .await
+            .unwrap();
+        for i in 0..3 {
+            cl.put(&format!("k{i}"), b"value", &PutOptions::default())
+                .await
+                .unwrap();
+        }
+        assert_eq!(node.records.len(), 3, "{older:?}");
+        assert!(heartbeats(admin, "grpc").await >= 3.0, "{older:?}");
+        assert_eq!(heartbeats(admin, "quick").await, 0.0, "{older:?}");
+        // The refusal is remembered: not every heartbeat tries again.
+        let n = refused.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(n, 1, "{older:?}: {n} quick attempts refused");
+        stop.cancel();
+        node.wait().await;
+        c.shutdown().await;
+    }
 }

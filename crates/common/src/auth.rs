@@ -158,7 +158,7 @@ impl Roles {
             Role::Rdma => self.rdma,
         }
     }
-    fn none(&self) -> bool {
+    pub fn none(&self) -> bool {
         !(self.member || self.client || self.admin || self.rdma)
     }
 }

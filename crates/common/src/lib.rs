@@ -11,6 +11,7 @@ pub mod leader;
 pub mod limits;
 pub mod metrics;
 pub mod ports;
+pub mod quick_client;
 pub mod quick_wire;
 pub mod service;
 pub mod shutdown;

@@ -1,6 +1,7 @@
 //! The quick call protocol: the master's hottest unary calls (`GetReplicas`,
-//! `PutStart`, `PutEnd`) on a plain TCP connection that shares its gRPC
-//! port, with the same messages, checks and answers.
+//! `PutStart`, `PutEnd`, and store nodes' long-polled `Heartbeat`) on a
+//! plain TCP connection that shares its gRPC port, with the same messages,
+//! checks and answers.
 //!
 //! Why: a first read is one lookup and one transfer, a put two calls and a
 //! write, and a gRPC call costs
@@ -30,8 +31,15 @@
 //! a client tells a slow call from a master that stopped (paused, cut off)
 //! by silence, as gRPC's keep-alive pings do.
 //!
-//! An op a master does not know is answered `InvalidArgument`; new ops are
-//! added with new numbers (a client learns of them from the version).
+//! The hello's token is checked once, as gRPC checks a call's: it must
+//! prove some role. Each call is then checked against its method's role
+//! (a member may heartbeat, not look up; a client the reverse).
+//!
+//! An op a master does not know is answered `InvalidArgument` and the
+//! connection stays usable; new ops are added with new numbers (a caller
+//! that meets the refusal uses gRPC). `Heartbeat` (op 4) came after the
+//! first three: a master of that release refuses it that way, and also
+//! refuses a member's hello (it served clients only).
 //!
 //! Requests go one at a time per connection, in order.
 
@@ -48,6 +56,7 @@ pub enum Op {
     GetReplicas = 1,
     PutStart = 2,
     PutEnd = 3,
+    Heartbeat = 4,
 }
 
 impl Op {
@@ -56,6 +65,7 @@ impl Op {
             1 => Some(Op::GetReplicas),
             2 => Some(Op::PutStart),
             3 => Some(Op::PutEnd),
+            4 => Some(Op::Heartbeat),
             _ => None,
         }
     }
@@ -66,6 +76,16 @@ impl Op {
             Op::GetReplicas => "GetReplicas",
             Op::PutStart => "PutStart",
             Op::PutEnd => "PutEnd",
+            Op::Heartbeat => "Heartbeat",
+        }
+    }
+
+    /// Longest answer a caller accepts to this op: a heartbeat brings a
+    /// page of the node's object log (as large as gRPC would carry).
+    pub fn max_answer(self) -> usize {
+        match self {
+            Op::Heartbeat => MAX_LOG_ANSWER,
+            Op::GetReplicas | Op::PutStart | Op::PutEnd => MAX_ANSWER,
         }
     }
 }
@@ -82,6 +102,8 @@ pub const MAX_TOKEN: usize = 4096;
 pub const MAX_REQUEST: usize = 64 << 10;
 /// Longest answer a client accepts (a few replicas and a message).
 pub const MAX_ANSWER: usize = 1 << 20;
+/// Longest heartbeat answer a node accepts (`crate::grpc::MAX_MESSAGE`).
+pub const MAX_LOG_ANSWER: usize = crate::grpc::MAX_MESSAGE;
 
 /// The hello a client sends.
 pub fn hello(token: Option<&str>) -> Result<Vec<u8>> {
@@ -171,27 +193,31 @@ pub async fn write_busy<W: AsyncWrite + Unpin>(w: &mut W) -> Result<()> {
     w.write_all(&b).await.map_err(io)
 }
 
-/// Reads an answer, past any [`BUSY`] ones: the response's bytes, or the
-/// master's error. The outer error is the connection's (it cannot be used
-/// again).
-pub async fn read_answer<R: AsyncRead + Unpin>(r: &mut R) -> Result<Result<Vec<u8>>> {
+/// Reads an answer of at most `max` bytes, past any [`BUSY`] ones: the
+/// response's bytes, or the master's error. The outer error is the
+/// connection's (it cannot be used again).
+pub async fn read_answer<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<Result<Vec<u8>>> {
     loop {
-        if let Some(a) = read_frame(r).await? {
+        if let Some(a) = read_frame(r, max).await? {
             return Ok(a);
         }
     }
 }
 
-/// Reads one answer frame; `None` for a [`BUSY`] one.
-pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Result<Vec<u8>>>> {
+/// Reads one answer frame of at most `max` bytes; `None` for a [`BUSY`]
+/// one.
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> Result<Option<Result<Vec<u8>>>> {
     let mut head = [0u8; 9];
     r.read_exact(&mut head).await.map_err(io)?;
     let code = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
     let retryable = head[4] != 0;
     let n = u32::from_le_bytes(head[5..9].try_into().expect("4 bytes")) as usize;
-    if n > MAX_ANSWER {
+    if n > max {
         return Err(Error::internal(format!(
-            "lookup answer of {n} bytes is longer than {MAX_ANSWER}"
+            "quick call answer of {n} bytes is longer than {max}"
         )));
     }
     let mut body = vec![0; n];
@@ -217,11 +243,11 @@ mod tests {
     #[test]
     fn magic_cannot_start_an_http2_preface_and_ops_read_back() {
         assert!(!b"PRI * HTTP/2.0".starts_with(&MAGIC[..1]));
-        for op in [Op::GetReplicas, Op::PutStart, Op::PutEnd] {
+        for op in [Op::GetReplicas, Op::PutStart, Op::PutEnd, Op::Heartbeat] {
             assert_eq!(Op::from_u8(op as u8), Some(op));
         }
         assert_eq!(Op::from_u8(0), None);
-        assert_eq!(Op::from_u8(4), None);
+        assert_eq!(Op::from_u8(5), None);
     }
 
     #[tokio::test]
@@ -275,13 +301,38 @@ mod tests {
         write_answer(&mut b, &Err(e.clone())).await.unwrap();
         write_busy(&mut b).await.unwrap();
         let mut r = b.as_slice();
-        assert_eq!(read_answer(&mut r).await.unwrap().unwrap(), b"resp");
-        let got = read_answer(&mut r).await.unwrap().unwrap_err();
+        assert_eq!(
+            read_answer(&mut r, MAX_ANSWER).await.unwrap().unwrap(),
+            b"resp"
+        );
+        let got = read_answer(&mut r, MAX_ANSWER).await.unwrap().unwrap_err();
         assert_eq!(got.code, Code::NotLeader);
         assert_eq!(got.retryable(), e.retryable());
         assert_eq!(got.message, e.message);
-        assert!(read_frame(&mut r).await.unwrap().is_none(), "busy");
+        assert!(
+            read_frame(&mut r, MAX_ANSWER).await.unwrap().is_none(),
+            "busy"
+        );
         // A truncated answer is the connection's error.
-        assert!(read_answer(&mut &b[..5]).await.is_err());
+        assert!(read_answer(&mut &b[..5], MAX_ANSWER).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn an_answer_at_its_limit_reads_and_one_byte_over_is_refused() {
+        let mut b = vec![];
+        write_answer(&mut b, &Ok(vec![1; 100])).await.unwrap();
+        assert_eq!(
+            read_answer(&mut b.as_slice(), 100)
+                .await
+                .unwrap()
+                .unwrap()
+                .len(),
+            100
+        );
+        let e = read_answer(&mut b.as_slice(), 99).await.unwrap_err();
+        assert_eq!(e.code, Code::Internal);
+        // Heartbeats carry log pages as large as gRPC's; lookups stay small.
+        assert_eq!(Op::Heartbeat.max_answer(), crate::grpc::MAX_MESSAGE);
+        assert_eq!(Op::GetReplicas.max_answer(), MAX_ANSWER);
     }
 }

@@ -32,6 +32,9 @@ pub struct StoreNodeConfig {
     /// A data-plane peer whose payload or response does not move within
     /// this time is cut off.
     pub io_timeout: std::time::Duration,
+    /// Heartbeat over the master's quick call protocol where it serves it
+    /// (library only: tests turn it off to exercise the gRPC path).
+    pub quick_heartbeats: bool,
 }
 
 impl Default for StoreNodeConfig {
@@ -49,6 +52,7 @@ impl Default for StoreNodeConfig {
             huge_pages: false,
             token: None,
             io_timeout: std::time::Duration::from_secs(30),
+            quick_heartbeats: true,
         }
     }
 }
@@ -217,6 +221,7 @@ impl StoreNodeArgs {
             huge_pages: self.huge_pages.unwrap_or(d.huge_pages),
             token: Secret::from_optional_file(self.token_file.as_deref(), "--token-file")?,
             io_timeout: self.io_timeout.map_or(d.io_timeout, |v| v.0),
+            quick_heartbeats: d.quick_heartbeats,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -18,6 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata_common::grant::GrantKey;
 use strata_common::grpc::MasterChannel;
+use strata_common::quick_client::QuickClient;
+use strata_common::quick_wire::Op;
 use strata_common::{Error, Result};
 use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
@@ -57,6 +59,8 @@ struct NodeMetrics {
     object_bytes: IntGauge,
     pending_puts: IntGauge,
     registrations: IntCounter,
+    heartbeats_quick: IntCounter,
+    heartbeats_grpc: IntCounter,
     server: ServerMetrics,
 }
 
@@ -65,6 +69,17 @@ impl NodeMetrics {
         let r = Registry::new();
         let g = |n: &str, h: &str| strata_common::metrics::gauge(&r, n, h);
         let c = |n: &str, h: &str| strata_common::metrics::counter(&r, n, h);
+        let heartbeats = strata_common::metrics::register(
+            &r,
+            prometheus::IntCounterVec::new(
+                prometheus::Opts::new(
+                    "strata_store_node_heartbeats_total",
+                    "Heartbeats the master answered, by path: quick (a plain connection) or grpc (the fallback: an older master, no leader known yet, a broken quick connection)",
+                ),
+                &["path"],
+            )
+            .expect("valid metric"),
+        );
         NodeMetrics {
             capacity: g(
                 "strata_store_node_capacity_bytes",
@@ -90,6 +105,8 @@ impl NodeMetrics {
                 "strata_store_node_registrations_total",
                 "Registrations with the master",
             ),
+            heartbeats_quick: heartbeats.with_label_values(&["quick"]),
+            heartbeats_grpc: heartbeats.with_label_values(&["grpc"]),
             server: ServerMetrics {
                 requests: c(
                     "strata_store_node_data_plane_requests_total",
@@ -214,12 +231,17 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
         let _ = admin_task.await;
     });
 
+    let (channel, route) =
+        strata_common::grpc::master_channel_routed(&cfg.master, cfg.token.as_ref())?;
+    let quick = cfg
+        .quick_heartbeats
+        .then(|| QuickClient::new(route, cfg.token.as_ref()))
+        .transpose()?;
     let agent = Agent {
-        client: MasterClient::new(strata_common::grpc::master_channel(
-            &cfg.master,
-            cfg.token.as_ref(),
-        )?)
-        .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE),
+        client: MasterClient::new(channel)
+            .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE),
+        quick,
+        quick_off_until: None,
         node_id: node_id.clone(),
         instance,
         proof: strata_common::auth::new_instance_proof(),
@@ -320,9 +342,19 @@ fn ucx_registration(_: Option<&Ucx>, _: u64) -> UcxRegistration {
     (Vec::new(), Vec::new(), None)
 }
 
+/// How long a master that refused a quick heartbeat is heartbeated over
+/// gRPC before it is asked again (it may have been upgraded).
+const QUICK_RECHECK: Duration = Duration::from_secs(60);
+
 /// Keeps the node registered with the master and applies its object log.
 struct Agent {
     client: MasterClient<MasterChannel>,
+    /// Heartbeats on a plain connection to the leader (`quick_wire`):
+    /// a put waits for its node to apply an entry the heartbeat's long poll
+    /// brings, and a gRPC round trip each way cost it ~0.1 ms.
+    quick: Option<QuickClient>,
+    /// Quick heartbeats were refused (an older master): gRPC until then.
+    quick_off_until: Option<tokio::time::Instant>,
     node_id: String,
     /// Public id of this process (ping answer) and the secret it proves
     /// its registration with.
@@ -486,6 +518,41 @@ impl Agent {
         ))
     }
 
+    /// One heartbeat: quickly where the master allows, else over gRPC. A
+    /// heartbeat may be sent twice (it acknowledges what was applied and
+    /// asks for what follows), so a quick one lost on the way goes over
+    /// gRPC at once. A master that does not serve quick heartbeats (an
+    /// older one answers the op `InvalidArgument`) is asked over gRPC for
+    /// a while.
+    async fn heartbeat(&mut self, req: pb::HeartbeatRequest) -> Result<pb::HeartbeatResponse> {
+        let now = tokio::time::Instant::now();
+        if let (Some(q), true) = (&self.quick, self.quick_off_until.is_none_or(|t| t <= now)) {
+            match q.call(Op::Heartbeat, &req).await {
+                Some(Ok(r)) => {
+                    self.metrics.heartbeats_quick.inc();
+                    return Ok(r);
+                }
+                Some(Err(e)) if e.code == strata_common::Code::InvalidArgument => {
+                    tracing::info!(error = %e, "the master does not take quick heartbeats; heartbeating over gRPC");
+                    self.quick_off_until = Some(now + QUICK_RECHECK);
+                }
+                Some(Err(e)) if e.code == strata_common::Code::Unavailable => {
+                    tracing::debug!(error = %e, "quick heartbeat lost; sending it over gRPC");
+                }
+                Some(Err(e)) => return Err(e),
+                None => {}
+            }
+        }
+        let r = self
+            .client
+            .heartbeat(req)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(Error::from)?;
+        self.metrics.heartbeats_grpc.inc();
+        Ok(r)
+    }
+
     async fn run(mut self, shutdown: CancellationToken) {
         let mut backoff = Duration::from_millis(50);
         'outer: loop {
@@ -518,15 +585,9 @@ impl Agent {
                 let call = tokio::select! {
                     // The master may hold the call for an interval.
                     _ = shutdown.cancelled() => break 'outer,
-                    r = self.client.heartbeat(req) => r,
+                    r = self.heartbeat(req) => r,
                 };
-                let answer = match call {
-                    Ok(r) => {
-                        let r = r.into_inner();
-                        self.fence.admit(r.term).map(|()| r)
-                    }
-                    Err(e) => Err(Error::from(e)),
-                };
+                let answer = call.and_then(|r| self.fence.admit(r.term).map(|()| r));
                 match answer {
                     Ok(r) => {
                         if !r.known {

@@ -359,6 +359,12 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
             report
                 .rows
                 .push(baselines::tcp_get_dram(size, ops, args.clients, quiet).await?);
+            report
+                .rows
+                .push(baselines::tcp_put(size, ops, args.clients, quiet).await?);
+            report
+                .rows
+                .push(baselines::tcp_put_dram(size, ops, args.clients, quiet).await?);
             if let Some(r) = &redis {
                 report
                     .rows

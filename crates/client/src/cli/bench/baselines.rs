@@ -76,30 +76,23 @@ async fn tcp_get_from(
     quiet: bool,
 ) -> anyhow::Result<Row> {
     let size = sources[0].len() as u64;
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
     let sources = Arc::new(sources);
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let server = tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            let _ = s.set_nodelay(true);
-            let (sources, next) = (sources.clone(), next.clone());
-            tokio::spawn(async move {
-                let mut req = [0u8; 8];
-                while s.read_exact(&mut req).await.is_ok() {
-                    let n = u64::from_le_bytes(req) as usize;
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let src = &sources[i % sources.len()];
-                    if s.write_all(&src[..n.min(src.len())]).await.is_err() {
-                        return;
-                    }
+    let (addr, server) = raw_server(move |mut s| {
+        let (sources, next) = (sources.clone(), next.clone());
+        async move {
+            let mut req = [0u8; 8];
+            while s.read_exact(&mut req).await.is_ok() {
+                let n = u64::from_le_bytes(req) as usize;
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let src = &sources[i % sources.len()];
+                if s.write_all(&src[..n.min(src.len())]).await.is_err() {
+                    return;
                 }
-            });
+            }
         }
-    });
+    })
+    .await?;
     let phase = Phase::new(&format!("{name} {}", format_size(size)), ops, quiet);
     let el = drive(&phase, conns, |_, ph| async move {
         let mut s = TcpStream::connect(addr).await?;
@@ -116,6 +109,95 @@ async fn tcp_get_from(
     .await?;
     server.abort();
     Ok(phase.finish(name, size, conns, size, el))
+}
+
+/// The floor of any TCP "put": an 8-byte request header (the size), that
+/// many bytes, an 8-byte answer; the server reads each payload into one
+/// cache-hot buffer.
+pub async fn tcp_put(size: u64, ops: u64, conns: usize, quiet: bool) -> anyhow::Result<Row> {
+    tcp_put_into("raw tcp put", 1, size, ops, conns, quiet).await
+}
+
+/// [`tcp_put`] reading each payload into the next of a set of buffers
+/// larger than any cache, as a store receiving many objects writes DRAM.
+pub async fn tcp_put_dram(size: u64, ops: u64, conns: usize, quiet: bool) -> anyhow::Result<Row> {
+    let n = (DRAM_SET / (size as usize).max(1)).max(2);
+    tcp_put_into("raw tcp put dram", n, size, ops, conns, quiet).await
+}
+
+async fn tcp_put_into(
+    name: &str,
+    buffers: usize,
+    size: u64,
+    ops: u64,
+    conns: usize,
+    quiet: bool,
+) -> anyhow::Result<Row> {
+    // Written, so its pages are resident (not the shared zero page).
+    let sinks: Vec<std::sync::Mutex<Vec<u8>>> = (0..buffers)
+        .map(|i| std::sync::Mutex::new(vec![i as u8; size as usize]))
+        .collect();
+    let sinks = Arc::new(sinks);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (addr, server) = raw_server(move |mut s| {
+        let (sinks, next) = (sinks.clone(), next.clone());
+        async move {
+            let mut req = [0u8; 8];
+            while s.read_exact(&mut req).await.is_ok() {
+                let n = (u64::from_le_bytes(req) as usize).min(size as usize);
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // Taken out while it is read into, so no lock is held
+                // across the await (another connection gets another).
+                let sink = &sinks[i % sinks.len()];
+                let mut dst = std::mem::take(&mut *sink.lock().unwrap());
+                dst.resize(size as usize, 0);
+                let read = s.read_exact(&mut dst[..n]).await;
+                *sink.lock().unwrap() = dst;
+                if read.is_err() || s.write_all(&req).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await?;
+    let phase = Phase::new(&format!("{name} {}", format_size(size)), ops, quiet);
+    let el = drive(&phase, conns, |_, ph| async move {
+        let mut s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        let mut msg = size.to_le_bytes().to_vec();
+        msg.resize(8 + size as usize, 9);
+        let mut ack = [0u8; 8];
+        while ph.take().is_some() {
+            let t0 = Instant::now();
+            s.write_all(&msg).await?;
+            s.read_exact(&mut ack).await?;
+            ph.record(t0);
+        }
+        Ok(())
+    })
+    .await?;
+    server.abort();
+    Ok(phase.finish(name, size, conns, size, el))
+}
+
+/// A loopback server running `conn` on each accepted connection (no
+/// Nagle delay), until the returned task is aborted.
+async fn raw_server<F, Fut>(
+    conn: F,
+) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)>
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let _ = s.set_nodelay(true);
+            tokio::spawn(conn(s));
+        }
+    });
+    Ok((addr, server))
 }
 
 /// A redis-server we started on a free loopback port; killed on drop.

@@ -32,7 +32,7 @@ pub struct Report {
 
 impl Report {
     /// Adds "x of baseline" notes: Strata get vs raw TCP get and Redis GET,
-    /// Strata put vs Redis SET, at the same size and connection count.
+    /// Strata put vs raw TCP put and Redis SET, at the same size and connection count.
     pub fn compare(&mut self) {
         let idx: HashMap<(String, u64), f64> = self
             .rows
@@ -44,7 +44,12 @@ impl Report {
                 "strata get" | "strata get cached" | "strata batch_get" => {
                     &["raw tcp get", "raw tcp get dram", "redis GET"]
                 }
-                "strata put" | "strata batch_put" => &["raw tcp get", "redis SET"],
+                "strata put" | "strata batch_put" => &[
+                    "raw tcp put",
+                    "raw tcp put dram",
+                    "raw tcp get",
+                    "redis SET",
+                ],
                 "strata get (ucx)" | "strata get cached (ucx)" | "strata batch_get (ucx)" => {
                     &["memcpy", "memcpy dram", "raw tcp get"]
                 }
