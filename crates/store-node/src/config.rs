@@ -33,7 +33,7 @@ pub struct StoreNodeConfig {
     /// this time is cut off.
     pub io_timeout: std::time::Duration,
     /// Heartbeat over the master's quick call protocol where it serves it
-    /// (library only: tests turn it off to exercise the gRPC path).
+    /// (library only; on by default, no flag).
     pub quick_heartbeats: bool,
 }
 

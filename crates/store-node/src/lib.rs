@@ -532,7 +532,12 @@ impl Agent {
                     self.metrics.heartbeats_quick.inc();
                     return Ok(r);
                 }
-                Some(Err(e)) if e.code == strata_common::Code::InvalidArgument => {
+                // An older master's refusal of the op itself (its words), not
+                // an invalid heartbeat, which gRPC would refuse the same way.
+                Some(Err(e))
+                    if e.code == strata_common::Code::InvalidArgument
+                        && e.message.contains("is not served here") =>
+                {
                     tracing::info!(error = %e, "the master does not take quick heartbeats; heartbeating over gRPC");
                     self.quick_off_until = Some(now + QUICK_RECHECK);
                 }
