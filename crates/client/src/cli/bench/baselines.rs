@@ -93,22 +93,10 @@ async fn tcp_get_from(
         }
     })
     .await?;
-    let phase = Phase::new(&format!("{name} {}", format_size(size)), ops, quiet);
-    let el = drive(&phase, conns, |_, ph| async move {
-        let mut s = TcpStream::connect(addr).await?;
-        s.set_nodelay(true)?;
-        let mut buf = vec![0u8; size as usize];
-        while ph.take().is_some() {
-            let t0 = Instant::now();
-            s.write_all(&size.to_le_bytes()).await?;
-            s.read_exact(&mut buf).await?;
-            ph.record(t0);
-        }
-        Ok(())
-    })
-    .await?;
+    let request = size.to_le_bytes().to_vec();
+    let row = exchanges(name, size, addr, request, size as usize, ops, conns, quiet).await;
     server.abort();
-    Ok(phase.finish(name, size, conns, size, el))
+    row
 }
 
 /// The floor of any TCP "put": an 8-byte request header (the size), that
@@ -160,23 +148,44 @@ async fn tcp_put_into(
         }
     })
     .await?;
+    let mut request = size.to_le_bytes().to_vec();
+    request.resize(8 + size as usize, 9);
+    let row = exchanges(name, size, addr, request, 8, ops, conns, quiet).await;
+    server.abort();
+    row
+}
+
+/// Times `ops` exchanges with the server at `addr` on `conns` connections:
+/// each sends `request` and reads an answer of `answer` bytes.
+#[allow(clippy::too_many_arguments)]
+async fn exchanges(
+    name: &str,
+    size: u64,
+    addr: std::net::SocketAddr,
+    request: Vec<u8>,
+    answer: usize,
+    ops: u64,
+    conns: usize,
+    quiet: bool,
+) -> anyhow::Result<Row> {
     let phase = Phase::new(&format!("{name} {}", format_size(size)), ops, quiet);
-    let el = drive(&phase, conns, |_, ph| async move {
-        let mut s = TcpStream::connect(addr).await?;
-        s.set_nodelay(true)?;
-        let mut msg = size.to_le_bytes().to_vec();
-        msg.resize(8 + size as usize, 9);
-        let mut ack = [0u8; 8];
-        while ph.take().is_some() {
-            let t0 = Instant::now();
-            s.write_all(&msg).await?;
-            s.read_exact(&mut ack).await?;
-            ph.record(t0);
+    let request: Arc<[u8]> = request.into();
+    let el = drive(&phase, conns, |_, ph| {
+        let request = request.clone();
+        async move {
+            let mut s = TcpStream::connect(addr).await?;
+            s.set_nodelay(true)?;
+            let mut buf = vec![0u8; answer];
+            while ph.take().is_some() {
+                let t0 = Instant::now();
+                s.write_all(&request).await?;
+                s.read_exact(&mut buf).await?;
+                ph.record(t0);
+            }
+            Ok(())
         }
-        Ok(())
     })
     .await?;
-    server.abort();
     Ok(phase.finish(name, size, conns, size, el))
 }
 
