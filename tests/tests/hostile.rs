@@ -174,6 +174,7 @@ async fn data_plane_rejects_access_outside_the_grant() {
         mac: good.mac,
         offset: good.scope.offset + 500,
         length: 1000,
+        flags: 0,
         trace: None,
     };
     s.write_all(&req.encode()).await.unwrap();
@@ -188,6 +189,7 @@ async fn data_plane_rejects_access_outside_the_grant() {
         mac: good.mac,
         offset: good.scope.offset,
         length: 1000,
+        flags: 0,
         trace: None,
     };
     s.write_all(&req.encode()).await.unwrap();
@@ -245,6 +247,7 @@ async fn malformed_data_plane_frames_do_not_crash_the_node() {
         mac: [0; 16],
         offset: 0,
         length: 0,
+        flags: 0,
         trace: None,
     }
     .encode();
@@ -271,6 +274,7 @@ async fn malformed_data_plane_frames_do_not_crash_the_node() {
         assert_eq!(resp.status, Code::InvalidArgument, "{msg}");
     }
     let traced = Request {
+        flags: 0,
         trace: Some(strata_common::telemetry::TraceParent {
             trace_id: [1; 16],
             span_id: [2; 8],
@@ -421,6 +425,7 @@ async fn batch_reads_check_every_item_and_refuse_oversized_batches() {
         mac: good.mac,
         offset: good.scope.offset,
         length: 4096,
+        flags: 0,
         trace: None,
     };
     let forged = GrantScope {
@@ -459,6 +464,7 @@ async fn batch_reads_check_every_item_and_refuse_oversized_batches() {
         flags: 1,
     };
     let traced = |id: u64, op: Op| Request {
+        flags: 0,
         trace: Some(tp),
         ..item(id, op, good.scope)
     };
@@ -640,6 +646,7 @@ async fn a_peer_presenting_bad_grants_is_cut_off() {
         mac: good.mac,
         offset: good.scope.offset,
         length: 100,
+        flags: 0,
         trace: None,
     };
     // Up to the limit each refusal is answered...

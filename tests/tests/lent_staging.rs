@@ -191,6 +191,25 @@ async fn rdma_readers_read_ssd_objects_through_lent_staging() {
     wider.scope.length += 1;
     let e = tcp.stage(&wider, theirs.len(), 1).await.unwrap_err();
     assert_eq!(e.code, Code::PermissionDenied, "{e}");
+
+    // A reader that dies holding a lease asked for with FLAG_HELD (as rdma
+    // readers ask) frees its slot as its connection closes, long before
+    // the 10 s TTL.
+    let disconnected = |m: &str| metric(m, "strata_ssd_agent_staging_remote_disconnected_total");
+    let before = disconnected(&http_get(at, "/metrics").await.1);
+    let dying = TcpTransport::new(TcpTransportConfig::default());
+    let (_, held) = dying.stage_held(&theirs, 0, 4096).await.unwrap();
+    assert_eq!(agent(at).await.2, 1.0);
+    drop((held, dying));
+    let t0 = std::time::Instant::now();
+    let mut freed = false;
+    while !freed && t0.elapsed() < Duration::from_secs(5) {
+        freed = agent(at).await.2 == 0.0;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(freed, "the dead reader's slot came back within 5 s");
+    let after = disconnected(&http_get(at, "/metrics").await.1);
+    assert_eq!(after, before + 1.0, "taken back, not given back or expired");
     c.shutdown().await;
 }
 

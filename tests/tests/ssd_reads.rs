@@ -414,6 +414,7 @@ async fn a_reader_that_never_reads_is_cut_off_and_releases_its_bucket() {
         mac: r.mac,
         offset: r.scope.offset,
         length: r.scope.length,
+        flags: 0,
         trace: None,
     };
     let mut s = tokio::net::TcpStream::connect(&r.addr).await.unwrap();

@@ -229,6 +229,7 @@ async fn a_put_and_an_ssd_read_are_each_one_trace_across_processes() {
         mac: [0; 16],
         offset: 0,
         length: 16,
+        flags: 0,
         trace: Some(TraceParent {
             trace_id: [0x5a; 16],
             span_id: [0x5b; 8],

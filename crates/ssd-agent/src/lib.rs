@@ -150,6 +150,10 @@ impl AgentMetrics {
                     "strata_ssd_agent_staging_remote_expired_total",
                     "Lent slots reclaimed after their TTL (never given back)",
                 ),
+                disconnected: c(
+                    "strata_ssd_agent_staging_remote_disconnected_total",
+                    "Lent slots taken back when the reader's connection closed before it gave them back",
+                ),
                 lent_bytes: c(
                     "strata_ssd_agent_staged_bytes_total",
                     "Bytes staged into the UCX lend window for one-sided (rdma) readers",

@@ -127,6 +127,12 @@ impl DataRegion for BucketRegion {
             .is_some_and(|l| l.give_back(lease, token))
     }
 
+    fn reclaim_held(&self, lease: u64, token: u64) -> bool {
+        self.lender
+            .as_ref()
+            .is_some_and(|l| l.reclaim_held(lease, token))
+    }
+
     fn read<'a>(&'a self, req: &'a Request, now_ms: u64) -> BoxFuture<'a, Result<ReadSource>> {
         Box::pin(async move {
             let (store, bucket) = self.authorize(req, PERM_SSD_READ, now_ms)?;

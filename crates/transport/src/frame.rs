@@ -6,10 +6,11 @@
 //! ```text
 //!  0 magic u32 "STRD" | 4 version u8 | 5 op u8 | 6 reserved u16
 //!  8 request id u64   | 16 segment id u64
-//! 24 grant offset u64 | 32 grant length u64 | 40 grant perm u32 | 44 reserved u32
+//! 24 grant offset u64 | 32 grant length u64 | 40 grant perm u32 | 44 flags u32
 //! 48 grant expiry (unix ms) u64 | 56 grant mac [16]
 //! 72 offset u64 (absolute in segment) | 80 length u64 | 88 grant generation u64
-//! (the generation was a reserved zero before; old peers send 0)
+//! (the generation and the flags were reserved zeros before; old peers send
+//! 0, and servers that predate a flag ignore it)
 //! ```
 //! Version 2 is version 1 plus extensions: the u16 at offset 6 is the
 //! length (at most [`MAX_EXT_LEN`]) of an extension block that follows the
@@ -35,7 +36,11 @@
 //! memory that peers read one-sided, and it answers with a [`Staged`]
 //! descriptor instead of the bytes. A `GiveBack` returns that space: its
 //! `offset` is the lease and its `length` the lease's token; its grant
-//! fields are unused (zero).
+//! fields are unused (zero). A `Stage` with [`FLAG_HELD`] asks that its
+//! lease live no longer than the connection it was asked on: the server
+//! gives back what a connection still holds when it closes (the reader died
+//! or gave up on it), so a lent slot waits for its TTL only when a server
+//! predates the flag.
 //! ```text
 //!  0 magic u32 "STRR" | 4 version u8 | 5 status u8 (Code) | 6 reserved u16
 //!  8 request id u64   | 16 length u64
@@ -71,6 +76,11 @@ pub enum Op {
     GiveBack = 6,
 }
 
+/// `Request::flags`: this `Stage`'s lease dies with its connection (the
+/// reader gives it back on that connection, or the server does when the
+/// connection closes).
+pub const FLAG_HELD: u32 = 1;
+
 /// Most items one batch read may carry.
 pub const MAX_READV_ITEMS: u64 = 4096;
 
@@ -82,6 +92,8 @@ pub struct Request {
     pub mac: [u8; MAC_LEN],
     pub offset: u64,
     pub length: u64,
+    /// `FLAG_*` bits; unknown bits are ignored.
+    pub flags: u32,
     /// The caller's span, for tracing across processes (version 2).
     pub trace: Option<TraceParent>,
 }
@@ -137,6 +149,7 @@ impl Request {
             mac: [0; MAC_LEN],
             offset,
             length,
+            flags: 0,
             trace: None,
         }
     }
@@ -152,6 +165,7 @@ impl Request {
         b[24..32].copy_from_slice(&self.grant.offset.to_le_bytes());
         b[32..40].copy_from_slice(&self.grant.length.to_le_bytes());
         b[40..44].copy_from_slice(&self.grant.perm.to_le_bytes());
+        b[44..48].copy_from_slice(&self.flags.to_le_bytes());
         b[48..56].copy_from_slice(&self.grant.expires_unix_ms.to_le_bytes());
         b[56..72].copy_from_slice(&self.mac);
         b[72..80].copy_from_slice(&self.offset.to_le_bytes());
@@ -231,6 +245,7 @@ impl Request {
                 mac,
                 offset: u64_at(b, 72),
                 length: u64_at(b, 80),
+                flags: u32_at(b, 44),
                 trace: None,
             }),
             ext,
@@ -443,6 +458,7 @@ mod tests {
             mac: [9; MAC_LEN],
             offset: 3,
             length: 1,
+            flags: FLAG_HELD | 8,
             trace: None,
         };
         // Untraced: exactly the version 1 header.
@@ -470,6 +486,7 @@ mod tests {
             mac: [3; MAC_LEN],
             offset: 0,
             length: 10,
+            flags: 0,
             trace: Some(TraceParent {
                 trace_id: [7; 16],
                 span_id: [8; 8],

@@ -3,8 +3,11 @@
 //! stages bytes it does not keep in registered memory (an SSD agent's
 //! bucket files) into a free slot and lends it (`Op::Stage`); the reader
 //! fetches the piece itself and gives the slot back (`Op::GiveBack`), or
-//! [`Lender::reap`] reclaims it after its TTL. A slot is held by its lease,
-//! so it is written again only once the lease is gone.
+//! [`Lender::reap`] reclaims it after its TTL. A lease asked for with
+//! `FLAG_HELD` is also taken back as soon as the connection it was asked on
+//! closes ([`Lender::reclaim_held`]): a reader that died frees its slots at
+//! once, not a TTL later. A slot is held by its lease, so it is written
+//! again only once the lease is gone.
 //!
 //! A stager waits for a free slot first come first served, for at most the
 //! lender's wait, then fails with an error that says what to raise.
@@ -39,6 +42,9 @@ pub struct LendMetrics {
     pub leases: IntGauge,
     /// Leases reclaimed because their TTL passed.
     pub expired: IntCounter,
+    /// Leases taken back because the connection that held them closed
+    /// before the reader gave them back.
+    pub disconnected: IntCounter,
     /// Bytes staged into lent slots.
     pub lent_bytes: IntCounter,
 }
@@ -236,6 +242,20 @@ impl Lender {
         true
     }
 
+    /// Takes back a lease whose holding connection closed before the
+    /// reader gave it back (`FLAG_HELD`). False if it was gone already.
+    pub fn reclaim_held(&self, lease: u64, token: u64) -> bool {
+        let back = self.give_back(lease, token);
+        if back {
+            self.m.disconnected.inc();
+            tracing::debug!(
+                lease,
+                "a one-sided reader's connection closed before it gave its lent slot back; reclaimed"
+            );
+        }
+        back
+    }
+
     /// Reclaims leases whose TTL passed. Returns how many.
     pub fn reap(&self, now: Instant) -> usize {
         let mut lent = self.lent.lock();
@@ -288,6 +308,7 @@ mod tests {
         LendMetrics {
             leases: IntGauge::new("l", "l").unwrap(),
             expired: IntCounter::new("e", "e").unwrap(),
+            disconnected: IntCounter::new("d", "d").unwrap(),
             lent_bytes: IntCounter::new("b", "b").unwrap(),
         }
     }

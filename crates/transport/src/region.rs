@@ -390,6 +390,11 @@ pub trait DataRegion: Send + Sync + 'static {
     fn give_back(&self, _lease: u64, _token: u64) -> bool {
         false
     }
+    /// Takes back a lease whose connection closed before its reader gave it
+    /// back (`FLAG_HELD`); false when it is gone already.
+    fn reclaim_held(&self, lease: u64, token: u64) -> bool {
+        self.give_back(lease, token)
+    }
 }
 
 /// Checks a grant's signature, expiry, permission and that

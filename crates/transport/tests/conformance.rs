@@ -45,8 +45,9 @@ struct Fixture {
     mapped: Box<dyn Fn() -> u64 + Send + Sync>,
     maps: bool,
     /// The node lends staged reads (its transport can read them
-    /// one-sided): bytes lent so far and slots lent now.
-    lent: Box<dyn Fn() -> (u64, usize) + Send + Sync>,
+    /// one-sided): bytes lent so far, slots lent now, and slots taken back
+    /// because their reader's connection closed.
+    lent: Box<dyn Fn() -> (u64, usize, u64) + Send + Sync>,
     /// The client reads grants that allow it through lent staging.
     stages: bool,
     /// The node's served segments, as the master's log changes them.
@@ -451,7 +452,59 @@ async fn reads_through_lent_staging(f: Fixture) {
         assert_eq!(e.code, want, "{e:?}");
     }
     assert_eq!((f.lent)().0, lent);
+    if f.stages {
+        leases_held_by_a_connection_die_with_it(&f, &r).await;
+    }
     (f.kill)();
+}
+
+/// Waits (bounded) until the node lends `n` slots.
+async fn until_lent(f: &Fixture, n: usize) -> bool {
+    for _ in 0..250 {
+        if (f.lent)().1 == n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// A lease staged with `FLAG_HELD` is given back on its own connection, or
+/// taken back by the node as soon as that connection closes (a reader that
+/// died), long before its TTL; one staged without the flag is not.
+async fn leases_held_by_a_connection_die_with_it(f: &Fixture, r: &RemoteRange) {
+    use strata_transport::tcp::TcpTransport;
+    assert!(until_lent(f, 0).await, "nothing lent to start with");
+    let before = (f.lent)().2;
+    // Given back on its connection: nothing is reclaimed, and the
+    // connection goes back to the pool (the next stage reuses it).
+    let tcp = TcpTransport::new(Default::default());
+    let (st, held) = tcp.stage_held(r, 0, 4096).await.unwrap();
+    assert_eq!((st.length, (f.lent)().1), (4096, 1));
+    tcp.give_back_held(held).await.unwrap();
+    assert_eq!(((f.lent)().1, (f.lent)().2), (0, before));
+    // An unflagged lease outlives its connection (older readers may give
+    // it back on another one)...
+    let plain = TcpTransport::new(Default::default());
+    let unheld = plain.stage(r, 0, 4096).await.unwrap();
+    drop(plain);
+    // ...a held one does not: the reader "dies" holding it.
+    let dying = TcpTransport::new(Default::default());
+    let (_, held) = dying.stage_held(r, 4096, 4096).await.unwrap();
+    assert_eq!((f.lent)().1, 2);
+    drop(held);
+    drop(dying);
+    assert!(
+        until_lent(f, 1).await,
+        "the node took the held lease back when its connection closed"
+    );
+    assert_eq!((f.lent)().2, before + 1);
+    // The unflagged lease was still lent: it gives back once.
+    tcp.give_back(&r.addr, unheld.lease, unheld.token)
+        .await
+        .unwrap();
+    assert_eq!((f.lent)().1, 0);
+    assert_eq!((f.lent)().2, before + 1, "given back, not reclaimed");
 }
 
 macro_rules! conformance_suite {
@@ -606,7 +659,7 @@ async fn tcp() -> Fixture {
         attaches: false,
         mapped: Box::new(|| 0),
         maps: false,
-        lent: Box::new(|| (0, 0)),
+        lent: Box::new(|| (0, 0, 0)),
         stages: false,
         table: n.table,
         segment: n.segment,
@@ -650,6 +703,11 @@ impl DataRegion for Lending {
             .as_ref()
             .is_some_and(|l| l.give_back(lease, token))
     }
+    fn reclaim_held(&self, lease: u64, token: u64) -> bool {
+        self.lender
+            .as_ref()
+            .is_some_and(|l| l.reclaim_held(lease, token))
+    }
 }
 
 /// A lender of 4 slots of 1 MiB over UCX, and its metrics.
@@ -659,6 +717,7 @@ async fn lender() -> (Arc<Lender>, LendMetrics) {
     let m = LendMetrics {
         leases: IntGauge::new("leases", "leases").unwrap(),
         expired: IntCounter::new("expired", "expired").unwrap(),
+        disconnected: IntCounter::new("disconnected", "disconnected").unwrap(),
         lent_bytes: IntCounter::new("lent", "lent").unwrap(),
     };
     let cfg = strata_transport::lend::LendConfig {
@@ -850,6 +909,7 @@ mod ucx {
                 (
                     lend.lent_bytes.get(),
                     usize::try_from(lend.leases.get()).unwrap_or(0),
+                    lend.disconnected.get(),
                 )
             }),
             stages: true,

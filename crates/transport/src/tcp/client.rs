@@ -1,5 +1,7 @@
 use super::write_all_vectored;
-use crate::frame::{Op, Request, Response, Staged, MAX_READV_ITEMS, MAX_STAGED_LEN, RESP_LEN};
+use crate::frame::{
+    Op, Request, Response, Staged, FLAG_HELD, MAX_READV_ITEMS, MAX_STAGED_LEN, RESP_LEN,
+};
 use crate::{check_sub_range, RemoteRange, Transport};
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
@@ -90,6 +92,7 @@ impl TcpTransport {
             mac: range.mac,
             offset: range.scope.offset + at,
             length: io.len() as u64,
+            flags: 0,
             trace: TraceParent::current(),
         };
         let res = tokio::time::timeout(self.cfg.io_timeout, exchange(&mut conn, &req, io)).await;
@@ -216,6 +219,16 @@ async fn read_response(
     Ok(crc)
 }
 
+/// A lease from [`TcpTransport::stage_held`] and the connection it lives
+/// on: dropped unreturned, the connection closes and the node takes the
+/// lease back.
+pub struct HeldLease {
+    addr: String,
+    conn: TcpStream,
+    lease: u64,
+    token: u64,
+}
+
 /// Bound on giving a lent piece back in the background.
 const GIVE_BACK_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -232,6 +245,23 @@ pub fn spawn_give_back(tcp: Arc<TcpTransport>, addr: String, lease: u64, token: 
             tracing::debug!(
                 node = addr,
                 "staging slot not given back; the node reclaims it after its TTL"
+            );
+        }
+    });
+}
+
+/// Gives a held lease back on its connection from a task of its own,
+/// bounded; with no runtime to run it, or past the bound, the connection
+/// closes and the node takes the lease back itself.
+pub fn spawn_give_back_held(tcp: Arc<TcpTransport>, held: HeldLease) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        let r = tokio::time::timeout(GIVE_BACK_TIMEOUT, tcp.give_back_held(held)).await;
+        if !matches!(r, Ok(Ok(()))) {
+            tracing::debug!(
+                "held staging slot not given back; its connection closed, which frees it"
             );
         }
     });
@@ -306,26 +336,95 @@ impl TcpTransport {
     /// it into memory it lends (`Op::Stage`): where they are and how to
     /// reach them. The answer may hold fewer bytes (one piece).
     pub async fn stage(&self, range: &RemoteRange, at: u64, len: u64) -> Result<Staged> {
+        let req = self.stage_request(range, at, len, 0)?;
+        let body = self.call(&range.addr, &req, MAX_STAGED_LEN).await?;
+        Staged::decode(&body, len).inspect_err(|_| self.give_back_unusable(&range.addr, &body))
+    }
+
+    /// Lent, but not usable (a malformed answer): gives it back at once if
+    /// the answer names a lease at all (else the agent's TTL reclaims it).
+    fn give_back_unusable(&self, addr: &str, body: &[u8]) {
+        if let (Some(lease), Some(token)) = (body.get(8..16), body.get(16..24)) {
+            let lease = u64::from_le_bytes(lease.try_into().expect("8 bytes"));
+            let token = u64::from_le_bytes(token.try_into().expect("8 bytes"));
+            self.give_back_soon(addr.to_string(), lease, token);
+        }
+    }
+
+    /// [`TcpTransport::stage`] whose lease lives no longer than the
+    /// connection it is asked on (`FLAG_HELD`), which the answer keeps out
+    /// of the pool: give it back with [`TcpTransport::give_back_held`], or
+    /// drop it, and the node takes the space back as the connection closes
+    /// (a reader that dies or gives up frees its slots at once). Nodes that
+    /// predate the flag reclaim unreturned space after its TTL.
+    pub async fn stage_held(
+        &self,
+        range: &RemoteRange,
+        at: u64,
+        len: u64,
+    ) -> Result<(Staged, HeldLease)> {
+        let req = self.stage_request(range, at, len, FLAG_HELD)?;
+        let conn = self.pooled(&range.addr).await?;
+        let (body, conn) = self
+            .exchange_on(&range.addr, conn, &req, MAX_STAGED_LEN)
+            .await;
+        // Without its connection (a broken exchange) a lease cannot be
+        // given back on it: it was closed, and the node took the lease back.
+        let (body, conn) = match (body, conn) {
+            (Ok(b), Some(c)) => (b, c),
+            (Err(e), conn) => {
+                if let Some(c) = conn {
+                    self.give_back_conn(&self.pool(&range.addr), c);
+                }
+                return Err(e);
+            }
+            (Ok(_), None) => return Err(Error::internal("an answered stage lost its connection")),
+        };
+        // An unusable answer: dropping the connection gives its lease back
+        // (an agent that predates held leases is asked to).
+        let st = Staged::decode(&body, len)
+            .inspect_err(|_| self.give_back_unusable(&range.addr, &body))?;
+        let held = HeldLease {
+            addr: range.addr.clone(),
+            conn,
+            lease: st.lease,
+            token: st.token,
+        };
+        Ok((st, held))
+    }
+
+    fn stage_request(&self, range: &RemoteRange, at: u64, len: u64, flags: u32) -> Result<Request> {
         check_sub_range(range.len(), at, len as usize)?;
-        let req = Request {
+        Ok(Request {
             op: Op::Stage,
             req_id: self.next_id.fetch_add(1, Ordering::Relaxed),
             grant: range.scope,
             mac: range.mac,
             offset: range.scope.offset + at,
             length: len,
+            flags,
             trace: TraceParent::current(),
-        };
-        let body = self.call(&range.addr, &req, MAX_STAGED_LEN).await?;
-        Staged::decode(&body, len).inspect_err(|_| {
-            // Lent, but not usable: give it back at once if the answer
-            // names a lease at all (else the agent's TTL reclaims it).
-            if let (Some(lease), Some(token)) = (body.get(8..16), body.get(16..24)) {
-                let lease = u64::from_le_bytes(lease.try_into().expect("8 bytes"));
-                let token = u64::from_le_bytes(token.try_into().expect("8 bytes"));
-                self.give_back_soon(range.addr.clone(), lease, token);
-            }
         })
+    }
+
+    /// Gives a [`TcpTransport::stage_held`] lease back on its own
+    /// connection, which then returns to the pool.
+    pub async fn give_back_held(&self, held: HeldLease) -> Result<()> {
+        let req = self.give_back_request(held.lease, held.token);
+        let (r, conn) = self.exchange_on(&held.addr, held.conn, &req, 0).await;
+        if let Some(c) = conn {
+            self.give_back_conn(&self.pool(&held.addr), c);
+        }
+        r.map(|_| ())
+    }
+
+    fn give_back_request(&self, lease: u64, token: u64) -> Request {
+        Request::ungranted(
+            Op::GiveBack,
+            self.next_id.fetch_add(1, Ordering::Relaxed),
+            lease,
+            token,
+        )
     }
 
     /// Gives a lease back from a task of its own (over a connection of its
@@ -337,24 +436,39 @@ impl TcpTransport {
 
     /// Gives back space a [`TcpTransport::stage`] lent.
     pub async fn give_back(&self, addr: &str, lease: u64, token: u64) -> Result<()> {
-        let req = Request::ungranted(
-            Op::GiveBack,
-            self.next_id.fetch_add(1, Ordering::Relaxed),
-            lease,
-            token,
-        );
+        let req = self.give_back_request(lease, token);
         self.call(addr, &req, 0).await.map(|_| ())
+    }
+
+    /// A pooled connection to `addr`, or a new one.
+    async fn pooled(&self, addr: &str) -> Result<TcpStream> {
+        let pooled = self.pool(addr).lock().pop();
+        match pooled {
+            Some(c) => Ok(c),
+            None => self.connect(addr).await,
+        }
     }
 
     /// One request without payload on a pooled connection, answered by a
     /// body of at most `max` bytes.
     async fn call(&self, addr: &str, req: &Request, max: usize) -> Result<Vec<u8>> {
-        let pool = self.pool(addr);
-        let pooled = pool.lock().pop();
-        let mut conn = match pooled {
-            Some(c) => c,
-            None => self.connect(addr).await?,
-        };
+        let conn = self.pooled(addr).await?;
+        let (r, conn) = self.exchange_on(addr, conn, req, max).await;
+        if let Some(c) = conn {
+            self.give_back_conn(&self.pool(addr), c);
+        }
+        r
+    }
+
+    /// One request without payload on `conn`, answered by a body of at most
+    /// `max` bytes; the connection comes back when it may be reused.
+    async fn exchange_on(
+        &self,
+        addr: &str,
+        mut conn: TcpStream,
+        req: &Request,
+        max: usize,
+    ) -> (Result<Vec<u8>>, Option<TcpStream>) {
         let exchange = async {
             conn.write_all(&req.encode()).await?;
             let mut rh = [0u8; RESP_LEN];
@@ -384,25 +498,26 @@ impl TcpTransport {
             Ok(body)
         };
         match tokio::time::timeout(self.cfg.io_timeout, exchange).await {
-            Err(_) => Err(Error::new(
-                Code::Timeout,
-                format!("data-plane request to {addr} timed out"),
-            )),
-            Ok(Err(Exchange::Io(e))) => Err(Error::unavailable(format!(
-                "data-plane connection to {addr} failed: {e}"
-            ))),
+            Err(_) => (
+                Err(Error::new(
+                    Code::Timeout,
+                    format!("data-plane request to {addr} timed out"),
+                )),
+                None,
+            ),
+            Ok(Err(Exchange::Io(e))) => (
+                Err(Error::unavailable(format!(
+                    "data-plane connection to {addr} failed: {e}"
+                ))),
+                None,
+            ),
             // An unknown op is answered and then the node hangs up (older
             // nodes): this connection is not reused.
             Ok(Err(Exchange::Remote(e))) => {
-                if e.code != Code::InvalidArgument {
-                    self.give_back_conn(&pool, conn);
-                }
-                Err(e)
+                let conn = (e.code != Code::InvalidArgument).then_some(conn);
+                (Err(e), conn)
             }
-            Ok(Ok(body)) => {
-                self.give_back_conn(&pool, conn);
-                Ok(body)
-            }
+            Ok(Ok(body)) => (Ok(body), Some(conn)),
         }
     }
 
@@ -481,6 +596,7 @@ impl TcpTransport {
             mac: batch[0].1.mac,
             offset: 0,
             length: batch.len() as u64,
+            flags: 0,
             trace: TraceParent::current(),
         };
         top.grant.length = 0;
@@ -496,6 +612,7 @@ impl TcpTransport {
                 mac: r.mac,
                 offset: r.scope.offset,
                 length: buf.len() as u64,
+                flags: 0,
                 trace: None,
             };
             head.extend_from_slice(&req.encode());
@@ -523,6 +640,7 @@ impl TcpTransport {
                     mac: top.mac,
                     offset: 0,
                     length: buf.len() as u64,
+                    flags: 0,
                     trace: None,
                 };
                 let r = tokio::time::timeout(t, read_response(&mut conn, &item, buf, true))

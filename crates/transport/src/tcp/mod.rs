@@ -4,7 +4,9 @@
 mod client;
 mod server;
 
-pub use client::{spawn_give_back, TcpTransport, TcpTransportConfig};
+pub use client::{
+    spawn_give_back, spawn_give_back_held, HeldLease, TcpTransport, TcpTransportConfig,
+};
 pub use server::{serve, serve_with, ServerLimits, ServerMetrics};
 
 use std::io::{self, IoSlice};

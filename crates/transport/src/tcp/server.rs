@@ -1,5 +1,5 @@
 use super::write_all_vectored;
-use crate::frame::{Op, Request, Response, MAX_EXT_LEN, MAX_READV_ITEMS, REQ_LEN};
+use crate::frame::{Op, Request, Response, FLAG_HELD, MAX_EXT_LEN, MAX_READV_ITEMS, REQ_LEN};
 use crate::region::{Chunk, ChunkStream, DataRegion, ReadSource};
 use prometheus::IntCounter;
 use std::sync::Arc;
@@ -182,6 +182,43 @@ struct Peer<'a> {
     rejections: u32,
     /// A stranger must prove a grant by then (pings do not extend it).
     first_grant_by: tokio::time::Instant,
+    /// Leases this connection asked for with `FLAG_HELD`.
+    held: Held<'a>,
+}
+
+/// Most leases one connection holds for its reader; past it the oldest
+/// stops being tied to the connection (its TTL still reclaims it). A reader
+/// holds one or two at a time.
+const MAX_HELD: usize = 64;
+
+/// The `FLAG_HELD` leases a connection lent and was not given back on it:
+/// taken back when the connection ends, on every path (a closed or broken
+/// socket, a cut-off peer, shutdown, the task dropped).
+struct Held<'a> {
+    table: &'a dyn DataRegion,
+    leases: Vec<(u64, u64)>,
+}
+
+impl Held<'_> {
+    fn hold(&mut self, lease: u64, token: u64) {
+        if self.leases.len() >= MAX_HELD {
+            self.leases.remove(0);
+        }
+        self.leases.push((lease, token));
+    }
+
+    fn given_back(&mut self, lease: u64) {
+        self.leases.retain(|(l, _)| *l != lease);
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        for (lease, token) in self.leases.drain(..) {
+            // False when given back on another connection or reaped.
+            self.table.reclaim_held(lease, token);
+        }
+    }
 }
 
 impl Peer<'_> {
@@ -335,6 +372,10 @@ async fn connection(
         granted: false,
         rejections: 0,
         first_grant_by: tokio::time::Instant::now() + limits.first_grant_timeout,
+        held: Held {
+            table,
+            leases: Vec::new(),
+        },
     };
     loop {
         let read = tokio::select! {
@@ -448,6 +489,8 @@ async fn serve_request(
                     if sent.is_err() {
                         // The reader never learns of the lease: not lent.
                         table.give_back(st.lease, st.token);
+                    } else if req.flags & FLAG_HELD != 0 {
+                        peer.held.hold(st.lease, st.token);
                     }
                     sent?;
                 }
@@ -464,6 +507,7 @@ async fn serve_request(
             // The lease and its token stand in for a grant: only the
             // connection that staged learned the token.
             if table.give_back(req.offset, req.length) {
+                peer.held.given_back(req.offset);
                 peer.granted = true;
                 within(io, respond_ok(s, req.req_id)).await?;
             } else {

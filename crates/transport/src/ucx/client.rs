@@ -530,12 +530,10 @@ impl UcxTransport {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (tcp, range) = (self.tcp.clone(), src.clone());
         let ask = async move {
-            let r = tcp.stage(&range, at, want).await.map(|st| {
+            let r = tcp.stage_held(&range, at, want).await.map(|(st, held)| {
                 let lent = LentPiece {
                     tcp: tcp.clone(),
-                    addr: range.addr.clone(),
-                    lease: st.lease,
-                    token: st.token,
+                    held: Some(held),
                 };
                 (st, lent)
             });
@@ -882,21 +880,21 @@ impl UcxTransport {
     }
 }
 
-/// A piece an agent lent: given back when dropped, by a task of its own
-/// (bounded), so neither the reader's latency nor its cancellation keeps
-/// the slot; if the give-back never arrives, the agent reclaims the slot
-/// after its TTL.
+/// A piece an agent lent: given back when dropped, on the connection that
+/// staged it, by a task of its own (bounded), so neither the reader's
+/// latency nor its cancellation keeps the slot. If the give-back cannot be
+/// sent, the connection closes and the agent takes the slot back then
+/// (agents that predate held leases: after its TTL).
 struct LentPiece {
     tcp: Arc<TcpTransport>,
-    addr: String,
-    lease: u64,
-    token: u64,
+    held: Option<crate::tcp::HeldLease>,
 }
 
 impl Drop for LentPiece {
     fn drop(&mut self) {
-        let addr = std::mem::take(&mut self.addr);
-        crate::tcp::spawn_give_back(self.tcp.clone(), addr, self.lease, self.token);
+        if let Some(held) = self.held.take() {
+            crate::tcp::spawn_give_back_held(self.tcp.clone(), held);
+        }
     }
 }
 
