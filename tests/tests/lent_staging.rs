@@ -197,6 +197,10 @@ async fn rdma_readers_read_ssd_objects_through_lent_staging() {
     // the 10 s TTL.
     let disconnected = |m: &str| metric(m, "strata_ssd_agent_staging_remote_disconnected_total");
     let before = disconnected(&http_get(at, "/metrics").await.1);
+    assert_eq!(
+        before, 0.0,
+        "live readers (a dropped one too) gave their slots back"
+    );
     let dying = TcpTransport::new(TcpTransportConfig::default());
     let (_, held) = dying.stage_held(&theirs, 0, 4096).await.unwrap();
     assert_eq!(agent(at).await.2, 1.0);

@@ -230,11 +230,20 @@ impl Lender {
     /// The reader is done with a lease. False if it was unknown (given back
     /// already, reclaimed) or the token is wrong.
     pub fn give_back(&self, lease: u64, token: u64) -> bool {
+        self.take_back(lease, token, None)
+    }
+
+    /// Ends a lease; `counter` counts it first (before the gauge shows the
+    /// slot free, so a reader of both never sees one without the other).
+    fn take_back(&self, lease: u64, token: u64, counter: Option<&IntCounter>) -> bool {
         let mut lent = self.lent.lock();
         if lent.get(&lease).is_none_or(|l| l.token != token) {
             return false;
         }
         let taken = lent.remove(&lease);
+        if let Some(c) = counter {
+            c.inc();
+        }
         self.m.leases.set(lent.len() as i64);
         drop(lent);
         // The slot is freed outside the lock.
@@ -245,9 +254,8 @@ impl Lender {
     /// Takes back a lease whose holding connection closed before the
     /// reader gave it back (`FLAG_HELD`). False if it was gone already.
     pub fn reclaim_held(&self, lease: u64, token: u64) -> bool {
-        let back = self.give_back(lease, token);
+        let back = self.take_back(lease, token, Some(&self.m.disconnected));
         if back {
-            self.m.disconnected.inc();
             tracing::debug!(
                 lease,
                 "a one-sided reader's connection closed before it gave its lent slot back; reclaimed"

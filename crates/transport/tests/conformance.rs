@@ -476,6 +476,7 @@ async fn leases_held_by_a_connection_die_with_it(f: &Fixture, r: &RemoteRange) {
     use strata_transport::tcp::TcpTransport;
     assert!(until_lent(f, 0).await, "nothing lent to start with");
     let before = (f.lent)().2;
+    assert_eq!(before, 0, "live readers gave every slot back themselves");
     // Given back on its connection: nothing is reclaimed, and the
     // connection goes back to the pool (the next stage reuses it).
     let tcp = TcpTransport::new(Default::default());

@@ -192,8 +192,11 @@ struct Peer<'a> {
 const MAX_HELD: usize = 64;
 
 /// The `FLAG_HELD` leases a connection lent and was not given back on it:
-/// taken back when the connection ends, on every path (a closed or broken
-/// socket, a cut-off peer, shutdown, the task dropped).
+/// taken back when the reader closes the connection. Only then: a
+/// connection this side ends (shutdown, a cut-off peer, a broken or reset
+/// socket, which a middlebox may cause while the reader still reads over
+/// another path) leaves its leases to their TTL, so a live reader never
+/// has its slot refilled under it.
 struct Held<'a> {
     table: &'a dyn DataRegion,
     leases: Vec<(u64, u64)>,
@@ -212,8 +215,9 @@ impl Held<'_> {
     }
 }
 
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
+impl Held<'_> {
+    /// The reader closed the connection: it reads none of them any more.
+    fn reader_closed(&mut self) {
         for (lease, token) in self.leases.drain(..) {
             // False when given back on another connection or reaped.
             self.table.reclaim_held(lease, token);
@@ -386,7 +390,10 @@ async fn connection(
             // Idle, or a stranger that never presented a grant.
             Err(_) if peer.granted => return Ok(()),
             Err(_) => return Err(timed_out()),
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                peer.held.reader_closed();
+                return Ok(());
+            }
             Ok(Err(e)) => return Err(e),
             Ok(Ok(_)) => {}
         }
