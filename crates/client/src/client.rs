@@ -1,5 +1,6 @@
 use crate::locations::{spawn_reporter, Locations};
 use crate::lookups::Lookups;
+use crate::put_steps::PutSteps;
 use crate::retry::Backoff;
 use futures::StreamExt;
 use std::sync::Arc;
@@ -44,6 +45,8 @@ pub struct ClientConfig {
     /// leader instead of gRPC when the master serves them (about a tenth of
     /// a gRPC call's latency; gRPC whenever they cannot be sent).
     pub quick_calls: bool,
+    /// Times each step of every put (`Client::put_steps`): for benchmarks.
+    pub put_steps: bool,
 }
 
 impl ClientConfig {
@@ -59,7 +62,14 @@ impl ClientConfig {
             read_report_interval: std::time::Duration::from_millis(500),
             announce_up_to: ANNOUNCE_UP_TO,
             quick_calls: true,
+            put_steps: false,
         }
+    }
+
+    /// Times each step of every put (`Client::put_steps`).
+    pub fn with_put_steps(mut self, on: bool) -> Self {
+        self.put_steps = on;
+        self
     }
 
     /// Calls the master over gRPC only (`false`), or quickly where the
@@ -126,6 +136,7 @@ pub struct Client {
     locations: Option<Arc<Locations>>,
     lookups: Lookups,
     quick: Option<Arc<crate::quick::QuickCalls>>,
+    steps: Option<Arc<PutSteps>>,
 }
 
 pub use strata_transport::remote_range;
@@ -189,6 +200,7 @@ impl Client {
             l
         });
         Ok(Client {
+            steps: cfg.put_steps.then(Arc::default),
             lookups: Lookups::start(master.clone(), quick.clone()),
             quick,
             master,
@@ -209,6 +221,12 @@ impl Client {
     /// this client was made: for engines' own metrics.
     pub fn cached_reads(&self) -> u64 {
         self.locations.as_ref().map_or(0, |l| l.hits())
+    }
+
+    /// Where its puts spent their time, when made with
+    /// `ClientConfig::put_steps`.
+    pub fn put_steps(&self) -> Option<&PutSteps> {
+        self.steps.as_deref()
     }
 
     /// The configuration it was made with.
@@ -256,10 +274,14 @@ impl Client {
         // Declared at PutStart when small enough (`announce_up_to`);
         // otherwise worked out while the first PutStart is in flight. Kept
         // for retries.
+        let steps = self.steps.as_deref();
+        let mark = || steps.map(|_| std::time::Instant::now());
+        let before_crc = mark();
         let crc = std::sync::OnceLock::new();
         if data.len() <= self.cfg.announce_up_to {
             let _ = crc.set(crc32c::crc32c(data));
         }
+        let crc_took = before_crc.map(|t| t.elapsed());
         let announced = crc.get().copied();
         let crc = &crc;
         // A PutEnd whose answer was lost (the master died or lost its
@@ -279,6 +301,7 @@ impl Client {
                     hard_pin: opts.hard_pin,
                     crc32c: announced,
                 };
+                let started = mark();
                 let start = self.put_start(req);
                 let start = match crc.get() {
                     Some(_) => start.await,
@@ -301,7 +324,10 @@ impl Client {
                     }
                     Err(e) => return Err(e),
                 };
-                if let Err(e) = self.write_replicas(&replicas, data).await {
+                let put_started = mark();
+                let written = self.write_replicas(&replicas, data).await;
+                let wrote = mark();
+                if let Err(e) = written {
                     let _ = self
                         .m()
                         .put_revoke(pb::PutRevokeRequest {
@@ -323,6 +349,11 @@ impl Client {
                         crc32c: crc,
                     })
                     .await;
+                if let (Some(s), Some(crc), Some(a), Some(b), Some(c), Some(d)) =
+                    (steps, crc_took, started, put_started, wrote, mark())
+                {
+                    s.record(crc, [a, b, c, d]);
+                }
                 if end.as_ref().is_err_and(|e| e.retryable()) {
                     unsure.store(true, std::sync::atomic::Ordering::Relaxed);
                 }

@@ -17,6 +17,7 @@ mod client;
 pub mod local;
 mod locations;
 mod lookups;
+pub mod put_steps;
 mod quick;
 mod retry;
 mod ucx;

@@ -109,6 +109,10 @@ pub struct BenchArgs {
     /// the library's default
     #[arg(long)]
     pub compare_announce: bool,
+    /// Time each step of every put (checksum, PutStart, writes, PutEnd)
+    /// and add their medians to the put rows' notes
+    #[arg(long)]
+    pub put_steps: bool,
 }
 
 /// Shared op counter and latency log of one phase.
@@ -277,6 +281,7 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
     // locations between reads (the library's default) for the repeat-read
     // phase.
     let cached = Client::connect(cfg.clone()).await?;
+    let cfg = cfg.with_put_steps(args.put_steps);
     let unannounced = match args.compare_announce {
         true => {
             Some(Client::connect(cfg.clone().with_location_cache(0).with_announce_up_to(0)).await?)
@@ -536,7 +541,16 @@ impl Workload {
             }
         })
         .await?;
-        Ok(phase.finish("strata put", self.size, self.clients, self.size, el))
+        let mut row = phase.finish("strata put", self.size, self.clients, self.size, el);
+        if let Some((_, p50)) = client.put_steps().and_then(|s| s.take_medians()) {
+            let steps = crate::put_steps::STEPS
+                .iter()
+                .zip(p50)
+                .map(|(step, us)| format!("{step} {us}"))
+                .collect::<Vec<_>>();
+            row.note = format!("steps p50 us: {}", steps.join(", "));
+        }
+        Ok(row)
     }
 
     async fn get(&self, ops: u64) -> anyhow::Result<Row> {
