@@ -510,3 +510,46 @@ async fn a_node_heartbeats_an_older_master_over_grpc() {
         c.shutdown().await;
     }
 }
+
+/// A node made with `quick_heartbeats = false` heartbeats over gRPC only,
+/// never trying a quick connection, and its puts (announced and not) are
+/// confirmed that way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_quick_heartbeats_uses_grpc_only() {
+    use std::time::Duration;
+    let c = ClusterBuilder::new()
+        .store_nodes(0)
+        .credentials(true)
+        .build()
+        .await
+        .unwrap();
+    let mut cfg = strata_store_node::StoreNodeConfig::local(&c.master_addr.to_string(), 64 << 20);
+    cfg.token = c.credentials().member.clone();
+    cfg.quick_heartbeats = false;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let node = strata_store_node::start(cfg, stop.clone()).await.unwrap();
+    let admin = node.admin_addr;
+    assert!(
+        strata_tests::wait_until(Duration::from_secs(10), || node.is_registered()).await,
+        "the node registers"
+    );
+    let served0 = calls(&c, "heartbeat", "ok");
+    let announced = c.client().await.unwrap();
+    let unannounced = Client::connect(c.client_config().with_announce_up_to(0))
+        .await
+        .unwrap();
+    for i in 0..4 {
+        let cl = if i % 2 == 0 { &announced } else { &unannounced };
+        cl.put(&format!("k{i}"), b"value", &PutOptions::default())
+            .await
+            .unwrap();
+    }
+    assert_eq!(node.records.len(), 4, "the node records every commit");
+    let grpc = heartbeats(admin, "grpc").await;
+    assert!(grpc >= 4.0, "{grpc} gRPC heartbeats for 4 puts");
+    assert_eq!(heartbeats(admin, "quick").await, 0.0, "no quick heartbeat");
+    assert!(calls(&c, "heartbeat", "ok") > served0);
+    stop.cancel();
+    node.wait().await;
+    c.shutdown().await;
+}
