@@ -213,6 +213,21 @@ async fn a_paused_leader_that_wakes_up_cannot_act() {
         .into_inner()
         .replicas;
     let range = strata_transport::remote_range(&stale[0]).unwrap();
+    // A client that knows only this leader and calls it quickly.
+    let early = Client::connect(ClientConfig::new(&old_addr).with_location_cache(0))
+        .await
+        .unwrap();
+    early
+        .put("early", &payload(3, 4096), &PutOptions::default())
+        .await
+        .unwrap();
+    assert!(early.get("early").await.unwrap() == payload(3, 4096));
+    // (Its first call learns the leader over gRPC.)
+    let quick_before = early.quick_calls();
+    assert!(
+        quick_before >= 2,
+        "{quick_before} quick calls to the leader"
+    );
     ha.proc(leader).signal("-STOP");
     // The other master, not whichever answers first: right after `kill`
     // returns, the paused one may still answer ready once (seen in a full
@@ -257,6 +272,21 @@ async fn a_paused_leader_that_wakes_up_cannot_act() {
     );
     assert!(cl.get("fresh").await.unwrap() == payload(1, 4096));
     assert_eq!(cl.get("stale").await.unwrap_err().code, Code::NotFound);
+    // The early client, which knew only the old leader (now a follower),
+    // follows the new one: its quick call to the follower is refused
+    // before acting and goes over gRPC, which learns the leader the
+    // follower names (seen failing with that fallback removed); from then
+    // on its calls go quickly to the new leader.
+    assert!(early.get("fresh").await.unwrap() == payload(1, 4096));
+    let quick_after = early.quick_calls();
+    for _ in 0..3 {
+        assert!(early.get("early").await.unwrap() == payload(3, 4096));
+    }
+    assert_eq!(
+        early.quick_calls(),
+        quick_after + 3,
+        "every later lookup went quickly to the new leader"
+    );
 }
 
 /// etcd stalls (SIGSTOP) past the TTL: the leader stops serving; once etcd
