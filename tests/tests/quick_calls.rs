@@ -470,9 +470,30 @@ async fn older_master(
     (addr, refused)
 }
 
+/// A store node of 64 MiB, not one of `c`'s, heartbeating the master at
+/// `master` with `c`'s member token; registered.
+async fn member_node(
+    c: &LocalCluster,
+    master: std::net::SocketAddr,
+    quick_heartbeats: bool,
+) -> (
+    strata_store_node::StoreNodeHandle,
+    tokio_util::sync::CancellationToken,
+) {
+    let mut cfg = strata_store_node::StoreNodeConfig::local(&master.to_string(), 64 << 20);
+    cfg.token = c.credentials().member.clone();
+    cfg.quick_heartbeats = quick_heartbeats;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let node = strata_store_node::start(cfg, stop.clone()).await.unwrap();
+    assert!(
+        strata_tests::wait_until(std::time::Duration::from_secs(10), || node.is_registered()).await,
+        "the node registers"
+    );
+    (node, stop)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_heartbeats_an_older_master_over_grpc() {
-    use std::time::Duration;
     for older in [Older::RefusesMembers, Older::LacksHeartbeats] {
         let c = ClusterBuilder::new()
             .store_nodes(0)
@@ -481,15 +502,8 @@ async fn a_node_heartbeats_an_older_master_over_grpc() {
             .await
             .unwrap();
         let (front, refused) = older_master(c.master_addr, older).await;
-        let mut cfg = strata_store_node::StoreNodeConfig::local(&front.to_string(), 64 << 20);
-        cfg.token = c.credentials().member.clone();
-        let stop = tokio_util::sync::CancellationToken::new();
-        let node = strata_store_node::start(cfg, stop.clone()).await.unwrap();
+        let (node, stop) = member_node(&c, front, true).await;
         let admin = node.admin_addr;
-        assert!(
-            strata_tests::wait_until(Duration::from_secs(10), || node.is_registered()).await,
-            "{older:?}: the node registers"
-        );
         // Puts wait for the node's heartbeats to confirm them.
         let cl = Client::connect(c.client_config().with_announce_up_to(0))
             .await
@@ -516,23 +530,14 @@ async fn a_node_heartbeats_an_older_master_over_grpc() {
 /// confirmed that way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_without_quick_heartbeats_uses_grpc_only() {
-    use std::time::Duration;
     let c = ClusterBuilder::new()
         .store_nodes(0)
         .credentials(true)
         .build()
         .await
         .unwrap();
-    let mut cfg = strata_store_node::StoreNodeConfig::local(&c.master_addr.to_string(), 64 << 20);
-    cfg.token = c.credentials().member.clone();
-    cfg.quick_heartbeats = false;
-    let stop = tokio_util::sync::CancellationToken::new();
-    let node = strata_store_node::start(cfg, stop.clone()).await.unwrap();
+    let (node, stop) = member_node(&c, c.master_addr, false).await;
     let admin = node.admin_addr;
-    assert!(
-        strata_tests::wait_until(Duration::from_secs(10), || node.is_registered()).await,
-        "the node registers"
-    );
     let served0 = calls(&c, "heartbeat", "ok");
     let announced = c.client().await.unwrap();
     let unannounced = Client::connect(c.client_config().with_announce_up_to(0))

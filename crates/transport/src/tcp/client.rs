@@ -236,33 +236,35 @@ const GIVE_BACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// runtime to run it: off the reader's path, and from `Drop` too. A lease
 /// never given back is reclaimed by the node after its TTL.
 pub fn spawn_give_back(tcp: Arc<TcpTransport>, addr: String, lease: u64, token: u64) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    rt.spawn(async move {
-        let r = tokio::time::timeout(GIVE_BACK_TIMEOUT, tcp.give_back(&addr, lease, token)).await;
-        if !matches!(r, Ok(Ok(()))) {
-            tracing::debug!(
-                node = addr,
-                "staging slot not given back; the node reclaims it after its TTL"
-            );
-        }
-    });
+    spawn_bounded(
+        async move { tcp.give_back(&addr, lease, token).await },
+        "staging slot not given back; the node reclaims it after its TTL",
+    );
 }
 
 /// Gives a held lease back on its connection from a task of its own,
 /// bounded; with no runtime to run it, or past the bound, the connection
 /// closes and the node takes the lease back itself.
 pub fn spawn_give_back_held(tcp: Arc<TcpTransport>, held: HeldLease) {
+    spawn_bounded(
+        async move { tcp.give_back_held(held).await },
+        "held staging slot not given back; its connection closed, which frees it",
+    );
+}
+
+/// Runs a give-back on a task of its own for at most [`GIVE_BACK_TIMEOUT`]
+/// (nothing without a runtime to run it), logging `missed` when it fails.
+fn spawn_bounded(
+    give_back: impl std::future::Future<Output = Result<()>> + Send + 'static,
+    missed: &'static str,
+) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
     rt.spawn(async move {
-        let r = tokio::time::timeout(GIVE_BACK_TIMEOUT, tcp.give_back_held(held)).await;
+        let r = tokio::time::timeout(GIVE_BACK_TIMEOUT, give_back).await;
         if !matches!(r, Ok(Ok(()))) {
-            tracing::debug!(
-                "held staging slot not given back; its connection closed, which frees it"
-            );
+            tracing::debug!("{missed}");
         }
     });
 }
@@ -373,9 +375,7 @@ impl TcpTransport {
         let (body, conn) = match (body, conn) {
             (Ok(b), Some(c)) => (b, c),
             (Err(e), conn) => {
-                if let Some(c) = conn {
-                    self.give_back_conn(&self.pool(&range.addr), c);
-                }
+                self.repool(&range.addr, conn);
                 return Err(e);
             }
             (Ok(_), None) => return Err(Error::internal("an answered stage lost its connection")),
@@ -412,9 +412,7 @@ impl TcpTransport {
     pub async fn give_back_held(&self, held: HeldLease) -> Result<()> {
         let req = self.give_back_request(held.lease, held.token);
         let (r, conn) = self.exchange_on(&held.addr, held.conn, &req, 0).await;
-        if let Some(c) = conn {
-            self.give_back_conn(&self.pool(&held.addr), c);
-        }
+        self.repool(&held.addr, conn);
         r.map(|_| ())
     }
 
@@ -454,10 +452,15 @@ impl TcpTransport {
     async fn call(&self, addr: &str, req: &Request, max: usize) -> Result<Vec<u8>> {
         let conn = self.pooled(addr).await?;
         let (r, conn) = self.exchange_on(addr, conn, req, max).await;
+        self.repool(addr, conn);
+        r
+    }
+
+    /// Pools a connection an exchange left reusable.
+    fn repool(&self, addr: &str, conn: Option<TcpStream>) {
         if let Some(c) = conn {
             self.give_back_conn(&self.pool(addr), c);
         }
-        r
     }
 
     /// One request without payload on `conn`, answered by a body of at most
