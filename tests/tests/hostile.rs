@@ -176,6 +176,7 @@ async fn data_plane_rejects_access_outside_the_grant() {
         length: 1000,
         flags: 0,
         trace: None,
+        record: None,
     };
     s.write_all(&req.encode()).await.unwrap();
     let (resp, msg) = read_response(&mut s).await;
@@ -191,6 +192,7 @@ async fn data_plane_rejects_access_outside_the_grant() {
         length: 1000,
         flags: 0,
         trace: None,
+        record: None,
     };
     s.write_all(&req.encode()).await.unwrap();
     let (resp, body) = read_raw(&mut s).await;
@@ -249,6 +251,7 @@ async fn malformed_data_plane_frames_do_not_crash_the_node() {
         length: 0,
         flags: 0,
         trace: None,
+        record: None,
     }
     .encode();
     for patch in [(4usize, 9u8), (5, 77)] {
@@ -280,6 +283,7 @@ async fn malformed_data_plane_frames_do_not_crash_the_node() {
             span_id: [2; 8],
             flags: 1,
         }),
+        record: None,
         ..Request::decode(good.header()).unwrap().0.unwrap()
     }
     .encode();
@@ -427,6 +431,7 @@ async fn batch_reads_check_every_item_and_refuse_oversized_batches() {
         length: 4096,
         flags: 0,
         trace: None,
+        record: None,
     };
     let forged = GrantScope {
         length: 1 << 20,
@@ -648,6 +653,7 @@ async fn a_peer_presenting_bad_grants_is_cut_off() {
         length: 100,
         flags: 0,
         trace: None,
+        record: None,
     };
     // Up to the limit each refusal is answered...
     for _ in 0..max {

@@ -248,7 +248,17 @@ async fn rdma_readers_of_a_tcp_only_agent_read_over_tcp() {
     for (i, k) in keys.iter().enumerate() {
         assert_eq!(rdma.get(k).await.unwrap(), payload(5 + i as u64, 300 << 10));
     }
-    let (tcp_bytes, staged, _) = agent(c.agents[0].admin_addr).await;
-    assert_eq!((tcp_bytes, staged), (3.0 * (300 << 10) as f64, 0.0));
+    // The agent counts a read's bytes once its last write returned, which
+    // may be just after the reader has them all: wait (bounded).
+    let want = (3.0 * (300 << 10) as f64, 0.0);
+    let t0 = std::time::Instant::now();
+    loop {
+        let (tcp_bytes, staged, _) = agent(c.agents[0].admin_addr).await;
+        if (tcp_bytes, staged) == want || t0.elapsed() > std::time::Duration::from_secs(5) {
+            assert_eq!((tcp_bytes, staged), want);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     c.shutdown().await;
 }

@@ -378,8 +378,11 @@ async fn nodes_heartbeat_quickly_and_confirm_puts_that_way() {
     );
     // Announced puts (PutEnd waits for the node to apply the announcement)
     // and unannounced ones (it waits for the node to apply the commit):
-    // each waits for a heartbeat, which now comes quickly.
-    let announced = c.client().await.unwrap();
+    // each waits for a heartbeat, which now comes quickly. (The library's
+    // default, a put the node receipts, waits for none.)
+    let announced = Client::connect(c.client_config().with_put_receipts(false))
+        .await
+        .unwrap();
     let unannounced = Client::connect(c.client_config().with_announce_up_to(0))
         .await
         .unwrap();
@@ -539,7 +542,9 @@ async fn a_node_without_quick_heartbeats_uses_grpc_only() {
     let (node, stop) = member_node(&c, c.master_addr, false).await;
     let admin = node.admin_addr;
     let served0 = calls(&c, "heartbeat", "ok");
-    let announced = c.client().await.unwrap();
+    let announced = Client::connect(c.client_config().with_put_receipts(false))
+        .await
+        .unwrap();
     let unannounced = Client::connect(c.client_config().with_announce_up_to(0))
         .await
         .unwrap();

@@ -133,10 +133,93 @@ async fn announced_puts_are_adopted_only_when_their_bytes_match() {
     let end = |crc32c| pb::PutEndRequest {
         key: "whole".into(),
         crc32c,
+        receipts: Vec::new(),
     };
     mc.put_end(end(crc)).await.unwrap();
     let e = mc.put_end(end(crc ^ 1)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e}");
+}
+
+/// A put acknowledged on its node's receipt (the node recorded it as its
+/// bytes landed; the master did not wait for the node to hear of the
+/// commit) survives a master SIGKILLed right after its PutEnd: the node
+/// reports it and the restarted master adopts it. (Its commit reaches the
+/// node with a later heartbeat, up to 2 s after, with the `--node-ttl`
+/// here, so the kill almost always comes first.) A receipted write whose
+/// PutEnd never came is known to its node only by its record (the master
+/// announced nothing): adopted too. A write whose record is not the
+/// master's (another key) is refused and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_acknowledged_on_receipts_survive_a_master_killed_at_once() {
+    let state = tempfile::tempdir().unwrap();
+    let m = RestartableMaster::new(state.path(), &["--node-ttl", "20s"]);
+    let (addr, admin) = (m.addr.clone(), m.admin);
+    let master = m.start().await;
+    let (_n1, _, n1a) = start_node_admin(&addr, "n1", &[]).await;
+    let cl = Client::connect(ClientConfig::new(&addr)).await.unwrap();
+    for i in 0..3u64 {
+        cl.put(
+            &format!("r{i}"),
+            &payload(i, 70_000),
+            &PutOptions::default(),
+        )
+        .await
+        .unwrap();
+    }
+    let (_, body) = http_get(admin, "/metrics").await;
+    let accepted = "strata_master_put_receipts_total{outcome=\"accepted\"}";
+    assert_eq!(metric(&body, accepted), 3.0, "{body}");
+    let (_, body) = http_get(n1a, "/metrics").await;
+    assert_eq!(
+        metric(&body, "strata_store_node_recorded_puts_total"),
+        3.0,
+        "{body}"
+    );
+
+    // Receipted writes without a PutEnd: one whose record is the master's,
+    // one whose record names another key than it was signed for.
+    let mut mc = cl.master_client();
+    let data = payload(9, 5000);
+    let crc = crc32c::crc32c(&data);
+    for (key, recorded) in [("unended", "unended"), ("mine", "victim")] {
+        let started = mc
+            .put_start(pb::PutStartRequest {
+                key: key.into(),
+                size: data.len() as u64,
+                replica_num: 1,
+                crc32c: Some(crc),
+                receipts: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let replica = &started.replicas[0];
+        let range = strata_client::remote_range(replica).unwrap();
+        let record = strata_transport::frame::WriteRecord {
+            key: recorded.into(),
+            crc32c: crc,
+            mac: replica.record.as_slice().try_into().unwrap(),
+        };
+        let written = cl.transport().write_recorded(&range, &data, &record).await;
+        if key == recorded {
+            assert!(written.unwrap().is_some(), "no receipt");
+        } else {
+            assert_eq!(written.unwrap_err().code, Code::PermissionDenied);
+        }
+    }
+    let (_, body) = http_get(n1a, "/api/v1/objects").await;
+    assert!(!body.contains("victim"), "{body}");
+
+    let _master = restart(master, &m, 4.0).await;
+    for i in 0..3u64 {
+        let got = cl.get(&format!("r{i}")).await.unwrap();
+        assert!(got == payload(i, 70_000), "r{i} bytes");
+    }
+    assert!(cl.get("unended").await.unwrap() == data, "unended bytes");
+    for key in ["mine", "victim"] {
+        assert_eq!(cl.get(key).await.unwrap_err().code, Code::NotFound, "{key}");
+    }
 }
 
 async fn wait_for_records(admins: &[std::net::SocketAddr], want: usize) {

@@ -416,6 +416,7 @@ async fn a_reader_that_never_reads_is_cut_off_and_releases_its_bucket() {
         length: r.scope.length,
         flags: 0,
         trace: None,
+        record: None,
     };
     let mut s = tokio::net::TcpStream::connect(&r.addr).await.unwrap();
     s.write_all(&req.encode()).await.unwrap();

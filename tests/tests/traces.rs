@@ -235,6 +235,7 @@ async fn a_put_and_an_ssd_read_are_each_one_trace_across_processes() {
             span_id: [0x5b; 8],
             flags: 1,
         }),
+        record: None,
     };
     let mut s = tokio::net::TcpStream::connect(&node_addr).await.unwrap();
     s.write_all(&forged.encode()).await.unwrap();

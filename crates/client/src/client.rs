@@ -8,6 +8,7 @@ use strata_common::grpc::MasterChannel;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
+use strata_transport::frame::WriteRecord;
 use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
 use strata_transport::{RemoteRange, Transport, TransportKind};
 
@@ -41,6 +42,15 @@ pub struct ClientConfig {
     /// more than that round trip, so it is worked out while PutStart is in
     /// flight instead. 0: never declared.
     pub announce_up_to: usize,
+    /// Puts whose checksum is declared ask for their nodes' receipts: the
+    /// master signs the put's record into each replica, the write carries
+    /// it, the node records the put as its bytes land and answers with a
+    /// receipt, and PutEnd hands the receipts back instead of waiting for
+    /// the nodes to hear of the commit (no node round trip at all, nor the
+    /// work of one). Only where the transport's writes reach the node's CPU
+    /// (TCP, objects of one chunk) and keys of at most
+    /// `frame::MAX_RECORD_KEY` bytes; other puts are announced.
+    pub put_receipts: bool,
     /// Single lookups, PutStart and PutEnd go on plain connections to the
     /// leader instead of gRPC when the master serves them (about a tenth of
     /// a gRPC call's latency; gRPC whenever they cannot be sent).
@@ -61,6 +71,7 @@ impl ClientConfig {
             location_cache_keys: 65_536,
             read_report_interval: std::time::Duration::from_millis(500),
             announce_up_to: ANNOUNCE_UP_TO,
+            put_receipts: true,
             quick_calls: true,
             put_steps: false,
         }
@@ -82,6 +93,13 @@ impl ClientConfig {
     /// Declares the checksum at PutStart for objects up to `bytes` (0: never).
     pub fn with_announce_up_to(mut self, bytes: usize) -> Self {
         self.announce_up_to = bytes;
+        self
+    }
+
+    /// Asks for nodes' receipts on puts that can carry them (`true`, the
+    /// default) or announces every declared put (`false`).
+    pub fn with_put_receipts(mut self, on: bool) -> Self {
+        self.put_receipts = on;
         self
     }
 
@@ -300,6 +318,7 @@ impl Client {
                     soft_pin: opts.soft_pin,
                     hard_pin: opts.hard_pin,
                     crc32c: announced,
+                    receipts: announced.is_some() && self.receipts_for(key, data.len()),
                 };
                 let started = mark();
                 let start = self.put_start(req);
@@ -325,28 +344,32 @@ impl Client {
                     Err(e) => return Err(e),
                 };
                 let put_started = mark();
-                let written = self.write_replicas(&replicas, data).await;
+                let written = self.write_replicas(key, crc, &replicas, data).await;
                 let wrote = mark();
-                if let Err(e) = written {
-                    let _ = self
-                        .m()
-                        .put_revoke(pb::PutRevokeRequest {
-                            key: key.to_string(),
-                        })
-                        .await;
-                    // A grant refused by its node came from a leader that
-                    // was deposed meanwhile (the node re-registered with a
-                    // newer term's key): a new grant will do.
-                    return Err(if e.code == Code::PermissionDenied {
-                        e.retry_later()
-                    } else {
-                        e
-                    });
-                }
+                let receipts = match written {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = self
+                            .m()
+                            .put_revoke(pb::PutRevokeRequest {
+                                key: key.to_string(),
+                            })
+                            .await;
+                        // A grant refused by its node came from a leader that
+                        // was deposed meanwhile (the node re-registered with a
+                        // newer term's key): a new grant will do.
+                        return Err(if e.code == Code::PermissionDenied {
+                            e.retry_later()
+                        } else {
+                            e
+                        });
+                    }
+                };
                 let end = self
                     .put_end(pb::PutEndRequest {
                         key: key.to_string(),
                         crc32c: crc,
+                        receipts,
                     })
                     .await;
                 if let (Some(s), Some(crc), Some(a), Some(b), Some(c), Some(d)) =
@@ -380,20 +403,61 @@ impl Client {
         }
     }
 
-    async fn write_replicas(&self, replicas: &[pb::Replica], data: &[u8]) -> Result<()> {
+    /// Whether a put of `len` bytes under `key` can ask for its nodes'
+    /// receipts (`ClientConfig::put_receipts`).
+    fn receipts_for(&self, key: &str, len: usize) -> bool {
+        self.cfg.put_receipts
+            && key.len() <= strata_transport::frame::MAX_RECORD_KEY
+            && self.transport.records_writes(len)
+    }
+
+    /// Writes `data` to every replica; those the master gave a record go
+    /// with it, and their nodes' receipts come back for PutEnd.
+    async fn write_replicas(
+        &self,
+        key: &str,
+        crc32c: u32,
+        replicas: &[pb::Replica],
+        data: &[u8],
+    ) -> Result<Vec<pb::PutReceipt>> {
         let ranges: Vec<RemoteRange> = replicas.iter().map(remote_range).collect::<Result<_>>()?;
         if ranges.is_empty() {
             return Err(Error::internal("master granted no replica"));
         }
+        let records: Vec<Option<WriteRecord>> = replicas
+            .iter()
+            .map(|r| {
+                let mac = r.record.as_slice().try_into().ok()?;
+                Some(WriteRecord {
+                    key: key.to_string(),
+                    crc32c,
+                    mac,
+                })
+            })
+            .collect();
         // Every write settles before the first error is returned: the
         // caller then revokes the put, freeing its ranges, and a one-sided
         // write still in flight could land in their next allocation.
-        let writes = ranges.iter().map(|r| self.transport.write(r, 0, data));
-        futures::future::join_all(writes)
+        let writes = ranges.iter().zip(&records).map(|(r, rec)| async move {
+            match rec {
+                Some(rec) => self.transport.write_recorded(r, data, rec).await,
+                None => self.transport.write(r, 0, data).await.map(|()| None),
+            }
+        });
+        let receipts = futures::future::join_all(writes)
             .await
             .into_iter()
-            .collect::<Result<Vec<()>>>()
-            .map(|_| ())
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ranges
+            .iter()
+            .zip(receipts)
+            .filter_map(|(r, receipt)| {
+                Some(pb::PutReceipt {
+                    segment_id: r.scope.segment_id,
+                    mac: receipt?.to_vec(),
+                })
+            })
+            .collect())
     }
 
     /// Reads `key` into a new buffer, verifying its checksum.
@@ -656,6 +720,7 @@ impl Client {
                     soft_pin: opts.soft_pin,
                     hard_pin: opts.hard_pin,
                     crc32c: *crc,
+                    receipts: crc.is_some() && self.receipts_for(k, d.len()),
                 })
                 .collect(),
         };
@@ -672,15 +737,17 @@ impl Client {
             ));
         }
         let mut futs = Vec::with_capacity(items.len());
-        for ((_, data), st) in items.iter().zip(started) {
+        for (((key, data), st), crc) in items.iter().zip(started).zip(&crcs) {
             futs.push(async move {
                 // Whether this put started: only ours may be revoked (a
                 // refused PutStart may be another writer's key in flight).
                 if let Err(e) = from_status(st.status) {
                     return (Err(e), false);
                 }
+                // Records come only with a declared checksum.
+                let crc = crc.unwrap_or_default();
                 let w = self
-                    .write_replicas(&st.replicas, data)
+                    .write_replicas(key, crc, &st.replicas, data)
                     .await
                     .map_err(|e| match e.code {
                         // A grant from a leader deposed meanwhile: a new
@@ -691,7 +758,7 @@ impl Client {
                 (w, true)
             });
         }
-        let writes: Vec<(Result<()>, bool)> = futures::stream::iter(futs)
+        let writes: Vec<(Result<Vec<pb::PutReceipt>>, bool)> = futures::stream::iter(futs)
             .buffered(self.cfg.batch_concurrency.max(1))
             .collect()
             .await;
@@ -699,19 +766,22 @@ impl Client {
         let mut revokes = Vec::new();
         for (i, (w, started)) in writes.iter().enumerate() {
             match w {
-                Ok(()) => ends.push((
+                Ok(receipts) => ends.push((
                     i,
                     pb::PutEndRequest {
                         key: items[i].0.to_string(),
                         crc32c: crcs[i].unwrap_or_else(|| crc32c::crc32c(items[i].1)),
+                        receipts: receipts.clone(),
                     },
                 )),
                 Err(_) if *started => revokes.push(items[i].0.to_string()),
                 Err(_) => {}
             }
         }
-        let mut out: Vec<(Result<()>, bool)> =
-            writes.into_iter().map(|(w, _)| (w, false)).collect();
+        let mut out: Vec<(Result<()>, bool)> = writes
+            .into_iter()
+            .map(|(w, _)| (w.map(|_| ()), false))
+            .collect();
         if !revokes.is_empty() {
             let _ = self
                 .m()

@@ -115,14 +115,66 @@ impl GrantKey {
         out
     }
 
+    /// Signs what a store node records of a put as its bytes land (an
+    /// object log `Pending` entry, delivered with the write instead of the
+    /// node's heartbeat): the master hands it out at PutStart, so a client
+    /// holding a write grant cannot make the node record another key or
+    /// checksum there.
+    pub fn sign_record(&self, r: &PutRecord<'_>) -> [u8; MAC_LEN] {
+        self.sign_put(b"strata put record v1\0", r)
+    }
+
+    /// Signs a node's receipt for a put it recorded: the master acknowledges
+    /// the put on it without waiting for the node's heartbeat. Another
+    /// domain than [`GrantKey::sign_record`], so a record is no receipt.
+    pub fn sign_receipt(&self, r: &PutRecord<'_>) -> [u8; MAC_LEN] {
+        self.sign_put(b"strata put receipt v1\0", r)
+    }
+
+    pub fn verify_record(&self, r: &PutRecord<'_>, mac: &[u8]) -> bool {
+        same_mac(&self.sign_record(r), mac)
+    }
+
+    pub fn verify_receipt(&self, r: &PutRecord<'_>, mac: &[u8]) -> bool {
+        same_mac(&self.sign_receipt(r), mac)
+    }
+
+    fn sign_put(&self, domain: &[u8], r: &PutRecord<'_>) -> [u8; MAC_LEN] {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        h.update(domain);
+        h.update(&r.segment_id.to_le_bytes());
+        h.update(&r.offset.to_le_bytes());
+        h.update(&r.length.to_le_bytes());
+        h.update(&r.generation.to_le_bytes());
+        h.update(&r.crc32c.to_le_bytes());
+        h.update(r.key.as_bytes());
+        let mut out = [0u8; MAC_LEN];
+        out.copy_from_slice(&h.finalize().as_bytes()[..MAC_LEN]);
+        out
+    }
+
     /// Constant-time check of `mac` against the scope.
     pub fn verify(&self, s: &GrantScope, mac: &[u8]) -> bool {
-        if mac.len() != MAC_LEN {
-            return false;
-        }
-        let want = self.sign(s);
-        want.iter().zip(mac).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        same_mac(&self.sign(s), mac)
     }
+}
+
+/// Constant-time comparison of a MAC with the one expected.
+fn same_mac(want: &[u8; MAC_LEN], mac: &[u8]) -> bool {
+    mac.len() == MAC_LEN && want.iter().zip(mac).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
+/// What a store node records of a put whose bytes it received (the object
+/// log's `CommittedObject` fields): signed by the master as a record, and
+/// by the node as a receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutRecord<'a> {
+    pub key: &'a str,
+    pub segment_id: u64,
+    pub offset: u64,
+    pub length: u64,
+    pub generation: u64,
+    pub crc32c: u32,
 }
 
 #[cfg(test)]
@@ -153,6 +205,44 @@ mod tests {
         ));
         assert!(!GrantKey::random().verify(&s, &mac));
         assert!(!k.verify(&s, &mac[..8]));
+    }
+
+    /// A record and a receipt cover every field, and neither stands in
+    /// for the other (nor for another node's).
+    #[test]
+    fn put_records_and_receipts_cover_every_field_and_differ() {
+        let k = GrantKey::random();
+        let r = PutRecord {
+            key: "prefix/7",
+            segment_id: 3,
+            offset: 4096,
+            length: 100,
+            generation: 9,
+            crc32c: 0xdead_beef,
+        };
+        let rec = k.sign_record(&r);
+        let receipt = k.sign_receipt(&r);
+        assert!(k.verify_record(&r, &rec));
+        assert!(k.verify_receipt(&r, &receipt));
+        assert!(!k.verify_receipt(&r, &rec), "a record is no receipt");
+        assert!(!k.verify_record(&r, &receipt), "a receipt is no record");
+        assert!(!GrantKey::random().verify_receipt(&r, &receipt));
+        assert!(!k.verify_receipt(&r, &receipt[..8]));
+        let changed = [
+            PutRecord {
+                key: "prefix/8",
+                ..r
+            },
+            PutRecord { segment_id: 4, ..r },
+            PutRecord { offset: 0, ..r },
+            PutRecord { length: 101, ..r },
+            PutRecord { generation: 8, ..r },
+            PutRecord { crc32c: 1, ..r },
+        ];
+        for c in changed {
+            assert!(!k.verify_record(&c, &rec), "{c:?}");
+            assert!(!k.verify_receipt(&c, &receipt), "{c:?}");
+        }
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub struct NodeEntry {
     /// The node keeps announced puts (`Op::Pending`); older nodes do not, so
     /// their PutEnds wait for the commit itself.
     pub records_pending: bool,
+    /// The node records puts from their writes and answers with receipts
+    /// (`Replica.record`, `PutEndRequest.receipts`).
+    pub records_receipts: bool,
 }
 
 /// What the node must learn about the objects it holds: commits and frees, in
@@ -77,11 +80,17 @@ impl NodeEntry {
             acks: Arc::new(Acks::new(format!("store node {}", id_for_acks))),
             log_grew: tokio::sync::Notify::new(),
             records_pending: false,
+            records_receipts: false,
         }
     }
 
     pub fn with_pending_records(mut self, yes: bool) -> Self {
         self.records_pending = yes;
+        self
+    }
+
+    pub fn with_receipts(mut self, yes: bool) -> Self {
+        self.records_receipts = yes;
         self
     }
 

@@ -106,6 +106,9 @@ pub struct PutSpec {
     pub hard_pin: bool,
     /// The checksum the client declared at PutStart, if any.
     pub crc32c: Option<u32>,
+    /// With the checksum: the client's writes carry records and PutEnd
+    /// brings the nodes' receipts (`PutStartRequest.receipts`).
+    pub receipts: bool,
 }
 
 impl From<pb::PutStartRequest> for PutSpec {
@@ -118,6 +121,7 @@ impl From<pb::PutStartRequest> for PutSpec {
             soft_pin: r.soft_pin,
             hard_pin: r.hard_pin,
             crc32c: r.crc32c,
+            receipts: r.receipts,
         }
     }
 }
@@ -278,6 +282,7 @@ impl Master {
             state: pb::ReplicaState::Complete as i32,
             owner_id: r.owner_id,
             ucx_route: 0,
+            record: Vec::new(),
         })
     }
 
@@ -321,6 +326,7 @@ impl Master {
             },
             owner_id: 0,
             ucx_route: r.seg.ucx_fingerprint(),
+            record: Vec::new(),
         }
     }
 
@@ -374,9 +380,20 @@ impl Master {
         let deadline = Instant::now() + self.cfg.put_timeout;
         let now = unix_ms();
         let expires = now + self.cfg.put_timeout.as_millis() as u64;
+        // Nodes that record puts from their writes get the put's record
+        // (signed with their key) through the client instead of an
+        // announcement.
+        let record_crc = spec.crc32c.filter(|_| spec.receipts);
         let views = replicas
             .iter()
-            .map(|r| self.replica_view(r, spec.size, PERM_WRITE, expires, false))
+            .map(|r| {
+                let mut v = self.replica_view(r, spec.size, PERM_WRITE, expires, false);
+                if let Some(crc32c) = record_crc.filter(|_| r.seg.node.records_receipts) {
+                    let put = crate::commit_sync::put_record(&spec.key, r, spec.size, crc32c);
+                    v.record = r.seg.node.grant_key.sign_record(&put).to_vec();
+                }
+                v
+            })
             .collect();
         {
             let mut shard = self.objects.shard(&spec.key);
@@ -406,11 +423,15 @@ impl Master {
             if let Some(crc) = spec.crc32c {
                 // Under the shard lock, so no free of this put (revoke,
                 // reclaim) can reach a node's log before its announcement.
+                // Kept even when every node records the put from its write
+                // instead (no entry to wait for): a revoke then waits for
+                // its frees, or a node could report the put it recorded.
                 obj.set_announced(crate::commit_sync::announce(
                     &spec.key,
                     spec.size,
                     crc,
                     obj.replicas(),
+                    spec.receipts,
                 ));
             }
             shard.insert(&spec.key, obj);
@@ -433,17 +454,25 @@ impl Master {
     }
 
     pub fn put_end(&self, key: &str, crc32c: u32) -> Result<()> {
-        self.put_end_unsynced(key, crc32c).map(|_| ())
+        self.put_end_unsynced(key, crc32c, &[]).map(|_| ())
     }
 
     /// Commits a put; the commit reaches its nodes' records with their next
-    /// heartbeat (`commit_sync.rs` waits for that).
+    /// heartbeat (`commit_sync.rs` waits for that), except on nodes whose
+    /// receipt shows they recorded the put already.
     pub(crate) fn put_end_unsynced(
         &self,
         key: &str,
         crc32c: u32,
+        receipts: &[pb::PutReceipt],
     ) -> Result<crate::commit_sync::Unsynced> {
-        let (unsynced, admit) = self.commit(key, crc32c)?;
+        if receipts.len() > MAX_REPLICAS as usize {
+            return Err(Error::invalid(format!(
+                "{} receipts for one put; a put has at most {MAX_REPLICAS} replicas",
+                receipts.len()
+            )));
+        }
+        let (unsynced, admit) = self.commit(key, crc32c, receipts)?;
         if let Some(size) = admit {
             self.admit_on_put_end(key, size);
         }
@@ -456,6 +485,7 @@ impl Master {
         &self,
         key: &str,
         crc32c: u32,
+        receipts: &[pb::PutReceipt],
     ) -> Result<(crate::commit_sync::Unsynced, Option<u64>)> {
         validate_key(key)?;
         let mut shard = self.objects.shard(key);
@@ -494,11 +524,12 @@ impl Master {
                 .iter()
                 .find(|(seg, _)| *seg == r.seg.id)
                 .map(|&(_, pending)| pending);
-            // Nobody waits for the commit of an announced put: it reaches
-            // the node with its next entry (or heartbeat).
+            let receipted = self.receipted(key, r, obj.size, crc32c, receipts);
+            // Nobody waits for the commit of an announced or recorded put:
+            // it reaches the node with its next entry (or heartbeat).
             let seq = r.seg.node.log_object(
                 pb::object_log_entry::Op::Commit,
-                pending.is_none(),
+                pending.is_none() && !receipted,
                 key,
                 r.seg.id,
                 r.offset,
@@ -506,7 +537,9 @@ impl Master {
                 crc32c,
                 r.generation,
             );
-            unsynced.push(r.seg.node.acks.clone(), pending.unwrap_or(seq));
+            if !receipted {
+                unsynced.push(r.seg.node.acks.clone(), pending.unwrap_or(seq));
+            }
         }
         // A first PutEnd always offers it; an adopted object (the rebuild
         // queues no offload) only while it is in DRAM alone.
@@ -1160,7 +1193,8 @@ impl Master {
                 ids.clone(),
                 unix_ms(),
             )
-            .with_pending_records(req.records_pending),
+            .with_pending_records(req.records_pending)
+            .with_receipts(req.records_pending && req.records_receipts),
         );
         {
             let mut segs = self.segments.write();

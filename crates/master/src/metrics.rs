@@ -25,6 +25,8 @@ pub struct MasterMetrics {
     pub promotions: IntCounterVec,
     pub admission: crate::offload::admission::AdmissionMetrics,
     pub unsynced_commits: IntCounter,
+    pub put_receipts_accepted: IntCounter,
+    pub put_receipts_refused: IntCounter,
     pub is_leader: IntGauge,
     pub term: IntGauge,
     pub nodes: IntGauge,
@@ -52,6 +54,17 @@ impl MasterMetrics {
         let r = Registry::new();
         let g = |n: &str, h: &str| strata_common::metrics::gauge(&r, n, h);
         let c = |n: &str, h: &str| strata_common::metrics::counter(&r, n, h);
+        let receipts = reg(
+            &r,
+            IntCounterVec::new(
+                Opts::new(
+                    "strata_master_put_receipts_total",
+                    "Store nodes' put receipts PutEnds brought, by outcome: accepted (the commit is not waited for on that node) or refused (did not verify: another checksum, a node registered again since; the PutEnd waits for the node instead)",
+                ),
+                &["outcome"],
+            )
+            .expect("valid metric"),
+        );
         MasterMetrics {
             keys: g(
                 "strata_master_keys",
@@ -224,6 +237,8 @@ impl MasterMetrics {
                 "strata_master_unsynced_commits_total",
                 "PutEnds answered with a retryable error because a store node did not confirm the commit (in time, or before the term ended)",
             ),
+            put_receipts_accepted: receipts.with_label_values(&["accepted"]),
+            put_receipts_refused: receipts.with_label_values(&["refused"]),
             is_leader: g(
                 "strata_master_is_leader",
                 "1 when this master serves as leader",

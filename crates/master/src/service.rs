@@ -184,7 +184,7 @@ impl MasterRpc for MasterService {
             .master
             .when_synced(
                 self.master
-                    .put_end_unsynced(&r.key, r.crc32c)
+                    .put_end_unsynced(&r.key, r.crc32c, &r.receipts)
                     .map(|u| (pb::PutEndResponse {}, u)),
                 "commit",
             )
@@ -255,7 +255,7 @@ impl MasterRpc for MasterService {
                     .iter()
                     .map(|it| {
                         status_of(
-                            m.put_end_unsynced(&it.key, it.crc32c)
+                            m.put_end_unsynced(&it.key, it.crc32c, &it.receipts)
                                 .map(|u| all.extend(u)),
                         )
                     })

@@ -635,19 +635,19 @@ async fn put_end_waits_for_the_node_to_confirm_the_commit() {
     let m = master_with(1, 1 << 20, |c| c.node_ttl = Duration::from_millis(400));
     let node = m.nodes.read().get("n0").cloned().unwrap();
     m.put_start(spec("a", 100, 1)).unwrap();
-    let u = m.put_end_unsynced("a", 7).unwrap();
+    let u = m.put_end_unsynced("a", 7, &[]).unwrap();
     // Not before the node's acknowledgement (the log holds the commit).
     let seq = node.log_page(0).unwrap().last().unwrap().seq;
     answered_once_applied(&m, u, "commit", &node, seq).await;
     // Never confirmed: a retryable error once the bound (node_ttl/2) passes.
     m.put_start(spec("b", 100, 1)).unwrap();
-    let u = m.put_end_unsynced("b", 7).unwrap();
+    let u = m.put_end_unsynced("b", 7, &[]).unwrap();
     let e = m.await_synced(u, "commit").await.unwrap_err();
     assert!(e.retryable(), "{e}");
     assert_eq!(m.metrics.unsynced_commits.get(), 1);
     // The term ends while waiting: at once, retryable.
     m.put_start(spec("c", 100, 1)).unwrap();
-    let u = m.put_end_unsynced("c", 7).unwrap();
+    let u = m.put_end_unsynced("c", 7, &[]).unwrap();
     m.stop_waiting();
     let t0 = Instant::now();
     let e = m.await_synced(u, "commit").await.unwrap_err();
@@ -655,6 +655,31 @@ async fn put_end_waits_for_the_node_to_confirm_the_commit() {
         e.retryable() && t0.elapsed() < Duration::from_millis(200),
         "{e}"
     );
+}
+
+/// Registers node `id` with one 1 MiB segment, its request shaped by `f`
+/// (what it keeps of the object log).
+fn one_segment_node(
+    m: &Master,
+    id: &str,
+    port: u16,
+    f: impl FnOnce(&mut pb::RegisterNodeRequest),
+) -> Arc<crate::cluster::NodeEntry> {
+    let mut req = pb::RegisterNodeRequest {
+        node_id: id.into(),
+        data_addr: format!("127.0.0.1:{port}"),
+        segments: vec![pb::SegmentSpec {
+            local_id: 0,
+            size: 1 << 20,
+            ..Default::default()
+        }],
+        instance: id.into(),
+        instance_proof: NODE_PROOF.to_vec(),
+        ..Default::default()
+    };
+    f(&mut req);
+    m.register_node(req).unwrap();
+    m.nodes.read()[id].clone()
 }
 
 /// A put whose client declared its checksum at PutStart is announced to
@@ -665,26 +690,8 @@ async fn put_end_waits_for_the_node_to_confirm_the_commit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     let m = master_with(0, 1 << 20, |c| c.node_ttl = Duration::from_millis(400));
-    for (id, keeps) in [("keeps", true), ("old", false)] {
-        m.register_node(pb::RegisterNodeRequest {
-            node_id: id.into(),
-            data_addr: format!("127.0.0.1:{}", if keeps { 9000 } else { 9001 }),
-            segments: vec![pb::SegmentSpec {
-                local_id: 0,
-                size: 1 << 20,
-                ..Default::default()
-            }],
-            instance: id.into(),
-            instance_proof: NODE_PROOF.to_vec(),
-            records_pending: keeps,
-            ..Default::default()
-        })
-        .unwrap();
-    }
-    let (keeps, old) = {
-        let nodes = m.nodes.read();
-        (nodes["keeps"].clone(), nodes["old"].clone())
-    };
+    let keeps = one_segment_node(&m, "keeps", 9000, |r| r.records_pending = true);
+    let old = one_segment_node(&m, "old", 9001, |_| {});
     let seg_of = |n: &crate::cluster::NodeEntry| n.segment_ids[0];
     let announced = |key: &str, seg: u64, crc: u32| {
         m.put_start(PutSpec {
@@ -704,7 +711,7 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     assert!(poll.as_mut().now_or_never().is_some(), "not woken");
     keeps.ack(last(&keeps).seq);
     let mut poll = parked(&keeps);
-    drop(m.put_end_unsynced("w", 40).unwrap());
+    drop(m.put_end_unsynced("w", 40, &[]).unwrap());
     assert!(
         poll.as_mut().now_or_never().is_none(),
         "the commit of an announced put woke the poll"
@@ -713,7 +720,7 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     // Not answered before the node holds the announcement.
     announced("early", seg_of(&keeps), 41);
     let early = last(&keeps);
-    let u = m.put_end_unsynced("early", 41).unwrap();
+    let u = m.put_end_unsynced("early", 41, &[]).unwrap();
     answered_once_applied(&m, u, "commit", &keeps, early.seq).await;
 
     announced("a", seg_of(&keeps), 42);
@@ -726,7 +733,7 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     }
     keeps.ack(pending.seq);
     // The commit entry is logged but never acknowledged: still answered.
-    let u = m.put_end_unsynced("a", 42).unwrap();
+    let u = m.put_end_unsynced("a", 42, &[]).unwrap();
     assert!(matches!(
         last(&keeps).op,
         Some(pb::object_log_entry::Op::Commit(_))
@@ -740,7 +747,7 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     // bytes, so the commit itself must be confirmed.
     announced("b", seg_of(&keeps), 42);
     keeps.ack(last(&keeps).seq);
-    let u = m.put_end_unsynced("b", 43).unwrap();
+    let u = m.put_end_unsynced("b", 43, &[]).unwrap();
     let e = m.await_synced(u, "commit").await.unwrap_err();
     assert!(e.retryable(), "{e}");
 
@@ -749,7 +756,7 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     announced("c", seg_of(&old), 42);
     assert_eq!(old.log_page(0).unwrap().len(), before, "nothing announced");
     let mut poll = parked(&old);
-    let u = m.put_end_unsynced("c", 42).unwrap();
+    let u = m.put_end_unsynced("c", 42, &[]).unwrap();
     assert!(
         poll.as_mut().now_or_never().is_some(),
         "a commit waited for woke nothing"
@@ -760,7 +767,7 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
     // before its PutEnd came) logs their commit again, wakes the node and
     // is answered once the node applied it.
     let mut poll = parked(&keeps);
-    let u = m.put_end_unsynced("a", 42).unwrap();
+    let u = m.put_end_unsynced("a", 42, &[]).unwrap();
     assert!(poll.as_mut().now_or_never().is_some(), "not woken");
     let commit = last(&keeps);
     assert!(matches!(
@@ -865,4 +872,144 @@ async fn a_change_lost_from_a_full_queue_is_not_confirmed_by_later_ones() {
     let e = m.await_synced(waits(5), "removal").await.unwrap_err();
     assert!(e.retryable() && e.message.contains("overflowed"), "{e}");
     m.await_synced(waits(6), "removal").await.unwrap();
+}
+
+/// A put whose client asks for receipts is not announced to a node that
+/// records puts from their writes: its replica carries the put's record,
+/// signed with that node's key, instead. A PutEnd that brings the node's
+/// receipt for these very bytes waits for nothing and wakes no long poll
+/// (the commit still goes to the node, with its next entry); a receipt that
+/// says anything else (another checksum, another key, a record passed off
+/// as a receipt, another node's segment) is refused and the PutEnd waits
+/// for the commit as before. A node that does not record puts is announced
+/// to, and its replica carries no record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_end_with_the_nodes_receipt_waits_for_nothing() {
+    use strata_common::grant::{GrantKey, PutRecord};
+    let m = master_with(0, 1 << 20, |c| c.node_ttl = Duration::from_millis(400));
+    let node = one_segment_node(&m, "records", 9000, |r| {
+        r.records_pending = true;
+        r.records_receipts = true;
+    });
+    let old = one_segment_node(&m, "announced", 9001, |r| r.records_pending = true);
+    let start = |key: &str, n: &crate::cluster::NodeEntry, crc: u32| {
+        let mut r = m
+            .put_start(PutSpec {
+                crc32c: Some(crc),
+                receipts: true,
+                preferred_segment: Some(n.segment_ids[0]),
+                ..spec(key, 100, 1)
+            })
+            .unwrap();
+        assert_eq!(r.len(), 1);
+        r.remove(0)
+    };
+    let record_of = |key: &'static str, r: &pb::Replica, crc32c: u32| PutRecord {
+        key,
+        segment_id: r.segment_id,
+        offset: r.offset,
+        length: 100,
+        generation: r.grant.as_ref().unwrap().generation,
+        crc32c,
+    };
+    let receipt = |put: &PutRecord<'_>| pb::PutReceipt {
+        segment_id: put.segment_id,
+        mac: node.grant_key.sign_receipt(put).to_vec(),
+    };
+    let log_len = |n: &crate::cluster::NodeEntry| n.log_page(0).unwrap().len();
+    let last = |n: &crate::cluster::NodeEntry| n.log_page(0).unwrap().last().cloned().unwrap();
+
+    let before = log_len(&node);
+    let r = start("a", &node, 42);
+    assert_eq!(
+        log_len(&node),
+        before,
+        "announced to a node that records it"
+    );
+    let put = record_of("a", &r, 42);
+    assert!(node.grant_key.verify_record(&put, &r.record), "no record");
+    let mut poll = parked(&node);
+    let u = m.put_end_unsynced("a", 42, &[receipt(&put)]).unwrap();
+    assert!(
+        poll.as_mut().now_or_never().is_none(),
+        "a receipted commit woke the node's poll"
+    );
+    tokio::time::timeout(Duration::from_secs(5), m.await_synced(u, "commit"))
+        .await
+        .expect("a receipted PutEnd waited for its node")
+        .unwrap();
+    assert!(matches!(
+        last(&node).op,
+        Some(pb::object_log_entry::Op::Commit(ref c)) if c.key == "a" && c.crc32c == 42
+    ));
+    assert_eq!(m.metrics.put_receipts_accepted.get(), 1);
+
+    // Receipts that do not say "these bytes, here": waited for as before.
+    type Forge = fn(PutRecord<'static>, &GrantKey) -> pb::PutReceipt;
+    let forgeries: [(&str, Forge); 4] = [
+        ("crc", |p, k| pb::PutReceipt {
+            segment_id: p.segment_id,
+            mac: k.sign_receipt(&PutRecord { crc32c: 43, ..p }).to_vec(),
+        }),
+        ("key", |p, k| pb::PutReceipt {
+            segment_id: p.segment_id,
+            mac: k.sign_receipt(&PutRecord { key: "a", ..p }).to_vec(),
+        }),
+        ("record", |p, k| pb::PutReceipt {
+            segment_id: p.segment_id,
+            mac: k.sign_record(&p).to_vec(),
+        }),
+        ("segment", |p, k| pb::PutReceipt {
+            segment_id: p.segment_id + 1,
+            mac: k
+                .sign_receipt(&PutRecord {
+                    segment_id: p.segment_id + 1,
+                    ..p
+                })
+                .to_vec(),
+        }),
+    ];
+    for (i, (key, forge)) in forgeries.into_iter().enumerate() {
+        let r = start(key, &node, 42);
+        let put = record_of(["crc", "key", "record", "segment"][i], &r, 42);
+        let u = m
+            .put_end_unsynced(key, 42, &[forge(put, &node.grant_key)])
+            .unwrap();
+        answered_once_applied(&m, u, "commit", &node, last(&node).seq).await;
+    }
+    // The segment forgery names no replica of the put: nothing to refuse.
+    assert_eq!(m.metrics.put_receipts_refused.get(), 3);
+    assert_eq!(m.metrics.put_receipts_accepted.get(), 1);
+
+    // A receipted put revoked: answered once its node applied the free
+    // (the node may hold the put it recorded from the write).
+    let r = start("revoked", &node, 42);
+    assert!(!r.record.is_empty());
+    let u = m.put_revoke_unsynced("revoked").unwrap();
+    assert!(matches!(
+        last(&node).op,
+        Some(pb::object_log_entry::Op::Free(ref f)) if f.offset == r.offset
+    ));
+    answered_once_applied(&m, u, "revoke", &node, last(&node).seq).await;
+    // More receipts than a put may have replicas: refused; as many: taken.
+    let r = start("many", &node, 42);
+    let good = receipt(&record_of("many", &r, 42));
+    let max = crate::master::MAX_REPLICAS as usize;
+    let e = m.put_end_unsynced("many", 42, &vec![good.clone(); max + 1]);
+    assert_eq!(e.err().map(|e| e.code), Some(Code::InvalidArgument));
+    let u = m.put_end_unsynced("many", 42, &vec![good; max]).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), m.await_synced(u, "commit"))
+        .await
+        .expect("a receipted PutEnd waited for its node")
+        .unwrap();
+
+    // A node that does not record puts: announced, no record.
+    let before = log_len(&old);
+    let r = start("z", &old, 42);
+    assert!(r.record.is_empty());
+    assert_eq!(log_len(&old), before + 1);
+    assert!(matches!(
+        last(&old).op,
+        Some(pb::object_log_entry::Op::Pending(ref p)) if p.key == "z"
+    ));
 }

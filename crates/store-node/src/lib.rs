@@ -3,6 +3,7 @@
 //! keeps its own record of the committed objects it holds.
 
 pub mod config;
+pub mod recorded;
 pub mod records;
 
 pub use config::{StoreNodeArgs, StoreNodeConfig};
@@ -58,6 +59,8 @@ struct NodeMetrics {
     objects: IntGauge,
     object_bytes: IntGauge,
     pending_puts: IntGauge,
+    recorded_puts: IntCounter,
+    refused_records: IntCounter,
     registrations: IntCounter,
     heartbeats_quick: IntCounter,
     heartbeats_grpc: IntCounter,
@@ -99,7 +102,15 @@ impl NodeMetrics {
             ),
             pending_puts: g(
                 "strata_store_node_pending_puts",
-                "Puts announced to this node and not yet committed or freed (reported to a rebuilding master if their bytes match their checksum)",
+                "Puts announced to this node or recorded from their writes, not yet committed or freed (reported to a rebuilding master if their bytes match their checksum)",
+            ),
+            recorded_puts: c(
+                "strata_store_node_recorded_puts_total",
+                "Puts recorded from their clients' writes and answered with a receipt (the master acknowledges them without this node's heartbeat)",
+            ),
+            refused_records: c(
+                "strata_store_node_refused_records_total",
+                "Writes whose put record was refused: not signed by the master, not the whole grant, or its range freed before it was kept",
             ),
             registrations: c(
                 "strata_store_node_registrations_total",
@@ -189,7 +200,12 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
     let mut tasks = JoinSet::new();
     tasks.spawn(strata_transport::tcp::serve_with(
         listener,
-        table.clone() as Arc<dyn strata_transport::region::DataRegion>,
+        Arc::new(recorded::NodeRegion {
+            table: table.clone(),
+            records: records.clone(),
+            recorded: metrics.recorded_puts.clone(),
+            refused: metrics.refused_records.clone(),
+        }) as Arc<dyn strata_transport::region::DataRegion>,
         metrics.server.clone(),
         strata_transport::tcp::ServerLimits {
             io_timeout: cfg.io_timeout,
@@ -472,6 +488,7 @@ impl Agent {
             instance_proof: self.proof.clone(),
             held_objects: held.len() as u64,
             records_pending: true,
+            records_receipts: true,
             segments: self
                 .sizes
                 .iter()
@@ -607,13 +624,13 @@ impl Agent {
                             continue 'outer;
                         }
                         let full = r.log.len() >= 32_768;
-                        self.records.apply(&r.log);
-                        for e in &r.log {
-                            if let Some(pb::object_log_entry::Op::Free(f)) = &e.op {
-                                self.table
-                                    .freed(f.segment_id, f.offset, f.length, f.generation);
-                            }
-                        }
+                        // A free ends its fence under the records' lock: a
+                        // write's record is kept only while its allocation's
+                        // fence stands (`recorded.rs`).
+                        self.records.apply_freeing(&r.log, |f| {
+                            self.table
+                                .freed(f.segment_id, f.offset, f.length, f.generation)
+                        });
                         self.metrics.objects.set(self.records.len() as i64);
                         self.metrics.object_bytes.set(self.records.bytes() as i64);
                         self.metrics

@@ -44,6 +44,19 @@ impl ObjectRecords {
     /// Applies log entries in order; entries at or below the applied sequence
     /// (re-sent after a lost response) are skipped.
     pub fn apply(&self, entries: &[ObjectLogEntry]) -> u64 {
+        self.apply_freeing(entries, |_| {})
+    }
+
+    /// [`ObjectRecords::apply`], calling `freed` for each free before it
+    /// ends the records of its range, under this records' lock: a put
+    /// recorded from its write checks its allocation's fence under the same
+    /// lock (`record_put`), so it is kept either before the free (which
+    /// then ends it) or not at all.
+    pub fn apply_freeing(
+        &self,
+        entries: &[ObjectLogEntry],
+        freed: impl Fn(&strata_proto::FreedRange),
+    ) -> u64 {
         let mut g = self.inner.lock();
         for e in entries {
             if e.seq <= g.applied_seq {
@@ -62,6 +75,7 @@ impl ObjectRecords {
                     }
                 }
                 Some(Op::Free(f)) => {
+                    freed(f);
                     let at = (f.segment_id, f.offset);
                     end_at(&mut g.pending, at, f.generation);
                     if let Some(old) = end_at(&mut g.by_range, at, f.generation) {
@@ -73,6 +87,26 @@ impl ObjectRecords {
             g.applied_seq = e.seq;
         }
         g.applied_seq
+    }
+
+    /// Keeps a put its client's write carried (a record the master signed),
+    /// as an announcement would have: unless `live` says its allocation was
+    /// freed meanwhile, or a commit of it (or of a newer allocation there)
+    /// is in already. `live` runs under this records' lock, under which a
+    /// free ends the allocation's fence (`apply_freeing`): so a put
+    /// recorded after its free is impossible (see `recorded::NodeRegion`).
+    pub fn record_put(&self, p: CommittedObject, live: impl FnOnce() -> bool) -> bool {
+        let mut g = self.inner.lock();
+        let at = (p.segment_id, p.offset);
+        let committed = g
+            .by_range
+            .get(&at)
+            .is_some_and(|c| c.generation >= p.generation);
+        if committed || !live() {
+            return false;
+        }
+        g.pending.insert(at, p);
+        true
     }
 
     pub fn applied_seq(&self) -> u64 {
@@ -183,6 +217,39 @@ mod tests {
         r.apply(&[entry(5, Op::Pending(obj("c", 128, 10, 3)))]);
         r.reset();
         assert_eq!(r.pending_len(), 0);
+    }
+
+    /// A put recorded from its write is kept as an announced one (its
+    /// commit or free ends it), unless its allocation is no longer live or
+    /// a commit of it (or of a newer allocation) is in already.
+    #[test]
+    fn puts_recorded_from_writes_are_kept_only_while_live() {
+        let r = ObjectRecords::default();
+        let put = |key: &str, generation| CommittedObject {
+            generation,
+            ..obj(key, 64, 10, 1)
+        };
+        assert!(!r.record_put(put("dead", 7), || false));
+        assert_eq!(r.pending_len(), 0);
+        assert!(r.record_put(put("a", 7), || true));
+        assert_eq!(r.pending(), [put("a", 7)]);
+        r.apply(&[entry(1, Op::Commit(put("a", 7)))]);
+        assert_eq!((r.pending_len(), r.len()), (0, 1), "its commit ends it");
+        // A commit of this allocation, or a newer one, is in: not again.
+        assert!(!r.record_put(put("a", 7), || true));
+        assert!(!r.record_put(put("old", 6), || true));
+        assert_eq!(r.pending_len(), 0);
+        assert!(r.record_put(put("new", 8), || true));
+        r.apply(&[entry(
+            2,
+            Op::Free(strata_proto::FreedRange {
+                segment_id: 1,
+                offset: 64,
+                length: 10,
+                generation: 8,
+            }),
+        )]);
+        assert_eq!((r.pending_len(), r.len()), (0, 0), "its free ends it");
     }
 
     /// A free or commit of an older allocation at the same offset (an entry

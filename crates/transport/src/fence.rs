@@ -147,6 +147,15 @@ impl SegmentFences {
         }))
     }
 
+    /// Whether the allocation `generation` at `start` was admitted here and
+    /// not freed since (a write's record is kept only then).
+    pub fn is_live(&self, start: u64, generation: u64) -> bool {
+        self.ranges
+            .lock()
+            .get(&start)
+            .is_some_and(|f| f.generation == generation && !f.freed && f.dead_upto < generation)
+    }
+
     /// The master freed the allocation `generation` at `[start, start+len)`:
     /// its grants (and any older ones seen inside the range) die now, even
     /// before the range is reused, and even if this node never saw the

@@ -19,8 +19,14 @@
 //! versions can add items. Type 1 is a trace context: trace id [16], parent
 //! span id [8], flags u8 (W3C `traceparent`). Clients send version 2 only
 //! when they have something to put there (a traced request), so untraced
-//! traffic is byte-for-byte version 1, which older nodes read. Responses are
-//! always version 1.
+//! traffic is byte-for-byte version 1, which older nodes read. Type 2 is a
+//! put's record, on a `Write` of a whole granted range: crc32c u32, the
+//! master's signature of the record [16], the key (at most
+//! [`MAX_RECORD_KEY`] bytes); the node records the put as its bytes land
+//! and answers with a receipt (a 16-byte body on the OK response) that the
+//! client hands to the master at PutEnd. A node that predates it skips the
+//! item and answers with no body: no receipt. Responses are always
+//! version 1.
 //! Response (24 bytes), then `length` bytes: the data of a read, or a UTF-8
 //! error message when status != 0.
 //!
@@ -46,7 +52,7 @@
 //!  8 request id u64   | 16 length u64
 //! ```
 
-use strata_common::grant::{GrantScope, MAC_LEN};
+use strata_common::grant::{GrantScope, PutRecord, MAC_LEN};
 use strata_common::telemetry::TraceParent;
 use strata_common::{Code, Error, Result};
 
@@ -62,8 +68,16 @@ pub const RESP_LEN: usize = 24;
 pub const MAX_EXT_LEN: usize = 256;
 const EXT_TRACE: u8 = 1;
 const TRACE_LEN: usize = 16 + 8 + 1;
-/// The longest request head this version writes: header + trace item.
-const MAX_HEAD: usize = REQ_LEN + 2 + TRACE_LEN;
+const EXT_RECORD: u8 = 2;
+/// A record's fixed part: crc32c and signature.
+const RECORD_FIXED: usize = 4 + MAC_LEN;
+/// Longest key a write's record carries (with a trace item beside it, the
+/// block stays within [`MAX_EXT_LEN`]); puts of longer keys are not
+/// recorded by their writes.
+pub const MAX_RECORD_KEY: usize = 200;
+/// The longest request head this version writes: header + trace item +
+/// record item.
+const MAX_HEAD: usize = REQ_LEN + 2 + TRACE_LEN + 2 + RECORD_FIXED + MAX_RECORD_KEY;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -96,6 +110,32 @@ pub struct Request {
     pub flags: u32,
     /// The caller's span, for tracing across processes (version 2).
     pub trace: Option<TraceParent>,
+    /// What the node records of the put this write completes (version 2).
+    pub record: Option<WriteRecord>,
+}
+
+/// A put's record as a write carries it: the rest (segment, range,
+/// generation) is the write's grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteRecord {
+    pub key: String,
+    pub crc32c: u32,
+    /// The master's signature (`GrantKey::sign_record`).
+    pub mac: [u8; MAC_LEN],
+}
+
+impl WriteRecord {
+    /// The record as signed, for the grant `g` the write carries.
+    pub fn of<'a>(&'a self, g: &GrantScope) -> PutRecord<'a> {
+        PutRecord {
+            key: &self.key,
+            segment_id: g.segment_id,
+            offset: g.offset,
+            length: g.length,
+            generation: g.generation,
+            crc32c: self.crc32c,
+        }
+    }
 }
 
 /// An encoded request head: the header and its extensions.
@@ -151,9 +191,12 @@ impl Request {
             length,
             flags: 0,
             trace: None,
+            record: None,
         }
     }
 
+    /// Encodes the request head. A record whose key is longer than
+    /// [`MAX_RECORD_KEY`] is left out (callers check first).
     pub fn encode(&self) -> Head {
         let mut buf = [0u8; MAX_HEAD];
         let b = &mut buf[..REQ_LEN];
@@ -173,16 +216,31 @@ impl Request {
         b[88..96].copy_from_slice(&self.grant.generation.to_le_bytes());
         let mut len = REQ_LEN;
         if let Some(t) = &self.trace {
-            let ext = 2 + TRACE_LEN;
-            buf[4] = VERSION_EXT;
-            buf[6..8].copy_from_slice(&(ext as u16).to_le_bytes());
-            let e = &mut buf[REQ_LEN..REQ_LEN + ext];
+            let e = &mut buf[len..len + 2 + TRACE_LEN];
             e[0] = EXT_TRACE;
             e[1] = TRACE_LEN as u8;
             e[2..18].copy_from_slice(&t.trace_id);
             e[18..26].copy_from_slice(&t.span_id);
             e[26] = t.flags;
-            len += ext;
+            len += e.len();
+        }
+        if let Some(r) = self
+            .record
+            .as_ref()
+            .filter(|r| r.key.len() <= MAX_RECORD_KEY)
+        {
+            let n = RECORD_FIXED + r.key.len();
+            let e = &mut buf[len..len + 2 + n];
+            e[0] = EXT_RECORD;
+            e[1] = n as u8;
+            e[2..6].copy_from_slice(&r.crc32c.to_le_bytes());
+            e[6..6 + MAC_LEN].copy_from_slice(&r.mac);
+            e[6 + MAC_LEN..].copy_from_slice(r.key.as_bytes());
+            len += e.len();
+        }
+        if len > REQ_LEN {
+            buf[4] = VERSION_EXT;
+            buf[6..8].copy_from_slice(&((len - REQ_LEN) as u16).to_le_bytes());
         }
         Head { buf, len }
     }
@@ -247,6 +305,7 @@ impl Request {
                 length: u64_at(b, 80),
                 flags: u32_at(b, 44),
                 trace: None,
+                record: None,
             }),
             ext,
         ))
@@ -274,10 +333,29 @@ impl Request {
                 t.span_id.copy_from_slice(&value[16..24]);
                 self.trace = Some(t);
             }
+            if kind == EXT_RECORD {
+                self.record = Some(read_record(value)?);
+            }
             e = &e[2 + len..];
         }
         Ok(())
     }
+}
+
+fn read_record(value: &[u8]) -> Result<WriteRecord> {
+    let key = value
+        .get(RECORD_FIXED..)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| Error::invalid("a write's record names no key"))?;
+    let key = std::str::from_utf8(key)
+        .map_err(|_| Error::invalid("a write's record has a key that is not UTF-8"))?;
+    let mut mac = [0u8; MAC_LEN];
+    mac.copy_from_slice(&value[4..RECORD_FIXED]);
+    Ok(WriteRecord {
+        key: key.to_string(),
+        crc32c: u32_at(value, 0),
+        mac,
+    })
 }
 
 /// Where a `Stage` put the bytes asked for, and how to reach them: the body
@@ -460,6 +538,7 @@ mod tests {
             length: 1,
             flags: FLAG_HELD | 8,
             trace: None,
+            record: None,
         };
         // Untraced: exactly the version 1 header.
         let head = r.encode();
@@ -492,6 +571,7 @@ mod tests {
                 span_id: [8; 8],
                 flags: 1,
             }),
+            record: None,
         }
     }
 
@@ -506,6 +586,54 @@ mod tests {
         assert_eq!(back.trace, None, "the trace arrives with the extensions");
         back.read_extensions(&head[REQ_LEN..]).unwrap();
         assert_eq!(back, r);
+    }
+
+    fn decoded(head: &Head) -> Result<Request> {
+        let (r, ext) = Request::decode(head_of(head)).unwrap();
+        assert_eq!(ext, head.len() - REQ_LEN);
+        let mut r = r.unwrap();
+        r.read_extensions(&head[REQ_LEN..])?;
+        Ok(r)
+    }
+
+    /// A record travels alone or beside a trace; the longest key it may
+    /// carry still fits the block a node accepts, one byte more is left out.
+    #[test]
+    fn recorded_writes_round_trip_within_the_block_limit() {
+        let record = |key: String| WriteRecord {
+            key,
+            crc32c: 0xabcd_0123,
+            mac: [5; MAC_LEN],
+        };
+        for trace in [None, traced().trace] {
+            let mut r = traced();
+            r.trace = trace;
+            r.record = Some(record("k".repeat(MAX_RECORD_KEY)));
+            let head = r.encode();
+            assert_eq!(head[4], VERSION_EXT);
+            assert!(head.len() - REQ_LEN <= MAX_EXT_LEN, "{}", head.len());
+            assert_eq!(decoded(&head), Ok(r.clone()));
+            r.record = Some(record("k".repeat(MAX_RECORD_KEY + 1)));
+            let head = r.encode();
+            assert_eq!(decoded(&head).unwrap().record, None);
+        }
+        let mut r = traced();
+        r.trace = None;
+        r.record = Some(record("prefix/1".into()));
+        assert_eq!(decoded(&r.encode()), Ok(r.clone()));
+        // A record names a key, in UTF-8.
+        let bad = |key: &[u8]| {
+            let mut block = vec![EXT_RECORD, (RECORD_FIXED + key.len()) as u8];
+            block.extend_from_slice(&[0; RECORD_FIXED]);
+            block.extend_from_slice(key);
+            traced().read_extensions(&block)
+        };
+        assert!(bad(b"k").is_ok());
+        assert!(bad(b"").is_err());
+        assert!(bad(&[0xff, 0xfe]).is_err());
+        let mut short = vec![EXT_RECORD, 3];
+        short.extend_from_slice(&[0; 3]);
+        assert!(traced().read_extensions(&short).is_err());
     }
 
     #[test]

@@ -105,6 +105,27 @@ pub trait Transport: Send + Sync + 'static {
             out
         })
     }
+    /// Writes a whole object into `dst` and asks its node to record the put
+    /// as the bytes land (`record`, signed by the master at PutStart); the
+    /// answer is the node's receipt, which PutEnd hands back so the master
+    /// need not wait for the node to hear of the commit. `None` where the
+    /// node keeps no records (older nodes) or the write cannot carry one
+    /// (see [`Transport::records_writes`]): the default writes plainly.
+    fn write_recorded<'a>(
+        &'a self,
+        dst: &'a RemoteRange,
+        data: &'a [u8],
+        _record: &'a frame::WriteRecord,
+    ) -> BoxFuture<'a, Result<Option<[u8; strata_common::grant::MAC_LEN]>>> {
+        Box::pin(async move { self.write(dst, 0, data).await.map(|()| None) })
+    }
+
+    /// Whether a write of `len` bytes can carry a record: the node's own
+    /// CPU must receive it, so one-sided writes cannot.
+    fn records_writes(&self, _len: usize) -> bool {
+        false
+    }
+
     fn name(&self) -> &'static str;
 
     /// Whether a read of `r` is refused once the master has freed its range

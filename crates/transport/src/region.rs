@@ -3,12 +3,12 @@
 //! (UCX) would register the same buffers with the NIC.
 
 use crate::fence::SegmentFences;
-use crate::frame::{Request, Staged};
+use crate::frame::{Request, Staged, WriteRecord};
 use futures::future::BoxFuture;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::Arc;
-use strata_common::grant::{GrantKey, GrantScope, PERM_READ, PERM_WRITE};
+use strata_common::grant::{GrantKey, GrantScope, MAC_LEN, PERM_READ, PERM_WRITE};
 use strata_common::{Code, Error, Result};
 
 /// One contiguous DRAM buffer. Pages are allocated zeroed and lazily by the
@@ -395,6 +395,13 @@ pub trait DataRegion: Send + Sync + 'static {
     fn reclaim_held(&self, lease: u64, token: u64) -> bool {
         self.give_back(lease, token)
     }
+    /// Keeps the put a write carried (`Request::record`) once its bytes
+    /// landed, while the write still holds its range, and returns the
+    /// receipt the client hands to the master at PutEnd. `None`: this
+    /// region keeps no records, and the write is answered without one.
+    fn record_put(&self, _req: &Request, _record: &WriteRecord) -> Option<Result<[u8; MAC_LEN]>> {
+        None
+    }
 }
 
 /// Checks a grant's signature, expiry, permission and that
@@ -495,6 +502,20 @@ impl SegmentTable {
         if let Some(seg) = g.segments.get(&segment_id) {
             seg.published().freed(offset, generation);
         }
+    }
+
+    /// Whether allocation `generation` at `offset` of `segment_id` is live
+    /// under the current registration (admitted, not freed).
+    pub fn is_live(&self, segment_id: u64, offset: u64, generation: u64) -> bool {
+        let g = self.inner.read();
+        g.fences
+            .get(&segment_id)
+            .is_some_and(|f| f.is_live(offset, generation))
+    }
+
+    /// The key grants are verified with now (none before registering).
+    pub fn grant_key(&self) -> Option<GrantKey> {
+        self.inner.read().key.clone()
     }
 
     /// What pings are answered with (the process's instance id).

@@ -8,9 +8,11 @@ use futures::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_common::grant::{GrantKey, GrantScope, PERM_READ, PERM_STAGE, PERM_WRITE};
+use strata_common::grant::{
+    GrantKey, GrantScope, PutRecord, MAC_LEN, PERM_READ, PERM_STAGE, PERM_WRITE,
+};
 use strata_common::{Code, Result};
-use strata_transport::frame::{Request, Staged};
+use strata_transport::frame::{Request, Staged, WriteRecord};
 use strata_transport::lend::{LendMetrics, Lender};
 use strata_transport::region::{DataRegion, ReadSource, Segment, SegmentTable, WriteTarget};
 use strata_transport::{RemoteRange, Transport};
@@ -508,6 +510,64 @@ async fn leases_held_by_a_connection_die_with_it(f: &Fixture, r: &RemoteRange) {
     assert_eq!((f.lent)().2, before + 1, "given back, not reclaimed");
 }
 
+/// A write that carries a put's record lands like any other. A transport
+/// whose writes reach the node's CPU (`records_writes`) delivers the record
+/// and brings back the node's receipt for these very bytes, and a record
+/// the master did not sign is refused; one that cannot (one-sided writes)
+/// writes plainly and brings none, and so does any transport for a write
+/// that does not cover its whole grant.
+async fn recorded_writes(f: Fixture) {
+    let w = f.range(0, 4096, PERM_WRITE | PERM_READ, 1);
+    let bytes = data(8, 4096);
+    let put = PutRecord {
+        key: "prefix/1",
+        segment_id: w.scope.segment_id,
+        offset: w.scope.offset,
+        length: w.scope.length,
+        generation: w.scope.generation,
+        crc32c: crc32c::crc32c(&bytes),
+    };
+    let record = WriteRecord {
+        key: put.key.into(),
+        crc32c: put.crc32c,
+        mac: f.key.sign_record(&put),
+    };
+    let receipt = f
+        .transport
+        .write_recorded(&w, &bytes, &record)
+        .await
+        .unwrap();
+    let mut back = vec![0u8; 4096];
+    f.transport.read(&w, 0, &mut back).await.unwrap();
+    assert_eq!(back, bytes);
+    if f.transport.records_writes(bytes.len()) {
+        assert!(f.key.verify_receipt(&put, &receipt.expect("a receipt")));
+        let forged = WriteRecord {
+            key: "victim".into(),
+            ..record.clone()
+        };
+        let e = f
+            .transport
+            .write_recorded(&w, &bytes, &forged)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    } else {
+        assert_eq!(receipt, None);
+    }
+    // Part of a grant: written, never recorded.
+    let part = f.range(8192, 8192, PERM_WRITE | PERM_READ, 1);
+    let receipt = f
+        .transport
+        .write_recorded(&part, &bytes, &record)
+        .await
+        .unwrap();
+    assert_eq!(receipt, None);
+    f.transport.read(&part, 0, &mut back).await.unwrap();
+    assert_eq!(back, bytes);
+    (f.kill)();
+}
+
 macro_rules! conformance_suite {
     ($name:ident, $fixture:expr) => {
         mod $name {
@@ -544,6 +604,10 @@ macro_rules! conformance_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn reads_through_lent_staging() {
                 super::reads_through_lent_staging($fixture.await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn recorded_writes() {
+                super::recorded_writes($fixture.await).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_dead_node_fails_transfers() {
@@ -708,6 +772,19 @@ impl DataRegion for Lending {
         self.lender
             .as_ref()
             .is_some_and(|l| l.reclaim_held(lease, token))
+    }
+    /// Receipts what the master signed, as a store node does (which also
+    /// keeps the put: `strata_store_node::recorded`).
+    fn record_put(&self, req: &Request, record: &WriteRecord) -> Option<Result<[u8; MAC_LEN]>> {
+        let key = self.table.grant_key()?;
+        let put = record.of(&req.grant);
+        Some(match key.verify_record(&put, &record.mac) {
+            true => Ok(key.sign_receipt(&put)),
+            false => Err(strata_common::Error::new(
+                Code::PermissionDenied,
+                "not the master's record",
+            )),
+        })
     }
 }
 

@@ -105,8 +105,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub compare_transports: bool,
     /// Before each size's phases, also time puts whose client declares no
-    /// checksum at PutStart (rows marked "(unannounced)"), to compare with
-    /// the library's default
+    /// checksum at PutStart (rows marked "(unannounced)") and puts announced
+    /// to their nodes instead of recorded from their writes (rows marked
+    /// "(announced)"), to compare with the library's default
     #[arg(long)]
     pub compare_announce: bool,
     /// Time each step of every put (checksum, PutStart, writes, PutEnd)
@@ -282,12 +283,18 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
     // phase.
     let cached = Client::connect(cfg.clone()).await?;
     let cfg = cfg.with_put_steps(args.put_steps);
-    let unannounced = match args.compare_announce {
-        true => {
-            Some(Client::connect(cfg.clone().with_location_cache(0).with_announce_up_to(0)).await?)
-        }
-        false => None,
-    };
+    let mut put_variants = Vec::new();
+    if args.compare_announce {
+        let plain = cfg.clone().with_location_cache(0);
+        put_variants.push((
+            Client::connect(plain.clone().with_announce_up_to(0)).await?,
+            report::UNANNOUNCED,
+        ));
+        put_variants.push((
+            Client::connect(plain.with_put_receipts(false)).await?,
+            report::ANNOUNCED,
+        ));
+    }
     let client = Client::connect(cfg.with_location_cache(0)).await?;
     client
         .stat()
@@ -389,16 +396,16 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
             batch: args.batch,
             quiet,
         };
-        if let Some(u) = &unannounced {
-            // First, on the same keys, so both puts find an empty cluster,
-            // and after an untimed round, so neither is a run's first (the
+        for (u, suffix) in &put_variants {
+            // First, on the same keys, so all puts find an empty cluster,
+            // and after an untimed round, so none is a run's first (the
             // first puts fill the master's tables and open connections,
-            // which would favour whichever phase goes second).
+            // which would favour whichever phase goes later).
             for timed in [false, true] {
                 let mut r = w.put_with(u).await?;
                 client.remove_all(true).await?;
                 if timed {
-                    r.scenario.push_str(report::UNANNOUNCED);
+                    r.scenario.push_str(suffix);
                     report.rows.push(r);
                 }
             }
@@ -725,6 +732,7 @@ async fn meta_path(
                         .map(|k| pb::PutEndRequest {
                             key: k.clone(),
                             crc32c: 0,
+                            receipts: Vec::new(),
                         })
                         .collect(),
                 })

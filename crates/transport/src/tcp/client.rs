@@ -1,6 +1,7 @@
 use super::write_all_vectored;
 use crate::frame::{
-    Op, Request, Response, Staged, FLAG_HELD, MAX_READV_ITEMS, MAX_STAGED_LEN, RESP_LEN,
+    Op, Request, Response, Staged, WriteRecord, FLAG_HELD, MAX_READV_ITEMS, MAX_STAGED_LEN,
+    RESP_LEN,
 };
 use crate::{check_sub_range, RemoteRange, Transport};
 use futures::future::BoxFuture;
@@ -10,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_common::grant::MAC_LEN;
 use strata_common::telemetry::TraceParent;
 use strata_common::{Code, Error, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -94,6 +96,10 @@ impl TcpTransport {
             length: io.len() as u64,
             flags: 0,
             trace: TraceParent::current(),
+            record: match &io {
+                Io::Recorded(_, r, _) => Some((*r).clone()),
+                _ => None,
+            },
         };
         let res = tokio::time::timeout(self.cfg.io_timeout, exchange(&mut conn, &req, io)).await;
         match res {
@@ -132,12 +138,15 @@ enum Io<'a> {
     Out(&'a [u8]),
     /// Read into the buffer; with `true`, checksum it while it streams in.
     In(&'a mut [u8], bool),
+    /// Write a put's bytes with its record; the node's receipt (if it keeps
+    /// records) lands in the slot.
+    Recorded(&'a [u8], &'a WriteRecord, &'a mut Option<[u8; MAC_LEN]>),
 }
 
 impl Io<'_> {
     fn len(&self) -> usize {
         match self {
-            Io::Out(b) => b.len(),
+            Io::Out(b) | Io::Recorded(b, ..) => b.len(),
             Io::In(b, _) => b.len(),
         }
     }
@@ -159,23 +168,36 @@ impl From<std::io::Error> for Exchange {
 async fn exchange(s: &mut TcpStream, req: &Request, io: Io<'_>) -> Result<u32, Exchange> {
     let hdr = req.encode();
     match &io {
-        Io::Out(data) => write_all_vectored(s, &hdr, data).await?,
+        Io::Out(data) | Io::Recorded(data, ..) => write_all_vectored(s, &hdr, data).await?,
         Io::In(..) => s.write_all(&hdr).await?,
     }
     match io {
         Io::Out(_) => read_response(s, req, &mut [], false).await,
         Io::In(buf, with_crc) => read_response(s, req, buf, with_crc).await,
+        Io::Recorded(_, _, receipt) => {
+            // A node that keeps no records answers with no body.
+            let resp = read_head(s, req).await?;
+            match resp.length {
+                0 => {}
+                n if n == MAC_LEN as u64 => {
+                    let mut mac = [0u8; MAC_LEN];
+                    s.read_exact(&mut mac).await?;
+                    *receipt = Some(mac);
+                }
+                n => {
+                    return Err(Exchange::Io(std::io::Error::other(format!(
+                        "data-plane node answered a write with {n} bytes"
+                    ))))
+                }
+            }
+            Ok(0)
+        }
     }
 }
 
-/// Reads one response to `req`: for a read, its bytes into `buf` (checksummed
-/// when asked); for a write (`buf` empty), nothing.
-async fn read_response(
-    s: &mut TcpStream,
-    req: &Request,
-    buf: &mut [u8],
-    with_crc: bool,
-) -> Result<u32, Exchange> {
+/// Reads a response header to `req`; an error answer (with its message)
+/// is `Exchange::Remote`.
+async fn read_head(s: &mut TcpStream, req: &Request) -> Result<Response, Exchange> {
     let mut rh = [0u8; RESP_LEN];
     s.read_exact(&mut rh).await?;
     let resp = Response::decode(&rh).map_err(|e| Exchange::Io(std::io::Error::other(e)))?;
@@ -198,6 +220,18 @@ async fn read_response(
             format!("store node: {}", String::from_utf8_lossy(&msg)),
         )));
     }
+    Ok(resp)
+}
+
+/// Reads one response to `req`: for a read, its bytes into `buf` (checksummed
+/// when asked); for a write (`buf` empty), nothing.
+async fn read_response(
+    s: &mut TcpStream,
+    req: &Request,
+    buf: &mut [u8],
+    with_crc: bool,
+) -> Result<u32, Exchange> {
+    let resp = read_head(s, req).await?;
     if resp.length != buf.len() as u64 {
         return Err(Exchange::Io(std::io::Error::other(format!(
             "data-plane node returned {} bytes, expected {}",
@@ -404,6 +438,7 @@ impl TcpTransport {
             length: len,
             flags,
             trace: TraceParent::current(),
+            record: None,
         })
     }
 
@@ -601,6 +636,7 @@ impl TcpTransport {
             length: batch.len() as u64,
             flags: 0,
             trace: TraceParent::current(),
+            record: None,
         };
         top.grant.length = 0;
         head.extend_from_slice(&top.encode());
@@ -617,6 +653,7 @@ impl TcpTransport {
                 length: buf.len() as u64,
                 flags: 0,
                 trace: None,
+                record: None,
             };
             head.extend_from_slice(&req.encode());
         }
@@ -645,6 +682,7 @@ impl TcpTransport {
                     length: buf.len() as u64,
                     flags: 0,
                     trace: None,
+                    record: None,
                 };
                 let r = tokio::time::timeout(t, read_response(&mut conn, &item, buf, true))
                     .await
@@ -698,6 +736,28 @@ impl Transport for TcpTransport {
                 .collect();
             self.chunked(dst, Op::Write, at, ios).await.map(|_| ())
         })
+    }
+
+    fn write_recorded<'a>(
+        &'a self,
+        dst: &'a RemoteRange,
+        data: &'a [u8],
+        record: &'a WriteRecord,
+    ) -> BoxFuture<'a, Result<Option<[u8; MAC_LEN]>>> {
+        Box::pin(async move {
+            if data.len() as u64 != dst.len() || !self.records_writes(data.len()) {
+                return self.write(dst, 0, data).await.map(|()| None);
+            }
+            let mut receipt = None;
+            let io = vec![Io::Recorded(data, record, &mut receipt)];
+            self.chunked(dst, Op::Write, 0, io).await?;
+            Ok(receipt)
+        })
+    }
+
+    /// One request carries a record: a write no larger than a chunk.
+    fn records_writes(&self, len: usize) -> bool {
+        len > 0 && len <= self.cfg.chunk_bytes
     }
 
     fn read<'a>(

@@ -4,6 +4,7 @@ use crate::region::{Chunk, ChunkStream, DataRegion, ReadSource};
 use prometheus::IntCounter;
 use std::sync::Arc;
 use std::time::Duration;
+use strata_common::grant::MAC_LEN;
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -271,6 +272,27 @@ async fn respond_ok(s: &mut TcpStream, req_id: u64) -> std::io::Result<()> {
     s.write_all(&h).await
 }
 
+/// Answers a write: OK, with the node's receipt as its body when the write
+/// carried a record the region kept, or the region's refusal of the record.
+async fn respond_written(
+    s: &mut TcpStream,
+    req_id: u64,
+    receipt: Option<strata_common::Result<[u8; MAC_LEN]>>,
+) -> std::io::Result<()> {
+    let receipt = match receipt {
+        None => return respond_ok(s, req_id).await,
+        Some(Err(e)) => return respond_err(s, req_id, &e).await,
+        Some(Ok(r)) => r,
+    };
+    let h = Response {
+        status: Code::Ok,
+        req_id,
+        length: MAC_LEN as u64,
+    }
+    .encode();
+    write_all_vectored(s, &h, &receipt).await
+}
+
 async fn respond_err(s: &mut TcpStream, req_id: u64, e: &Error) -> std::io::Result<()> {
     let msg = e.message.as_bytes();
     let h = Response {
@@ -454,9 +476,20 @@ async fn serve_request(
                         }
                     };
                     traced(&span, within(io, s.read_exact(dst))).await?;
+                    // Recorded while the write still holds its range, so no
+                    // free of it slips in unseen (`record_put`).
+                    let receipt = req.record.as_ref().and_then(|r| table.record_put(req, r));
                     drop(target);
                     m.written_bytes.inc_by(req.length);
-                    traced(&span, within(io, respond_ok(s, req.req_id))).await?;
+                    if let Some(Err(e)) = &receipt {
+                        m.rejected.inc();
+                        // A record that is not the master's is a bad grant.
+                        if e.code == Code::PermissionDenied {
+                            peer.refused()?;
+                        }
+                    }
+                    let answered = respond_written(s, req.req_id, receipt);
+                    traced(&span, within(io, answered)).await?;
                 }
                 Err(e) => {
                     m.rejected.inc();

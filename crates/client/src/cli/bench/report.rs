@@ -23,6 +23,9 @@ pub const OVER_UCX: &str = " (ucx)";
 /// Suffix of put rows whose client declared no checksum at PutStart
 /// (`--compare-announce`).
 pub const UNANNOUNCED: &str = " (unannounced)";
+/// Suffix of put rows announced to their nodes at PutStart instead of
+/// recorded by them from the writes (`--compare-announce`).
+pub const ANNOUNCED: &str = " (announced)";
 
 #[derive(Debug, Default)]
 pub struct Report {
@@ -66,10 +69,13 @@ impl Report {
                     }
                 }
             }
-            let unannounced = format!("{}{UNANNOUNCED}", r.scenario);
-            if let Some(&base) = idx.get(&(unannounced, r.size)) {
-                if base > 0.0 {
-                    parts.push(format!("{:.2}x unannounced", r.gb_per_sec / base));
+            for suffix in [ANNOUNCED, UNANNOUNCED] {
+                let other = format!("{}{suffix}", r.scenario);
+                if let Some(&base) = idx.get(&(other, r.size)) {
+                    if base > 0.0 {
+                        let what = suffix.trim_matches([' ', '(', ')']);
+                        parts.push(format!("{:.2}x {what}", r.gb_per_sec / base));
+                    }
                 }
             }
             if r.scenario.starts_with("strata ") && !r.scenario.ends_with(NO_CREDENTIALS) {
