@@ -205,6 +205,7 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
             records: records.clone(),
             recorded: metrics.recorded_puts.clone(),
             refused: metrics.refused_records.clone(),
+            pending: metrics.pending_puts.clone(),
         }) as Arc<dyn strata_transport::region::DataRegion>,
         metrics.server.clone(),
         strata_transport::tcp::ServerLimits {

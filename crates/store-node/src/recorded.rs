@@ -15,7 +15,7 @@
 
 use crate::records::ObjectRecords;
 use futures::future::BoxFuture;
-use prometheus::IntCounter;
+use prometheus::{IntCounter, IntGauge};
 use std::sync::Arc;
 use strata_common::grant::MAC_LEN;
 use strata_common::{Error, Result};
@@ -30,6 +30,8 @@ pub struct NodeRegion {
     /// Puts recorded from their writes, and records refused.
     pub recorded: IntCounter,
     pub refused: IntCounter,
+    /// Pending puts held (the heartbeat sets it too, as entries end them).
+    pub pending: IntGauge,
 }
 
 impl NodeRegion {
@@ -94,7 +96,10 @@ impl DataRegion for NodeRegion {
     fn record_put(&self, req: &Request, record: &WriteRecord) -> Option<Result<[u8; MAC_LEN]>> {
         let r = self.record(req, record);
         match &r {
-            Ok(_) => self.recorded.inc(),
+            Ok(_) => {
+                self.recorded.inc();
+                self.pending.set(self.records.pending_len() as i64);
+            }
             Err(e) => {
                 self.refused.inc();
                 tracing::debug!(key = record.key, error = %e, "write's record refused");
@@ -158,6 +163,7 @@ mod tests {
             records: Arc::new(ObjectRecords::default()),
             recorded: IntCounter::new("recorded", "recorded").unwrap(),
             refused: IntCounter::new("refused", "refused").unwrap(),
+            pending: IntGauge::new("pending", "pending").unwrap(),
         }
     }
 
@@ -180,7 +186,7 @@ mod tests {
         assert!(key.verify_receipt(&rec.of(&req.grant), &receipt));
         assert!(!key.verify_record(&rec.of(&req.grant), &receipt));
         assert_eq!(pending_keys(&r), ["a"]);
-        assert_eq!(r.recorded.get(), 1);
+        assert_eq!((r.recorded.get(), r.pending.get()), (1, 1));
 
         // Not the master's: signed with another key, or altered on the way.
         let req = write(&key, 4096, 100, 6);
