@@ -515,7 +515,10 @@ async fn leases_held_by_a_connection_die_with_it(f: &Fixture, r: &RemoteRange) {
 /// and brings back the node's receipt for these very bytes, and a record
 /// the master did not sign is refused; one that cannot (one-sided writes)
 /// writes plainly and brings none, and so does any transport for a write
-/// that does not cover its whole grant.
+/// that does not cover its whole grant. The fixture's node only checks the
+/// record's signature (`Lending::record_put`): this is the transport's
+/// part; what a store node keeps, and when it refuses, is tested with its
+/// region (`strata_store_node::recorded`).
 async fn recorded_writes(f: Fixture) {
     let w = f.range(0, 4096, PERM_WRITE | PERM_READ, 1);
     let bytes = data(8, 4096);
