@@ -758,20 +758,20 @@ impl Client {
                 (w, true)
             });
         }
-        let writes: Vec<(Result<Vec<pb::PutReceipt>>, bool)> = futures::stream::iter(futs)
+        let mut writes: Vec<(Result<Vec<pb::PutReceipt>>, bool)> = futures::stream::iter(futs)
             .buffered(self.cfg.batch_concurrency.max(1))
             .collect()
             .await;
         let mut ends = Vec::new();
         let mut revokes = Vec::new();
-        for (i, (w, started)) in writes.iter().enumerate() {
+        for (i, (w, started)) in writes.iter_mut().enumerate() {
             match w {
                 Ok(receipts) => ends.push((
                     i,
                     pb::PutEndRequest {
                         key: items[i].0.to_string(),
                         crc32c: crcs[i].unwrap_or_else(|| crc32c::crc32c(items[i].1)),
-                        receipts: receipts.clone(),
+                        receipts: std::mem::take(receipts),
                     },
                 )),
                 Err(_) if *started => revokes.push(items[i].0.to_string()),

@@ -94,6 +94,13 @@ impl NodeEntry {
         self
     }
 
+    /// Whether a put whose client asked for receipts (`receipts`) is
+    /// recorded by this node from the write, so it gets a signed record
+    /// instead of an announcement.
+    pub fn records_from_write(&self, receipts: bool) -> bool {
+        receipts && self.records_receipts
+    }
+
     /// Appends `op`; with `wake`, a long-polling heartbeat delivers it at
     /// once, else it rides with the next entry that wakes one (or the next
     /// heartbeat): one node round trip fewer for what nobody waits for.

@@ -89,7 +89,7 @@ pub(crate) fn announce(
 ) -> Announced {
     let seqs = replicas
         .iter()
-        .filter(|r| r.seg.node.records_pending && !(receipts && r.seg.node.records_receipts))
+        .filter(|r| r.seg.node.records_pending && !r.seg.node.records_from_write(receipts))
         .map(|r| {
             let seq = r.seg.node.log_object(
                 pb::object_log_entry::Op::Pending,

@@ -383,12 +383,12 @@ impl Master {
         // Nodes that record puts from their writes get the put's record
         // (signed with their key) through the client instead of an
         // announcement.
-        let record_crc = spec.crc32c.filter(|_| spec.receipts);
         let views = replicas
             .iter()
             .map(|r| {
                 let mut v = self.replica_view(r, spec.size, PERM_WRITE, expires, false);
-                if let Some(crc32c) = record_crc.filter(|_| r.seg.node.records_receipts) {
+                let recorded = r.seg.node.records_from_write(spec.receipts);
+                if let Some(crc32c) = spec.crc32c.filter(|_| recorded) {
                     let put = crate::commit_sync::put_record(&spec.key, r, spec.size, crc32c);
                     v.record = r.seg.node.grant_key.sign_record(&put).to_vec();
                 }
