@@ -5,7 +5,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+# The Python extension (crates/python) resolves Python's symbols when it is
+# loaded, as every extension module does: link it without libpython.
+export PYO3_BUILD_EXTENSION_MODULE=1
 # --all-targets (not --bins) so dependency features, and so the one RocksDB
 # build, are the same as for clippy and the tests.
 cargo build --workspace --all-targets
-cargo nextest run --workspace --no-fail-fast "$@"
+rust=0
+cargo nextest run --workspace --no-fail-fast "$@" || rust=$?
+# The Python package's tests run even when a Rust test failed (both reported).
+py=0
+scripts/python-tests.sh || py=$?
+if [ "$rust" -ne 0 ] || [ "$py" -ne 0 ]; then
+  echo "failed: rust tests exit $rust, python tests exit $py" >&2
+  exit 1
+fi

@@ -241,6 +241,7 @@ async fn a_live_node_id_cannot_be_taken_over() {
             applied_seq: u64::MAX,
             instance_proof: strata_common::auth::new_instance_proof(),
             wait_ms: 0,
+            leaving: false,
         })
         .await
         .unwrap_err();

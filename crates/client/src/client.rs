@@ -128,6 +128,10 @@ pub struct PutOptions {
     /// Copies on distinct segments (best effort: at least one).
     pub replicas: u32,
     pub preferred_segment: Option<u64>,
+    /// Place the first replica on this node (by its node id) when it has
+    /// room: an engine's own embedded segment. Ignored when
+    /// `preferred_segment` is set or no such node is registered.
+    pub preferred_node: Option<String>,
     /// Evicted only after every unpinned object.
     pub soft_pin: bool,
     /// Never evicted (still removable).
@@ -139,6 +143,7 @@ impl Default for PutOptions {
         PutOptions {
             replicas: 1,
             preferred_segment: None,
+            preferred_node: None,
             soft_pin: false,
             hard_pin: false,
         }
@@ -155,6 +160,7 @@ pub struct Client {
     lookups: Lookups,
     quick: Option<Arc<crate::quick::QuickCalls>>,
     steps: Option<Arc<PutSteps>>,
+    pub(crate) node_segments: Arc<crate::placement::NodeSegments>,
 }
 
 pub use strata_transport::remote_range;
@@ -218,6 +224,7 @@ impl Client {
             l
         });
         Ok(Client {
+            node_segments: Arc::default(),
             steps: cfg.put_steps.then(Arc::default),
             lookups: Lookups::start(master.clone(), quick.clone()),
             quick,
@@ -289,6 +296,7 @@ impl Client {
     /// present, `NoSpace` when the cluster cannot make room.
     #[tracing::instrument(name = "strata.put", skip_all, fields(key = key, size = data.len()))]
     pub async fn put(&self, key: &str, data: &[u8], opts: &PutOptions) -> Result<()> {
+        let opts = &*self.placed(opts).await;
         // Declared at PutStart when small enough (`announce_up_to`);
         // otherwise worked out while the first PutStart is in flight. Kept
         // for retries.
@@ -463,15 +471,35 @@ impl Client {
     /// Reads `key` into a new buffer, verifying its checksum.
     #[tracing::instrument(name = "strata.get", skip_all, fields(key = key))]
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
+        self.get_with(key, |n| Ok(vec![0u8; n])).await
+    }
+
+    /// Reads `key` into a buffer that `alloc` makes once the object's size
+    /// is known (`alloc(size)` must give exactly `size` bytes): for callers
+    /// that own their memory (the Python client reads straight into a new
+    /// `bytes`). `alloc` may be called again if the object is replaced by
+    /// one of another size meanwhile.
+    pub async fn get_with<B: AsMut<[u8]>>(
+        &self,
+        key: &str,
+        mut alloc: impl FnMut(usize) -> Result<B>,
+    ) -> Result<B> {
+        let mut sized = |n: usize| -> Result<B> {
+            let mut b = alloc(n)?;
+            if b.as_mut().len() != n {
+                return Err(Error::internal("a buffer of the wrong size was made"));
+            }
+            Ok(b)
+        };
         if let Some(info) = self.cached(key) {
-            let mut buf = vec![0u8; info.size as usize];
-            if self.read_cached(key, &info, &mut buf).await {
+            let mut buf = sized(info.size as usize)?;
+            if self.read_cached(key, &info, buf.as_mut()).await {
                 return Ok(buf);
             }
         }
         let info = self.lookup(key).await?;
-        let mut buf = vec![0u8; info.size as usize];
-        self.read_verified(key, info, &mut buf).await?;
+        let mut buf = sized(info.size as usize)?;
+        self.read_verified(key, info, buf.as_mut()).await?;
         Ok(buf)
     }
 
@@ -642,6 +670,7 @@ impl Client {
         items: &[(&str, &[u8])],
         opts: &PutOptions,
     ) -> Result<Vec<Result<()>>> {
+        let opts = &*self.placed(opts).await;
         let b = self.cfg.backoff;
         let t0 = tokio::time::Instant::now();
         let mut out: Vec<Option<Result<()>>> = vec![None; items.len()];

@@ -13,10 +13,12 @@
 #[cfg(feature = "cli")]
 pub mod cli;
 mod client;
+mod engine_calls;
 #[cfg(feature = "cli")]
 pub mod local;
 mod locations;
 mod lookups;
+mod placement;
 pub mod put_steps;
 mod quick;
 mod retry;

@@ -124,6 +124,25 @@ impl Code {
             Cancelled => 499,
         }
     }
+
+    /// The Python exception class (in `strata.errors`, all under
+    /// `StrataError`) that the Python package raises for this code.
+    pub fn python(self) -> &'static str {
+        use Code::*;
+        match self {
+            Ok | Internal => "StrataError",
+            InvalidArgument => "InvalidArgument",
+            NotFound => "NotFound",
+            AlreadyExists => "AlreadyExists",
+            NoSpace => "NoSpace",
+            Leased => "Leased",
+            NotReady | Unavailable | NotLeader | ResourceExhausted => "Unavailable",
+            Timeout => "Timeout",
+            PermissionDenied | Unauthenticated => "PermissionDenied",
+            Corrupted => "Corrupted",
+            Cancelled => "Cancelled",
+        }
+    }
 }
 
 impl fmt::Display for Code {

@@ -881,6 +881,22 @@ impl Master {
         Ok(found)
     }
 
+    /// The committed size of `key`, `None` when it is absent (an error
+    /// while the rebuild window leaves its absence unsure, as `exists`).
+    pub fn committed_size(&self, key: &str) -> Result<Option<u64>> {
+        validate_key(key)?;
+        let size = self
+            .objects
+            .shard(key)
+            .get(key)
+            .filter(|o| o.is_complete())
+            .map(|o| o.size);
+        if size.is_none() && !self.accepting_writes() {
+            return Err(self.absent(key));
+        }
+        Ok(size)
+    }
+
     // ---------------- remove ----------------
 
     pub fn remove(&self, key: &str, force: bool) -> Result<()> {
@@ -1269,6 +1285,14 @@ impl Master {
                     req.node_id
                 ),
             )),
+            Some(n) if n.incarnation == req.incarnation && req.leaving => {
+                self.drop_node(&req.node_id, "left the cluster");
+                Ok(pb::HeartbeatResponse {
+                    known: false,
+                    log: vec![],
+                    term: self.term,
+                })
+            }
             Some(n) if n.incarnation == req.incarnation => {
                 let log = n.log_page(req.applied_seq)?;
                 n.ack(req.applied_seq);

@@ -38,9 +38,8 @@ pub fn policy_of(method: &str) -> MethodPolicy {
         "EvictMemory" => (Role::Admin, BATCH_REQUEST, Some(MAX_BATCH)),
         "RemoveAll" => (Role::Admin, SMALL_REQUEST, None),
         "GetUcxRoutes" => (Role::Rdma, SMALL_REQUEST, None),
-        "BatchPutStart" | "BatchPutEnd" | "BatchPutRevoke" | "BatchGetReplicas" | "ReportReads" => {
-            (Role::Client, BATCH_REQUEST, Some(MAX_BATCH))
-        }
+        "BatchPutStart" | "BatchPutEnd" | "BatchPutRevoke" | "BatchGetReplicas" | "BatchExists"
+        | "ReportReads" => (Role::Client, BATCH_REQUEST, Some(MAX_BATCH)),
         _ => (Role::Client, SMALL_REQUEST, None),
     };
     MethodPolicy {
@@ -362,6 +361,34 @@ impl MasterRpc for MasterService {
             .exists(&req.get_ref().key)
             .map(|exists| pb::ExistsResponse { exists });
         self.done("exists", t0, r)
+    }
+
+    async fn batch_exists(
+        &self,
+        req: Request<pb::BatchExistsRequest>,
+    ) -> Result<Response<pb::BatchExistsResponse>, Status> {
+        let t0 = Instant::now();
+        let keys = req.into_inner().keys;
+        let r = self
+            .batch(keys.len(), move |m| pb::BatchExistsResponse {
+                results: keys
+                    .iter()
+                    .map(|k| match m.committed_size(k) {
+                        Ok(size) => pb::ExistsResult {
+                            status: None,
+                            exists: size.is_some(),
+                            size: size.unwrap_or(0),
+                        },
+                        Err(e) => pb::ExistsResult {
+                            status: Some(status_of(Err(e))),
+                            exists: false,
+                            size: 0,
+                        },
+                    })
+                    .collect(),
+            })
+            .await;
+        self.done("batch_exists", t0, r)
     }
 
     async fn remove(

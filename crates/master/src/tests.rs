@@ -271,6 +271,7 @@ fn expired_node_loses_its_replicas() {
         applied_seq: 0,
         instance_proof: NODE_PROOF.to_vec(),
         wait_ms: 0,
+        leaving: false,
     };
     assert!(m.heartbeat(&hb(alive, inc)).unwrap().known);
     m.nodes.read()[alive]
@@ -287,6 +288,54 @@ fn expired_node_loses_its_replicas() {
 }
 
 #[test]
+fn committed_size_counts_only_committed_objects() {
+    let m = master_with(1, 1 << 20, |_| {});
+    put(&m, "done", 300);
+    m.put_start(spec("writing", 200, 1)).unwrap();
+    assert_eq!(m.committed_size("done").unwrap(), Some(300));
+    // A put in progress is not there yet, and neither is an unknown key.
+    assert_eq!(m.committed_size("writing").unwrap(), None);
+    assert_eq!(m.committed_size("never").unwrap(), None);
+    m.put_end("writing", 0).unwrap();
+    assert_eq!(m.committed_size("writing").unwrap(), Some(200));
+    m.remove("done", true).unwrap();
+    assert_eq!(m.committed_size("done").unwrap(), None);
+    assert_eq!(
+        m.committed_size("").unwrap_err().code,
+        Code::InvalidArgument
+    );
+}
+
+#[test]
+fn a_leaving_node_is_dropped_at_once() {
+    let m = master_with(2, 1 << 20, |_| {});
+    m.put_start(spec("both", 100, 2)).unwrap();
+    m.put_end("both", 0).unwrap();
+    let r = m.put_start(spec("one", 100, 1)).unwrap();
+    m.put_end("one", 0).unwrap();
+    let leaving = r[0].node_id.clone();
+    let inc = m.nodes.read()[&leaving].incarnation;
+    let hb = |proof: &[u8], leaving_flag| pb::HeartbeatRequest {
+        node_id: leaving.clone(),
+        incarnation: inc,
+        applied_seq: 0,
+        instance_proof: proof.to_vec(),
+        wait_ms: 0,
+        leaving: leaving_flag,
+    };
+    // Another process's claim that the node leaves changes nothing.
+    let e = m.heartbeat(&hb(&[1u8; 32], true)).unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    assert!(m.heartbeat(&hb(NODE_PROOF, false)).unwrap().known);
+    assert_eq!(m.stat().segments, 2);
+    // The node's own: dropped now, not after --node-ttl.
+    assert!(!m.heartbeat(&hb(NODE_PROOF, true)).unwrap().known);
+    assert_eq!(m.stat().segments, 1);
+    assert_eq!(m.get_replicas("one").unwrap_err().code, Code::NotFound);
+    assert_eq!(m.get_replicas("both").unwrap().replicas.len(), 1);
+}
+
+#[test]
 fn nodes_learn_commits_and_frees_through_heartbeats() {
     let m = master_with(1, 1 << 20, |_| {});
     put(&m, "a", 100);
@@ -300,6 +349,7 @@ fn nodes_learn_commits_and_frees_through_heartbeats() {
             applied_seq: 0,
             instance_proof: NODE_PROOF.to_vec(),
             wait_ms: 0,
+            leaving: false,
         })
         .unwrap();
     let ops: Vec<String> = r
@@ -320,6 +370,7 @@ fn nodes_learn_commits_and_frees_through_heartbeats() {
             applied_seq,
             instance_proof: proof.to_vec(),
             wait_ms: 0,
+            leaving: false,
         })
     };
     // Both sides of each check: another process's proof and a claim beyond

@@ -35,6 +35,10 @@ pub struct StoreNodeConfig {
     /// Heartbeat over the master's quick call protocol where it serves it
     /// (library only; on by default, no flag).
     pub quick_heartbeats: bool,
+    /// At shutdown, tell the master this node leaves, so it drops the
+    /// node's segments at once instead of after --node-ttl (library only:
+    /// embedded segments, which leave with their process, set it).
+    pub leave_on_shutdown: bool,
 }
 
 impl Default for StoreNodeConfig {
@@ -53,6 +57,7 @@ impl Default for StoreNodeConfig {
             token: None,
             io_timeout: std::time::Duration::from_secs(30),
             quick_heartbeats: true,
+            leave_on_shutdown: false,
         }
     }
 }
@@ -222,6 +227,7 @@ impl StoreNodeArgs {
             token: Secret::from_optional_file(self.token_file.as_deref(), "--token-file")?,
             io_timeout: self.io_timeout.map_or(d.io_timeout, |v| v.0),
             quick_heartbeats: d.quick_heartbeats,
+            leave_on_shutdown: d.leave_on_shutdown,
         };
         cfg.validate()?;
         Ok(cfg)

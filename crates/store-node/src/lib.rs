@@ -272,6 +272,7 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
         segment_ids: Vec::new(),
         fence: Default::default(),
         ucx,
+        leave_on_shutdown: cfg.leave_on_shutdown,
     };
     tasks.spawn(agent.run(shutdown.clone()));
     tracing::info!(%data_addr, %admin_addr, node_id, master = cfg.master, capacity = cfg.capacity, transport = ?cfg.transport, "strata-store-node started");
@@ -390,6 +391,8 @@ struct Agent {
     fence: strata_common::term::TermFence,
     /// Segments exposed over UCX; dropped (unregistered) when the agent stops.
     ucx: Option<Ucx>,
+    /// Tell the master at shutdown (`StoreNodeConfig::leave_on_shutdown`).
+    leave_on_shutdown: bool,
 }
 
 /// Objects per ReportNodeObjects call.
@@ -578,7 +581,10 @@ impl Agent {
 
     async fn run(mut self, shutdown: CancellationToken) {
         let mut backoff = Duration::from_millis(50);
+        // The registration held when shutdown came, for a graceful leave.
+        let mut held: Option<u64>;
         'outer: loop {
+            held = None;
             let (incarnation, interval) = loop {
                 match self.register().await {
                     Ok(v) => break v,
@@ -593,6 +599,7 @@ impl Agent {
                 }
             };
             backoff = Duration::from_millis(50);
+            held = Some(incarnation);
             loop {
                 let req = pb::HeartbeatRequest {
                     node_id: self.node_id.clone(),
@@ -602,6 +609,7 @@ impl Agent {
                     // Long poll: commits reach us (and PutEnds waiting for
                     // them go on) at once, not one interval later.
                     wait_ms: interval.as_millis() as u64,
+                    leaving: false,
                 };
                 let t0 = tokio::time::Instant::now();
                 let mut wait = interval;
@@ -663,5 +671,34 @@ impl Agent {
             }
         }
         self.registered.store(false, Ordering::Release);
+        if let (true, Some(incarnation)) = (self.leave_on_shutdown, held) {
+            self.leave(incarnation).await;
+        }
+    }
+
+    /// Tells the master this node is gone (bounded: a master that does not
+    /// answer drops it after --node-ttl instead).
+    async fn leave(&mut self, incarnation: u64) {
+        let req = pb::HeartbeatRequest {
+            node_id: self.node_id.clone(),
+            incarnation,
+            applied_seq: self.records.applied_seq(),
+            instance_proof: self.proof.clone(),
+            wait_ms: 0,
+            leaving: true,
+        };
+        match tokio::time::timeout(LEAVE_WAIT, self.heartbeat(req)).await {
+            Ok(Ok(_)) => tracing::info!(node = self.node_id, "left the cluster"),
+            Ok(Err(e)) => {
+                tracing::warn!(node = self.node_id, error = %e, "could not leave the cluster; the master drops this node after --node-ttl")
+            }
+            Err(_) => tracing::warn!(
+                node = self.node_id,
+                "the master did not answer the leave; it drops this node after --node-ttl"
+            ),
+        }
     }
 }
+
+/// How long a leaving node waits for the master's answer.
+const LEAVE_WAIT: Duration = Duration::from_secs(2);

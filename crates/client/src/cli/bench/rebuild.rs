@@ -106,6 +106,7 @@ async fn one(keys: u64) -> anyhow::Result<Measured> {
             applied_seq: applied,
             instance_proof: PROOF.to_vec(),
             wait_ms: 0,
+            leaving: false,
         })?;
         applied = page.log.last().map_or(applied, |e| e.seq);
     }

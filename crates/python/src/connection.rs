@@ -1,0 +1,273 @@
+//! A connection to a cluster: the Rust client, the process it was made in,
+//! and the store node it may run inside this process (an embedded segment:
+//! the engine contributes DRAM as the seed system's clients do).
+
+use crate::errors::IntoPy;
+use pyo3::prelude::*;
+use std::path::PathBuf;
+use std::sync::{Mutex, RwLock};
+use std::time::Duration;
+use strata_client::{Client, ClientConfig, TransportKind};
+use strata_common::auth::Secret;
+use strata_common::{Code, Error, Result};
+use tokio_util::sync::CancellationToken;
+
+/// What `connect` takes (Python keyword arguments, environment applied).
+pub struct Settings {
+    pub master: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub transport: String,
+    pub segment_bytes: u64,
+    pub timeout: f64,
+    pub node_id: Option<String>,
+    pub segment_token_file: Option<PathBuf>,
+    pub segment_listen: Option<String>,
+}
+
+/// A store node running in this process.
+struct Segment {
+    node_id: String,
+    shutdown: CancellationToken,
+    handle: Option<strata_store_node::StoreNodeHandle>,
+}
+
+pub struct Shared {
+    client: RwLock<Option<Client>>,
+    pid: u32,
+    pub master: String,
+    segment: Mutex<Option<Segment>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Garbage-collected without close(): stop the embedded node at
+        // least (its tasks end on their own; nothing waits here).
+        if let Some(s) = self.segment.get_mut().ok().and_then(|s| s.take()) {
+            s.shutdown.cancel();
+        }
+    }
+}
+
+impl Shared {
+    /// The client, unless the store was closed or made before a fork.
+    pub fn client(&self) -> Result<Client> {
+        let pid = std::process::id();
+        if pid != self.pid {
+            return Err(Error::new(
+                Code::Internal,
+                format!(
+                    "this Store was made in process {} and cannot be used after os.fork() \
+                     (its connections and threads stayed in the parent); make a new Store in \
+                     this process ({pid})",
+                    self.pid
+                ),
+            ));
+        }
+        self.client
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| Error::new(Code::Cancelled, "the store is closed"))
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.client
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    /// The embedded segment's node id, if this store runs one.
+    pub fn node_id(&self) -> Option<String> {
+        self.segment
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|s| s.node_id.clone())
+    }
+
+    /// Closes the client and stops the embedded node (it stops serving and
+    /// heartbeating; the master drops its segments). Idempotent.
+    pub async fn close(&self) {
+        self.client
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let seg = self
+            .segment
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(mut s) = seg {
+            s.shutdown.cancel();
+            if let Some(h) = s.handle.take() {
+                // Bounded: its tasks end at the cancellation.
+                let _ = tokio::time::timeout(Duration::from_secs(10), h.wait()).await;
+            }
+        }
+    }
+}
+
+/// Connects (and starts the embedded segment), checking that the master
+/// answers and accepts the credential before returning.
+pub async fn connect(s: Settings) -> Result<Shared> {
+    let master = s
+        .master
+        .filter(|m| !m.trim().is_empty())
+        .or_else(|| {
+            std::env::var("STRATA_MASTER")
+                .ok()
+                .filter(|m| !m.is_empty())
+        })
+        .unwrap_or_else(|| "127.0.0.1:7400".to_string());
+    if !(s.timeout.is_finite() && s.timeout > 0.0) {
+        return Err(Error::invalid(format!(
+            "timeout must be a positive number of seconds, got {}",
+            s.timeout
+        )));
+    }
+    let timeout = Duration::from_secs_f64(s.timeout.min(86_400.0));
+    // As the CLI: the argument, $STRATA_TOKEN_FILE, else the token a local
+    // `strata up` left for this user, if any.
+    let token_file = s
+        .token_file
+        .or_else(|| {
+            std::env::var_os("STRATA_TOKEN_FILE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+        .or_else(|| up_token_file().filter(|p| p.exists()));
+    let token = Secret::from_optional_file(token_file.as_deref(), "token_file")?;
+    let transport = match s.transport.as_str() {
+        "tcp" => TransportKind::Tcp,
+        "ucx" | "rdma" => TransportKind::Ucx,
+        other => {
+            return Err(Error::invalid(format!(
+                "transport must be \"tcp\" or \"ucx\", got {other:?}"
+            )))
+        }
+    };
+    let mut cfg = ClientConfig::new(master.clone())
+        .with_token(token.clone())
+        .with_transport(transport);
+    cfg.backoff.deadline = timeout;
+    let client = Client::connect(cfg).await?;
+    // The first call: an unreachable master or a refused credential is
+    // reported here, not at the first put.
+    let probe = client.config().backoff.run(|| client.stat());
+    match tokio::time::timeout(timeout, probe).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(_) => {
+            return Err(Error::new(
+                Code::Unavailable,
+                format!("master {master} did not answer within {timeout:?}"),
+            ))
+        }
+    }
+    let segment = if s.segment_bytes > 0 {
+        let member = match s.segment_token_file.or_else(|| {
+            std::env::var_os("STRATA_SEGMENT_TOKEN_FILE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        }) {
+            Some(p) => Secret::from_optional_file(Some(&p), "segment_token_file")?,
+            None => token,
+        };
+        Some(
+            start_segment(
+                &master,
+                s.segment_bytes,
+                s.node_id,
+                s.segment_listen,
+                member,
+                timeout,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
+    Ok(Shared {
+        client: RwLock::new(Some(client)),
+        pid: std::process::id(),
+        master,
+        segment: Mutex::new(segment),
+    })
+}
+
+/// Starts a store node of `bytes` in this process and waits until the
+/// master has registered it.
+async fn start_segment(
+    master: &str,
+    bytes: u64,
+    node_id: Option<String>,
+    listen: Option<String>,
+    token: Option<Secret>,
+    timeout: Duration,
+) -> Result<Segment> {
+    let mut cfg = strata_store_node::StoreNodeConfig::local(master, bytes);
+    cfg.token = token;
+    cfg.leave_on_shutdown = true;
+    if let Some(l) = listen {
+        cfg.listen = l
+            .parse()
+            .map_err(|e| Error::invalid(format!("segment_listen {l:?} is not HOST:PORT: {e}")))?;
+    }
+    let node_id = node_id.unwrap_or_else(default_node_id);
+    cfg.node_id = Some(node_id.clone());
+    let shutdown = CancellationToken::new();
+    let handle = strata_store_node::start(cfg, shutdown.clone()).await?;
+    let registered = handle.registered_flag();
+    let t0 = tokio::time::Instant::now();
+    while !registered.load(std::sync::atomic::Ordering::Acquire) {
+        if t0.elapsed() > timeout {
+            shutdown.cancel();
+            return Err(Error::new(
+                Code::Unavailable,
+                format!(
+                    "the embedded segment ({node_id}) was not registered by master {master} \
+                     within {timeout:?}; it needs the member token (segment_token_file or \
+                     STRATA_SEGMENT_TOKEN_FILE) unless the master runs without credentials"
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(Segment {
+        node_id,
+        shutdown,
+        handle: Some(handle),
+    })
+}
+
+/// Where `strata up` leaves its admin token (`$XDG_CONFIG_HOME` or
+/// `~/.config`, then `strata/up.token`).
+fn up_token_file() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".config"))
+        })?;
+    Some(base.join("strata").join("up.token"))
+}
+
+/// `HOST-py-PID-N`: unique per embedded segment of this machine.
+fn default_node_id() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{host}-py-{}-{n}", std::process::id())
+}
+
+/// `connect`, from Python: waits with the GIL released.
+pub fn connect_blocking(py: Python<'_>, s: Settings) -> PyResult<Shared> {
+    crate::runtime::wait(py, move || connect(s))?.py(py)
+}

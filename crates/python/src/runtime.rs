@@ -1,0 +1,107 @@
+//! One Tokio runtime per process, shared by every `Store` and `AsyncStore`,
+//! and the one way Python threads wait on it: with the GIL released.
+
+use pyo3::prelude::*;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::runtime::Runtime;
+
+/// The runtime and the process it was made in. A child of `os.fork()`
+/// inherits the parent's runtime without its worker threads, so it gets a
+/// runtime of its own (the parent's is leaked there: dropping it would wait
+/// for threads that do not exist in the child).
+static RUNTIME: Mutex<Option<(u32, &'static Runtime)>> = Mutex::new(None);
+
+/// How often a blocked call looks for a pending signal (Ctrl-C).
+const SIGNAL_POLL: Duration = Duration::from_millis(100);
+
+/// This process's runtime, made on first use: `STRATA_IO_THREADS` workers
+/// (default: the CPUs available, at most 4; network I/O needs few).
+pub fn runtime() -> PyResult<&'static Runtime> {
+    let pid = std::process::id();
+    let mut slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((p, rt)) = *slot {
+        if p == pid {
+            return Ok(rt);
+        }
+    }
+    let threads = std::env::var("STRATA_IO_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .min(4)
+        });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("strata-io")
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "cannot start Strata's I/O threads: {e}"
+            ))
+        })?;
+    let rt: &'static Runtime = Box::leak(Box::new(rt));
+    *slot = Some((pid, rt));
+    Ok(rt)
+}
+
+/// Runs the future `make` returns to completion on this thread with the
+/// GIL released, so other Python threads run meanwhile. The future is made
+/// there, so it need not be `Send` (starting an embedded UCX segment is
+/// not). A signal handler that raises (Ctrl-C's KeyboardInterrupt) ends the
+/// wait: the future is dropped, which every client operation allows (a put
+/// cut short is revoked or reclaimed by the master).
+pub fn wait<T, M, F>(py: Python<'_>, make: M) -> PyResult<T>
+where
+    M: FnOnce() -> F + Send,
+    F: Future<Output = T>,
+    T: Send,
+{
+    let rt = runtime()?;
+    // Only the main thread runs signal handlers; others need not look.
+    let main = is_main_thread(py);
+    let r = py.detach(|| {
+        rt.block_on(async {
+            let fut = make();
+            if !main {
+                return Ok(fut.await);
+            }
+            tokio::pin!(fut);
+            loop {
+                tokio::select! {
+                    r = &mut fut => return Ok(r),
+                    _ = tokio::time::sleep(SIGNAL_POLL) => {
+                        Python::attach(|py| py.check_signals())?;
+                    }
+                }
+            }
+        })
+    });
+    r
+}
+
+/// Whether this is Python's main thread (asked once per thread).
+fn is_main_thread(py: Python<'_>) -> bool {
+    thread_local! {
+        static MAIN: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    }
+    MAIN.with(|m| {
+        if let Some(main) = m.get() {
+            return main;
+        }
+        let check = || -> PyResult<bool> {
+            let threading = py.import("threading")?;
+            let current = threading.call_method0("current_thread")?;
+            let main = threading.call_method0("main_thread")?;
+            Ok(current.is(&main))
+        };
+        let main = check().unwrap_or(false);
+        m.set(Some(main));
+        main
+    })
+}

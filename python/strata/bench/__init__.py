@@ -1,0 +1,1 @@
+"""Benchmarks of the Python client: ``python -m strata.bench``."""

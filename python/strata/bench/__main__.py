@@ -1,0 +1,483 @@
+"""``python -m strata.bench``: the Python client against the Rust client and
+the seed system, in one run.
+
+For each object size (64 KiB and 1 MiB by default) and each thread count (1
+and 4), it times puts and gets into registered buffers, one object per call
+and batches of 16, through the native API (``strata.Store``) and the drop-in
+(``strata.mooncake``); then, against the same cluster and in the same run,
+the Rust client (``strata bench`` with the same sizes, clients and batch),
+and, when the seed system's wheel is installed (``--seed``), the seed system
+itself: its ``mooncake_master`` and two store processes contributing the same
+DRAM, driven by this script through its own ``MooncakeDistributedStore``.
+
+Without ``--master`` it starts a cluster from the built binaries
+(``--bin-dir``, default ``$STRATA_BIN_DIR`` or ``target/release``): one master
+and two store nodes of ``--node-capacity``, on loopback, no credentials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+UNITS = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "b": 1}
+
+
+def parse_size(s: str) -> int:
+    t = s.strip().lower()
+    for u, m in UNITS.items():
+        if t.endswith(u):
+            return int(float(t[: -len(u)]) * m)
+    return int(t)
+
+
+def fmt_size(n: int) -> str:
+    for u, m in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= m and n % m == 0:
+            return f"{n // m} {u}"
+    return f"{n} B"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer within {timeout}s")
+
+
+def wait_port(port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port} after {timeout}s")
+
+
+@dataclass
+class Row:
+    system: str
+    op: str
+    size: int
+    threads: int
+    batch: int
+    ops: int
+    seconds: float
+    lat: List[float] = field(default_factory=list)
+    note: str = ""
+    # Percentiles measured elsewhere (the Rust client's own report).
+    given_p50: Optional[float] = None
+    given_p99: Optional[float] = None
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.ops / self.seconds if self.seconds else 0.0
+
+    @property
+    def gbps(self) -> float:
+        return self.ops * self.size / self.seconds / 1e9 if self.seconds else 0.0
+
+    def pct(self, q: float) -> float:
+        if q == 0.5 and self.given_p50 is not None:
+            return self.given_p50
+        if q == 0.99 and self.given_p99 is not None:
+            return self.given_p99
+        if not self.lat:
+            return float("nan")
+        s = sorted(self.lat)
+        return s[min(len(s) - 1, int(q * len(s)))] * 1e3
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "system": self.system, "op": self.op, "size": self.size, "threads": self.threads,
+            "batch": self.batch, "ops": self.ops, "ops_per_s": self.ops_per_s, "gb_per_s": self.gbps,
+            "p50_ms": self.pct(0.5), "p99_ms": self.pct(0.99), "note": self.note,
+        }
+
+
+class Progress:
+    """One line on stderr per phase (a bar where the terminal allows)."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def phase(self, text: str) -> None:
+        if not self.quiet:
+            sys.stderr.write(f"\r\033[K{text}" if sys.stderr.isatty() else f"{text}\n")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if not self.quiet and sys.stderr.isatty():
+            sys.stderr.write("\r\033[K")
+
+
+# ---- drivers: one object per call or one batch per call, per API ------------
+
+
+class Driver:
+    """put/get of one object or a batch, from and into registered memory."""
+
+    name = ""
+
+    def put(self, keys: List[str], bufs: List[np.ndarray]) -> None: ...
+
+    def get(self, keys: List[str], bufs: List[np.ndarray]) -> None: ...
+
+    def clear(self, prefix: str) -> None: ...
+
+
+class Native(Driver):
+    name = "python native"
+
+    def __init__(self, store: Any) -> None:
+        self.s = store
+
+    def put(self, keys, bufs):
+        if len(keys) == 1:
+            self.s.put(keys[0], bufs[0])
+        else:
+            res = self.s.batch_put(keys, bufs)
+            bad = [r for r in res if r is not None]
+            if bad:
+                raise bad[0]
+
+    def get(self, keys, bufs):
+        if len(keys) == 1:
+            self.s.get_into(keys[0], bufs[0])
+        else:
+            res = self.s.batch_get_into(keys, bufs)
+            bad = [r for r in res if not isinstance(r, int)]
+            if bad:
+                raise bad[0]
+
+    def clear(self, prefix):
+        self.s.remove_prefix(prefix, force=True)
+
+
+class Mooncake(Driver):
+    """The ``MooncakeDistributedStore`` API (the drop-in or the seed system)."""
+
+    def __init__(self, name: str, store: Any) -> None:
+        self.name = name
+        self.s = store
+
+    def put(self, keys, bufs):
+        if len(keys) == 1:
+            rc = self.s.put_from(keys[0], bufs[0].ctypes.data, bufs[0].nbytes)
+            if rc != 0:
+                raise RuntimeError(f"put_from: {rc}")
+        else:
+            rc = self.s.batch_put_from(keys, [b.ctypes.data for b in bufs], [b.nbytes for b in bufs])
+            if any(r != 0 for r in rc):
+                raise RuntimeError(f"batch_put_from: {rc}")
+
+    def get(self, keys, bufs):
+        if len(keys) == 1:
+            rc = self.s.get_into(keys[0], bufs[0].ctypes.data, bufs[0].nbytes)
+            if rc < 0:
+                raise RuntimeError(f"get_into: {rc}")
+        else:
+            rc = self.s.batch_get_into(keys, [b.ctypes.data for b in bufs], [b.nbytes for b in bufs])
+            if any(r < 0 for r in rc):
+                raise RuntimeError(f"batch_get_into: {rc}")
+
+    def clear(self, prefix):
+        self.s.remove_by_regex("^" + prefix.replace(".", r"\."), True)
+
+
+def run_phase(
+    driver: Driver,
+    op: str,
+    size: int,
+    threads: int,
+    batch: int,
+    calls: int,
+    prefix: str,
+    bufs: List[List[np.ndarray]],
+) -> Row:
+    """``calls`` calls per thread; each thread its own keys and buffers."""
+    lat: List[List[float]] = [[] for _ in range(threads)]
+    errors: List[BaseException] = []
+    barrier = threading.Barrier(threads + 1)
+
+    def work(t: int) -> None:
+        try:
+            barrier.wait()
+            mine = bufs[t]
+            for c in range(calls):
+                keys = [f"{prefix}{t}-{c}-{j}" for j in range(batch)]
+                chunk = mine[(c * batch) % len(mine):][:batch]
+                if len(chunk) < batch:
+                    chunk = mine[:batch]
+                t0 = time.perf_counter()
+                (driver.put if op == "put" else driver.get)(keys, chunk)
+                lat[t].append(time.perf_counter() - t0)
+        except BaseException as e:  # noqa: BLE001 - reported by the caller
+            errors.append(e)
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.abort()
+
+    ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.join()
+    took = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return Row(driver.name, "batch_" + op if batch > 1 else op, size, threads, batch,
+               calls * threads * batch, took, [x for l in lat for x in l])
+
+
+def bench_driver(driver: Driver, sizes: Sequence[int], threads_list: Sequence[int], batch: int,
+                 bytes_per_phase: int, progress: Progress) -> List[Row]:
+    rows: List[Row] = []
+    for size in sizes:
+        for threads in threads_list:
+            for b in (1, batch):
+                objects = max(b * threads * 4, min(20_000, bytes_per_phase // size))
+                calls = max(4, objects // (b * threads))
+                # Registered memory: a pool of buffers per thread, reused.
+                pool = [[np.full(size, t + 1, dtype=np.uint8) for _ in range(max(b, 4))] for t in range(threads)]
+                prefix = f"pybench-{uuid.uuid4().hex[:8]}/"
+                progress.phase(f"{driver.name}: {fmt_size(size)} x{b} {threads} thread(s) ...")
+                # An untimed round first (connections, the master's tables).
+                run_phase(driver, "put", size, threads, b, 2, prefix + "warm-", pool)
+                rows.append(run_phase(driver, "put", size, threads, b, calls, prefix, pool))
+                rows.append(run_phase(driver, "get", size, threads, b, calls, prefix, pool))
+                driver.clear(prefix)
+    progress.done()
+    return rows
+
+
+# ---- the Rust client: `strata bench` against the same cluster ----------------
+
+
+def rust_rows(strata_bin: Path, master: str, sizes: Sequence[int], threads_list: Sequence[int], batch: int,
+              bytes_per_phase: int, progress: Progress) -> List[Row]:
+    rows: List[Row] = []
+    names = {"strata put": "put", "strata get": "get", "strata batch_put": "batch_put",
+             "strata batch_get": "batch_get"}
+    for threads in threads_list:
+        progress.phase(f"rust client ({strata_bin.name} bench): {threads} client(s) ...")
+        cmd = [str(strata_bin), "--master", master, "bench", "--json",
+               "--sizes", ",".join(str(s) for s in sizes), "--clients", str(threads),
+               "--batch", str(batch), "--bytes", str(bytes_per_phase), "--meta-keys", "0",
+               "--offload-sizes", ""]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {out.stderr.strip()[-2000:]}")
+        for r in json.loads(out.stdout)["rows"]:
+            op = names.get(r.get("scenario", ""))
+            if op is None:
+                continue
+            size = int(r["size"])
+            ops = int(r["ops"])
+            ops_s = float(r["ops_per_sec"])
+            rows.append(Row("rust client", op, size, threads, batch if op.startswith("batch") else 1, ops,
+                            ops / ops_s if ops_s else 0.0, given_p50=float(r["p50_ms"]),
+                            given_p99=float(r["p99_ms"])))
+    progress.done()
+    return rows
+
+
+# ---- clusters ---------------------------------------------------------------
+
+
+class Procs:
+    def __init__(self) -> None:
+        self.procs: List[subprocess.Popen] = []
+        self.dir = Path(tempfile.mkdtemp(prefix="strata-pybench-"))
+
+    def spawn(self, args: List[str], name: str, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+        log = open(self.dir / f"{name}.log", "wb")
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        self.procs.append(p)
+        return p
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            with contextlib.suppress(Exception):
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def strata_cluster(bin_dir: Path, node_capacity: str) -> Iterator[str]:
+    procs = Procs()
+    try:
+        port, admin = free_port(), free_port()
+        procs.spawn([str(bin_dir / "strata-master"), "--listen", f"127.0.0.1:{port}",
+                     "--admin-addr", f"127.0.0.1:{admin}"], "master", {"RUST_LOG": "warn"})
+        wait_http(f"http://127.0.0.1:{admin}/ready")
+        for i in range(2):
+            a = free_port()
+            procs.spawn([str(bin_dir / "strata-store-node"), "--master", f"127.0.0.1:{port}",
+                         "--listen", f"127.0.0.1:{free_port()}", "--admin-addr", f"127.0.0.1:{a}",
+                         "--capacity", node_capacity, "--node-id", f"bench-{i}"], f"node-{i}", {"RUST_LOG": "warn"})
+            wait_http(f"http://127.0.0.1:{a}/ready")
+        yield f"127.0.0.1:{port}"
+    finally:
+        procs.stop()
+
+
+SEED_STORE = """
+import sys, time
+from mooncake.store import MooncakeDistributedStore
+s = MooncakeDistributedStore()
+rc = s.setup("127.0.0.1", sys.argv[1], int(sys.argv[2]), 16 << 20, "tcp", "", sys.argv[3])
+print("ready" if rc == 0 else f"setup failed: {rc}", flush=True)
+while rc == 0:
+    time.sleep(3600)
+"""
+
+
+@contextlib.contextmanager
+def seed_cluster(capacity: int) -> Iterator[Any]:
+    """The seed system: its master and two store processes of ``capacity``
+    bytes each; yields a connected ``MooncakeDistributedStore`` (no segment
+    of its own, like the Strata client here)."""
+    from mooncake.store import MooncakeDistributedStore  # noqa: F401 - fails early when missing
+
+    master_bin = shutil.which("mooncake_master") or str(Path(sys.executable).parent / "mooncake_master")
+    procs = Procs()
+    try:
+        rpc, http, metrics = free_port(), free_port(), free_port()
+        procs.spawn([master_bin, "--port", str(rpc), "--rpc_address", "127.0.0.1",
+                     "--enable_http_metadata_server=true", "--http_metadata_server_host", "127.0.0.1",
+                     "--http_metadata_server_port", str(http), "--metrics_host", "127.0.0.1",
+                     "--metrics_port", str(metrics)], "mooncake-master")
+        wait_port(rpc)
+        wait_port(http)
+        meta = f"http://127.0.0.1:{http}/metadata"
+        for i in range(2):
+            p = procs.spawn([sys.executable, "-c", SEED_STORE, meta, str(capacity), f"127.0.0.1:{rpc}"],
+                            f"mooncake-store-{i}")
+            deadline = time.monotonic() + 60
+            log = procs.dir / f"mooncake-store-{i}.log"
+            while b"ready" not in log.read_bytes():
+                if p.poll() is not None or b"failed" in log.read_bytes() or time.monotonic() > deadline:
+                    raise RuntimeError(f"seed store process: {log.read_text(errors='replace')[-2000:]}")
+                time.sleep(0.1)
+        from mooncake.store import MooncakeDistributedStore as Seed
+
+        s = Seed()
+        rc = s.setup("127.0.0.1", meta, 0, 16 << 20, "tcp", "", f"127.0.0.1:{rpc}")
+        if rc != 0:
+            raise RuntimeError(f"seed client setup failed: {rc}")
+        try:
+            yield s
+        finally:
+            s.close()
+    finally:
+        procs.stop()
+
+
+# ---- report -------------------------------------------------------------------
+
+
+def report(rows: List[Row], out: Any) -> None:
+    by = {(r.system, r.op, r.size, r.threads): r for r in rows}
+    out.write(f"{'SYSTEM':<16} {'OP':<10} {'SIZE':>8} {'THR':>3} {'OPS/S':>10} {'GB/S':>7} "
+              f"{'P50 ms':>8} {'P99 ms':>8}  VS RUST  VS SEED\n")
+    for r in rows:
+        rust = by.get(("rust client", r.op, r.size, r.threads))
+        seed = by.get(("seed system", r.op, r.size, r.threads))
+        vr = f"{r.ops_per_s / rust.ops_per_s:6.2f}x" if rust and r.system != "rust client" and rust.ops_per_s else ""
+        vs = (f"{r.ops_per_s / seed.ops_per_s:6.2f}x"
+              if seed and r.system != "seed system" and seed.ops_per_s else "")
+        p99 = r.pct(0.99)
+        out.write(f"{r.system:<16} {r.op:<10} {fmt_size(r.size):>8} {r.threads:>3} {r.ops_per_s:>10.0f} "
+                  f"{r.gbps:>7.3f} {r.pct(0.5):>8.3f} {p99:>8.3f}  {vr:>7}  {vs:>7}\n")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m strata.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--master", help="an existing cluster (default: start one from --bin-dir)")
+    ap.add_argument("--token-file", help="its client (or admin) token")
+    ap.add_argument("--bin-dir", default=os.environ.get("STRATA_BIN_DIR", "target/release"),
+                    help="where strata-master, strata-store-node and strata are")
+    ap.add_argument("--node-capacity", default="2GiB", help="DRAM of each of the two store nodes")
+    ap.add_argument("--sizes", default="64KiB,1MiB")
+    ap.add_argument("--threads", default="1,4")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--bytes", default="512MiB", help="bytes moved per phase (at most 20000 objects)")
+    ap.add_argument("--no-rust", action="store_true", help="skip the Rust client's rows")
+    ap.add_argument("--seed", action="store_true", help="also run the seed system (its wheel must be installed)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    a = ap.parse_args(argv)
+
+    import strata
+    from strata.mooncake import MooncakeDistributedStore
+
+    sizes = [parse_size(s) for s in a.sizes.split(",") if s]
+    threads = [int(t) for t in a.threads.split(",") if t]
+    per_phase = parse_size(a.bytes)
+    progress = Progress(a.json)
+    bin_dir = Path(a.bin_dir)
+    rows: List[Row] = []
+    with contextlib.ExitStack() as stack:
+        master = a.master or stack.enter_context(strata_cluster(bin_dir, a.node_capacity))
+        store = stack.enter_context(strata.Store.connect(master, token_file=a.token_file))
+        rows += bench_driver(Native(store), sizes, threads, a.batch, per_phase, progress)
+        if a.token_file:
+            os.environ["STRATA_TOKEN_FILE"] = a.token_file
+        mc = MooncakeDistributedStore()
+        rc = mc.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master)
+        if rc != 0:
+            raise SystemExit(f"drop-in setup failed: {rc}")
+        rows += bench_driver(Mooncake("python mooncake", mc), sizes, threads, a.batch, per_phase, progress)
+        mc.close()
+        if not a.no_rust:
+            rows += rust_rows(bin_dir / "strata", master, sizes, threads, a.batch, per_phase, progress)
+    if a.seed:
+        with seed_cluster(parse_size(a.node_capacity)) as seed:
+            rows += bench_driver(Mooncake("seed system", seed), sizes, threads, a.batch, per_phase, progress)
+    if a.json:
+        json.dump({"rows": [r.to_json() for r in rows]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        report(rows, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
