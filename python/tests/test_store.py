@@ -108,6 +108,21 @@ def test_get_allocates_the_result_once(store: strata.Store, keys: str) -> None:
     assert peak < len(data) + (1 << 20), peak
 
 
+def test_batch_get_allocates_each_result_once(store: strata.Store, keys: str) -> None:
+    datas = [payload(2 << 20, seed=10 + i) for i in range(4)]
+    ks = [f"{keys}bg{i}" for i in range(4)]
+    assert store.batch_put(ks, datas) == [None] * 4
+    tracemalloc.start()
+    try:
+        got = store.batch_get(ks + [keys + "none"])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == datas + [None]
+    # Python memory: the four returned bytes objects, no second bytes of any.
+    assert peak < sum(map(len, datas)) + (1 << 20), peak
+
+
 def test_scatter_gather_parts_of_different_sizes(store: strata.Store, keys: str) -> None:
     sizes = [1, 4096, 300, 65536, 7]
     parts = [payload(n, seed=i) for i, n in enumerate(sizes)]

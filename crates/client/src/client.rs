@@ -874,17 +874,54 @@ impl Client {
                 _ => Tier::Ssd,
             })
             .collect();
-        let mut bufs: Vec<Vec<u8>> = infos
-            .iter()
-            .map(|i| vec![0u8; i.as_ref().map_or(0, |i| i.size as usize)])
+        let got = self
+            .batch_read_new(keys, infos, &cached, |n| Ok(vec![0u8; n]))
+            .await?;
+        Ok(got
+            .into_iter()
+            .zip(tiers)
+            .map(|(r, t)| r.map(|b| (b, t)))
+            .collect())
+    }
+
+    /// [`Client::batch_get`] into buffers that `alloc` makes once each
+    /// object's size is known (`alloc(size)` gives exactly `size` bytes): the
+    /// Python client reads straight into new `bytes` objects.
+    pub async fn batch_get_with<B: AsMut<[u8]>>(
+        &self,
+        keys: &[&str],
+        alloc: impl FnMut(usize) -> Result<B>,
+    ) -> Result<Vec<Result<B>>> {
+        let Located { infos, cached } = self.batch_replicas(keys).await?;
+        self.batch_read_new(keys, infos, &cached, alloc).await
+    }
+
+    /// Reads a located batch into buffers made by `alloc`.
+    async fn batch_read_new<B: AsMut<[u8]>>(
+        &self,
+        keys: &[&str],
+        infos: Vec<Result<pb::GetReplicasResponse>>,
+        cached: &[bool],
+        mut alloc: impl FnMut(usize) -> Result<B>,
+    ) -> Result<Vec<Result<B>>> {
+        let mut bufs: Vec<Option<B>> = Vec::with_capacity(infos.len());
+        for i in &infos {
+            let n = i.as_ref().map_or(0, |i| i.size as usize);
+            let mut b = alloc(n)?;
+            if b.as_mut().len() != n {
+                return Err(Error::internal("a buffer of the wrong size was made"));
+            }
+            bufs.push(Some(b));
+        }
+        let slices: Vec<&mut [u8]> = bufs
+            .iter_mut()
+            .map(|b| b.as_mut().map_or(&mut [][..], |b| b.as_mut()))
             .collect();
-        let slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-        let done = self.batch_read(keys, infos, &cached, slices).await;
+        let done = self.batch_read(keys, infos, cached, slices).await;
         Ok(done
             .into_iter()
             .zip(bufs)
-            .zip(tiers)
-            .map(|((r, b), t)| r.map(|_| (b, t)))
+            .map(|(r, b)| r.and_then(|_| b.ok_or_else(|| Error::internal("buffer taken twice"))))
             .collect())
     }
 
