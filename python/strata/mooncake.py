@@ -22,6 +22,7 @@ without credentials on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -245,7 +246,7 @@ class MooncakeDistributedStore:
         if segment > 0:
             kwargs["segment_bytes"] = segment
             kwargs["node_id"] = f"{hostname}-{os.getpid()}-{id(self) & 0xFFFF:04x}"
-            kwargs["segment_listen"] = f"{_address_of(hostname)}:0"
+            kwargs["segment_listen"] = f"{_address_of(hostname, master)}:0"
         try:
             conn = _connect(master, kwargs)
         except StrataError as e:
@@ -597,12 +598,21 @@ def _connect(master: str, kwargs: Dict[str, Any]) -> "_native.Connection":
     return _native.connect(master, **kwargs)
 
 
-def _address_of(hostname: str) -> str:
-    """The address an embedded segment listens on: ``local_hostname``'s."""
+def _address_of(hostname: str, master: str) -> str:
+    """The address an embedded segment listens on: ``local_hostname``'s,
+    unless that is a loopback address (Debian maps the host name to
+    127.0.1.1) and the master is on another host: then the address this
+    host reaches the master from."""
     try:
-        return socket.gethostbyname(hostname.split(":")[0])
+        addr = socket.gethostbyname(hostname.split(":")[0])
     except OSError:
-        return "127.0.0.1"
+        addr = "127.0.0.1"
+    master_host = master.removeprefix("etcd://").split("/")[0].split(",")[0].rsplit(":", 1)[0].strip("[]")
+    if addr.startswith("127.") and master_host not in ("localhost", "::1") and not master_host.startswith("127."):
+        with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master_host, 9))  # no packet is sent: only routing
+            addr = s.getsockname()[0]
+    return addr
 
 
 _TENSOR = "tensors are moved as bytes on Strata: use put_from/get_into with tensor.data_ptr() and nbytes"

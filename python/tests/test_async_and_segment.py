@@ -164,3 +164,15 @@ def test_embedded_segment_needs_the_member_token(cluster: Cluster) -> None:
     assert time.monotonic() - t0 < 15
     with strata.Store.connect(cluster.master, token_file=cluster.admin_token) as s:
         assert "py-no-member" not in node_ids(s)
+
+
+@pytest.mark.parametrize("master", ["10.0.0.1:7400", "127.0.0.1:7400,master-2:7400", "etcd://etcd.svc:2379/prod"])
+def test_embedded_segment_on_loopback_needs_a_loopback_master(master: str) -> None:
+    """A segment listening on 127.0.0.1 (the default) would be unreachable
+    from the other hosts of a remote master: refused before any call."""
+    t0 = time.monotonic()
+    with pytest.raises(strata.InvalidArgument) as e:
+        strata.Store.connect(master, segment_bytes=1 << 20, timeout=30)
+    assert "segment_listen" in str(e.value)
+    assert time.monotonic() - t0 < 5
+

@@ -222,6 +222,22 @@ def test_wrong_buffers(store: strata.Store, keys: str) -> None:
     with pytest.raises(strata.InvalidArgument) as e:
         store.get_into(keys + "x", b"\x00" * 2000)
     assert "read-only" in str(e.value)
+    # The refused view was given back: nothing holds the memoryview's buffer.
+    ro = memoryview(b"\x00" * 2000)
+    with pytest.raises(strata.InvalidArgument):
+        store.get_into(keys + "x", ro)
+    ro.release()
+    # One buffer for two keys, or overlapping parts: refused, none written.
+    shared = bytearray(b"\x05" * 2000)
+    with pytest.raises(strata.InvalidArgument) as e:
+        store.batch_get_into([keys + "x", keys + "x"], [shared, memoryview(shared)[10:]])
+    assert "overlap" in str(e.value)
+    assert shared == bytearray(b"\x05" * 2000)
+    # A single part larger than the object: refused before it is written.
+    big = bytearray(b"\x06" * 1005)
+    with pytest.raises(strata.InvalidArgument):
+        store.get_into_parts(keys + "x", [big])
+    assert big == bytearray(b"\x06" * 1005)
     with pytest.raises(strata.InvalidArgument):
         store.get_into(keys + "x", memoryview(bytearray(4000))[::2])
     with pytest.raises(TypeError):
@@ -383,6 +399,11 @@ def test_forked_child(cluster: Cluster, store: strata.Store, keys: str) -> None:
             except strata.StrataError as e:
                 msg = str(e)
             ok_fork = "fork" in msg
+            try:
+                store.close()
+                ok_fork = False  # the parent's store must not be closed from here
+            except strata.StrataError as e:
+                ok_fork = ok_fork and "fork" in str(e)
             with strata.Store.connect(cluster.master, token_file=cluster.admin_token) as s:
                 ok_new = s.get(keys + "fork") == b"parent"
             os.write(w, f"{ok_fork} {ok_new} {msg}".encode())

@@ -933,6 +933,16 @@ impl Client {
         &self,
         items: &mut [(&str, &mut [u8])],
     ) -> Result<Vec<Result<usize>>> {
+        self.batch_get_into_sized(items, false).await
+    }
+
+    /// `batch_get_into`; with `exact`, a buffer of any other size than its
+    /// object's is refused before anything is read into it.
+    pub(crate) async fn batch_get_into_sized(
+        &self,
+        items: &mut [(&str, &mut [u8])],
+        exact: bool,
+    ) -> Result<Vec<Result<usize>>> {
         let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
         let Located { infos, cached } = self.batch_replicas(&keys).await?;
         let mut sizes = Vec::with_capacity(items.len());
@@ -944,6 +954,13 @@ impl Client {
                 if buf.len() < n {
                     return Err(Error::invalid(format!(
                         "buffer of {} bytes is smaller than object {k:?} of {n} bytes",
+                        buf.len()
+                    )));
+                }
+                if exact && buf.len() != n {
+                    return Err(Error::invalid(format!(
+                        "object {k:?} holds {n} bytes but its parts hold {}; the parts must \
+                         add up to the object's size",
                         buf.len()
                     )));
                 }

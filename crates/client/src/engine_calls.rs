@@ -159,7 +159,9 @@ impl Client {
                     None => (*k, &mut *parts[0]),
                 })
                 .collect();
-            self.batch_get_into(&mut flat).await?
+            // Exact: a single part larger than its object is refused
+            // before the object lands in it.
+            self.batch_get_into_sized(&mut flat, true).await?
         };
         Ok(results
             .into_iter()

@@ -64,6 +64,10 @@ pub struct Master {
     pub(crate) kv: Arc<dyn DurableKv>,
     /// In-flight puts in deadline order (the timeout is constant, so FIFO).
     pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
+    /// Nodes that left (HeartbeatRequest.leaving) since the last
+    /// housekeeping: forgotten durably with the expired ones, so a later
+    /// master does not wait for them.
+    left_nodes: Mutex<Vec<String>>,
     pub(crate) evict_wakeup: tokio::sync::Notify,
     /// Urgent offloads appeared: long-polling owner heartbeats answer at
     /// once.
@@ -217,6 +221,7 @@ impl Master {
             members_lost_taken: AtomicBool::new(false),
             kv,
             pending_puts: Mutex::new(VecDeque::new()),
+            left_nodes: Mutex::new(Vec::new()),
             evict_wakeup: tokio::sync::Notify::new(),
             space: Default::default(),
             owner_work: tokio::sync::Notify::new(),
@@ -1287,6 +1292,7 @@ impl Master {
             )),
             Some(n) if n.incarnation == req.incarnation && req.leaving => {
                 self.drop_node(&req.node_id, "left the cluster");
+                self.left_nodes.lock().push(req.node_id.clone());
                 Ok(pb::HeartbeatResponse {
                     known: false,
                     log: vec![],
@@ -1402,7 +1408,8 @@ impl Master {
         );
     }
 
-    /// Drops nodes whose last heartbeat is older than `--node-ttl`.
+    /// Drops nodes whose last heartbeat is older than `--node-ttl`; returns
+    /// them and the nodes that left since the last call (both to forget).
     pub fn expire_nodes(&self, now_ms: u64) -> Vec<String> {
         let ttl = self.cfg.node_ttl.as_millis() as u64;
         let dead: Vec<String> = self
@@ -1415,7 +1422,9 @@ impl Master {
         for id in &dead {
             self.drop_node(id, "missed --node-ttl");
         }
-        dead
+        let mut gone = std::mem::take(&mut *self.left_nodes.lock());
+        gone.extend(dead);
+        gone
     }
 }
 

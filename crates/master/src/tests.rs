@@ -333,6 +333,10 @@ fn a_leaving_node_is_dropped_at_once() {
     assert_eq!(m.stat().segments, 1);
     assert_eq!(m.get_replicas("one").unwrap_err().code, Code::NotFound);
     assert_eq!(m.get_replicas("both").unwrap().replicas.len(), 1);
+    // Housekeeping hands it on to be forgotten durably, once.
+    let now = strata_common::time::unix_ms();
+    assert_eq!(m.expire_nodes(now), vec![leaving.clone()]);
+    assert!(m.expire_nodes(now).is_empty());
 }
 
 #[test]

@@ -26,7 +26,8 @@ where
     let (lp, fu) = (event_loop.unbind(), future.clone().unbind());
     let task = rt.spawn(async move {
         let r = fut.await;
-        Python::attach(|py| {
+        // At interpreter shutdown nobody is left to tell.
+        let _ = Python::try_attach(|py| {
             let (ok, value) = match r {
                 Ok(v) => match v.into_py(py) {
                     Ok(v) => (true, v),

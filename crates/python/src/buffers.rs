@@ -48,32 +48,37 @@ pub struct Pinned {
     ptr: *mut u8,
     len: usize,
     /// The buffer view to release, or the object (a tensor) kept alive.
-    hold: Hold,
+    _hold: Hold,
 }
 
+/// Held for its Drop alone, never read.
+#[allow(dead_code)]
 enum Hold {
-    View(Box<RawView>),
-    Object(#[allow(dead_code)] Py<PyAny>),
+    View(View),
+    Object(Py<PyAny>),
     Nothing,
+}
+
+/// A filled buffer view, released (with the GIL) when dropped: every view
+/// taken, kept or only probed, is given back to its exporter.
+struct View(Box<RawView>);
+
+impl Drop for View {
+    fn drop(&mut self) {
+        // At interpreter shutdown there is nothing left to give back to.
+        let _ = Python::try_attach(|_| {
+            // SAFETY: filled by a successful PyObject_GetBuffer, released
+            // once.
+            unsafe { PyBuffer_Release(&mut *self.0) }
+        });
+    }
 }
 
 // SAFETY: the memory stays valid and in place while the view (or the
 // object owning it) is held, whichever thread holds it; the view is
-// released with the GIL (Drop).
+// released with the GIL (View's Drop).
 unsafe impl Send for Pinned {}
 unsafe impl Sync for Pinned {}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        if let Hold::View(v) = &mut self.hold {
-            Python::attach(|_| {
-                // SAFETY: the view was filled by a successful
-                // PyObject_GetBuffer and is released once.
-                unsafe { PyBuffer_Release(&mut **v) }
-            });
-        }
-    }
-}
 
 impl Pinned {
     /// The pinned bytes.
@@ -98,6 +103,24 @@ impl Pinned {
     }
 }
 
+/// Refuses writable memory given twice in one call (two keys, or two
+/// parts, over the same bytes): the client would write both at once.
+pub fn no_overlaps(py: Python<'_>, pins: &[&Pinned]) -> PyResult<()> {
+    let mut ranges: Vec<(usize, usize)> = pins
+        .iter()
+        .filter(|p| p.len > 0)
+        .map(|p| (p.ptr as usize, p.ptr as usize + p.len))
+        .collect();
+    ranges.sort_unstable();
+    if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
+        return Err(invalid(
+            py,
+            "two buffers of this call overlap; give each key (and each part) memory of its own",
+        ));
+    }
+    Ok(())
+}
+
 /// Pins `obj` for reading (`writable = false`) or for the client to write
 /// into.
 pub fn pin(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Pinned> {
@@ -112,11 +135,11 @@ pub fn pin(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Pinned> {
     };
     match view(obj, flags) {
         Ok(v) => {
-            let (ptr, len) = (v.buf as *mut u8, v.len.max(0) as usize);
+            let (ptr, len) = (v.0.buf as *mut u8, v.0.len.max(0) as usize);
             return Ok(Pinned {
                 ptr,
                 len,
-                hold: Hold::View(v),
+                _hold: Hold::View(v),
             });
         }
         Err(e) => {
@@ -158,7 +181,7 @@ fn is_buffer_error(py: Python<'_>, e: &PyErr) -> bool {
         || e.is_instance_of::<pyo3::exceptions::PyValueError>(py)
 }
 
-fn view(obj: &Bound<'_, PyAny>, flags: c_int) -> PyResult<Box<RawView>> {
+fn view(obj: &Bound<'_, PyAny>, flags: c_int) -> PyResult<View> {
     let mut v = Box::new(RawView {
         buf: std::ptr::null_mut(),
         obj: std::ptr::null_mut(),
@@ -177,7 +200,7 @@ fn view(obj: &Bound<'_, PyAny>, flags: c_int) -> PyResult<Box<RawView>> {
     if rc != 0 {
         return Err(PyErr::fetch(obj.py()));
     }
-    Ok(v)
+    Ok(View(v))
 }
 
 /// `(address, size)`: host memory the caller owns and keeps alive for the
@@ -209,7 +232,7 @@ fn pin_address(t: &Bound<'_, PyTuple>) -> PyResult<Pinned> {
     Ok(Pinned {
         ptr: addr as *mut u8,
         len: size as usize,
-        hold: Hold::Nothing,
+        _hold: Hold::Nothing,
     })
 }
 
@@ -241,7 +264,7 @@ fn pin_tensor(obj: &Bound<'_, PyAny>) -> PyResult<Pinned> {
     Ok(Pinned {
         ptr: ptr as *mut u8,
         len,
-        hold: Hold::Object(obj.clone().unbind()),
+        _hold: Hold::Object(obj.clone().unbind()),
     })
 }
 

@@ -40,10 +40,25 @@ pub struct Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // Garbage-collected without close(): stop the embedded node at
-        // least (its tasks end on their own; nothing waits here).
-        if let Some(s) = self.segment.get_mut().ok().and_then(|s| s.take()) {
+        let seg = self.segment.get_mut().ok().and_then(|s| s.take());
+        let client = self.client.get_mut().ok().and_then(|c| c.take());
+        if std::process::id() != self.pid {
+            // A forked child: these belong to the parent's runtime (its
+            // sockets share the parent's epoll); dropping them here would
+            // unregister the parent's connections.
+            std::mem::forget(seg);
+            std::mem::forget(client);
+            return;
+        }
+        // Garbage-collected without close(): the embedded node still
+        // leaves, on the runtime (nothing waits for it here).
+        if let Some(mut s) = seg {
             s.shutdown.cancel();
+            if let (Some(h), Ok(rt)) = (s.handle.take(), crate::runtime::runtime()) {
+                rt.spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(10), h.wait()).await;
+                });
+            }
         }
     }
 }
@@ -51,18 +66,7 @@ impl Drop for Shared {
 impl Shared {
     /// The client, unless the store was closed or made before a fork.
     pub fn client(&self) -> Result<Client> {
-        let pid = std::process::id();
-        if pid != self.pid {
-            return Err(Error::new(
-                Code::Internal,
-                format!(
-                    "this Store was made in process {} and cannot be used after os.fork() \
-                     (its connections and threads stayed in the parent); make a new Store in \
-                     this process ({pid})",
-                    self.pid
-                ),
-            ));
-        }
+        self.check_process()?;
         self.client
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -88,7 +92,8 @@ impl Shared {
 
     /// Closes the client and stops the embedded node (it stops serving and
     /// heartbeating; the master drops its segments). Idempotent.
-    pub async fn close(&self) {
+    pub async fn close(&self) -> Result<()> {
+        self.check_process()?;
         self.client
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -105,6 +110,24 @@ impl Shared {
                 let _ = tokio::time::timeout(Duration::from_secs(10), h.wait()).await;
             }
         }
+        Ok(())
+    }
+
+    /// Refuses a store made before `os.fork()`.
+    fn check_process(&self) -> Result<()> {
+        let pid = std::process::id();
+        if pid != self.pid {
+            return Err(Error::new(
+                Code::Internal,
+                format!(
+                    "this Store was made in process {} and cannot be used after os.fork() \
+                     (its connections and threads stayed in the parent); make a new Store in \
+                     this process ({pid})",
+                    self.pid
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -127,6 +150,14 @@ pub async fn connect(s: Settings) -> Result<Shared> {
         )));
     }
     let timeout = Duration::from_secs_f64(s.timeout.min(86_400.0));
+    // Before any call: a pure argument check.
+    if s.segment_bytes > 0 && s.segment_listen.is_none() && !loopback_only(&master) {
+        return Err(Error::invalid(format!(
+            "an embedded segment listens on 127.0.0.1 unless told otherwise, which the other \
+             hosts of master {master} cannot reach: pass segment_listen=\"ADDRESS:0\" with \
+             an address of this host they can"
+        )));
+    }
     // As the CLI: the argument, $STRATA_TOKEN_FILE, else the token a local
     // `strata up` left for this user, if any.
     let token_file = s
@@ -238,6 +269,21 @@ async fn start_segment(
         node_id,
         shutdown,
         handle: Some(handle),
+    })
+}
+
+/// Whether every host the master address names is this machine's loopback
+/// (`HOST:PORT`, a list of them, or `etcd://HOST:PORT[,…]/CLUSTER`).
+fn loopback_only(master: &str) -> bool {
+    let hosts = master.strip_prefix("etcd://").unwrap_or(master);
+    let hosts = hosts.split('/').next().unwrap_or_default();
+    hosts.split(',').all(|hp| {
+        let host = hp.trim().rsplit_once(':').map_or(hp.trim(), |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
     })
 }
 

@@ -56,7 +56,7 @@ impl NewBytes {
     /// An uninitialised `bytes` of `len` bytes (filled before anyone sees
     /// it). Takes the GIL.
     pub fn alloc(len: usize) -> strata_common::Result<NewBytes> {
-        Python::attach(|py| {
+        let made = Python::try_attach(|py| {
             let n = isize::try_from(len)
                 .map_err(|_| Error::invalid(format!("object of {len} bytes is too large")))?;
             // SAFETY: a NULL source asks CPython for uninitialised contents.
@@ -76,6 +76,12 @@ impl NewBytes {
                 ptr,
                 len,
             })
+        });
+        made.unwrap_or_else(|| {
+            Err(Error::new(
+                strata_common::Code::Cancelled,
+                "the Python interpreter is shutting down",
+            ))
         })
     }
 }

@@ -63,27 +63,33 @@ where
     T: Send,
 {
     let rt = runtime()?;
-    // Only the main thread runs signal handlers; others need not look.
-    let main = is_main_thread(py);
-    let r = py.detach(|| {
-        rt.block_on(async {
-            let fut = make();
-            if !main {
-                return Ok(fut.await);
-            }
-            tokio::pin!(fut);
-            loop {
-                tokio::select! {
-                    r = &mut fut => return Ok(r),
-                    _ = tokio::time::sleep(SIGNAL_POLL) => {
-                        Python::attach(|py| py.check_signals())?;
-                    }
-                }
-            }
-        })
-    });
-    r
+    // Only the main thread runs signal handlers; others wait in one go.
+    if !is_main_thread(py) {
+        return Ok(py.detach(|| rt.block_on(async { make().await })));
+    }
+    // The main thread waits in slices and runs pending signal handlers
+    // between them, with the GIL held and outside the runtime (a handler may
+    // itself call the store: a nested block_on would panic).
+    let mut fut = Box::pin(make());
+    loop {
+        let slot = SameThread(&mut fut);
+        let r = py.detach(move || {
+            let slot = slot;
+            // The timer is made inside the runtime (it needs its clock).
+            rt.block_on(async { tokio::time::timeout(SIGNAL_POLL, slot.0.as_mut()).await })
+        });
+        match r {
+            Ok(v) => return Ok(v),
+            Err(_) => py.check_signals()?,
+        }
+    }
 }
+
+/// A borrow handed to `detach`, whose closure runs on this very thread:
+/// what it holds never moves to another one.
+struct SameThread<T>(T);
+// SAFETY: `Python::detach` runs its closure on the calling thread.
+unsafe impl<T> Send for SameThread<T> {}
 
 /// Whether this is Python's main thread (asked once per thread).
 fn is_main_thread(py: Python<'_>) -> bool {

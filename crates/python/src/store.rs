@@ -3,7 +3,7 @@
 //! a blocking call (the GIL released while it waits) or an asyncio
 //! awaitable.
 
-use crate::buffers::{pin, Pinned};
+use crate::buffers::{no_overlaps, pin, Pinned};
 use crate::connection::{connect_blocking, Settings, Shared};
 use crate::errors::{invalid, IntoPy};
 use crate::ret::{Dict, Dicts, Items, NewBytes, Ret, Value};
@@ -366,6 +366,7 @@ impl Store {
     ) -> PyResult<Py<PyAny>> {
         let c = self.client(py)?;
         let bufs = pin_all(&parts, true)?;
+        no_overlaps(py, &bufs.iter().collect::<Vec<_>>())?;
         self.run(py, async move {
             let mut slices: Vec<&mut [u8]> = bufs.iter().map(Pinned::as_mut_slice).collect();
             c.get_into_parts(&key, &mut slices).await
@@ -403,6 +404,7 @@ impl Store {
         same_len(py, "buffers", keys.len(), buffers.len())?;
         let c = self.client(py)?;
         let bufs = pin_all(&buffers, true)?;
+        no_overlaps(py, &bufs.iter().collect::<Vec<_>>())?;
         self.run(py, async move {
             let mut items: Vec<(&str, &mut [u8])> = keys
                 .iter()
@@ -423,6 +425,7 @@ impl Store {
         same_len(py, "lists of parts", keys.len(), parts.len())?;
         let c = self.client(py)?;
         let bufs = pin_parts(&parts, true)?;
+        no_overlaps(py, &bufs.iter().flatten().collect::<Vec<_>>())?;
         self.run(py, async move {
             let mut slices: Vec<Vec<&mut [u8]>> = bufs
                 .iter()
@@ -571,9 +574,6 @@ impl Store {
     /// Idempotent; later calls raise `Cancelled`.
     fn close(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let shared = self.shared.clone();
-        self.run(py, async move {
-            shared.close().await;
-            Ok(())
-        })
+        self.run(py, async move { shared.close().await })
     }
 }
