@@ -584,8 +584,16 @@ class MooncakeDistributedStore:
 
 
 def _overwrite(overwrite: bool) -> Dict[str, Any]:
-    # Only passed when asked, so the native API's own default stays in force.
-    return {"overwrite": True} if overwrite else {}
+    """The native put's arguments for an upsert. Strata has no atomic
+    overwrite yet (issue #29): refused as invalid parameters, the stored
+    bytes kept, rather than a remove-then-put that readers could see."""
+    if overwrite:
+        raise StrataError(
+            "upsert needs an atomic overwrite, which this Strata does not have yet; "
+            "remove(key, force=True) and put again if a gap is acceptable",
+            "invalid_argument",
+        )
+    return {}
 
 
 def _zip_exact(a: Sequence[int], b: Sequence[int]):

@@ -55,6 +55,16 @@ def test_put_get_codes(mc: MooncakeDistributedStore, prefix: str) -> None:
     assert mc.is_exist(k) == 0
 
 
+def test_upsert_is_refused_until_strata_overwrites_atomically(mc: MooncakeDistributedStore, prefix: str) -> None:
+    k = prefix + "up"
+    assert mc.put(k, b"old") == 0
+    assert mc.upsert(k, b"new") == -600
+    a = buf(3, 7)
+    assert mc.upsert_from(k, ptr(a), 3) == -600
+    assert mc.batch_upsert_from([k], [ptr(a)], [3]) == [-600]
+    assert mc.get(k) == b"old"
+
+
 def test_keyword_names(mc: MooncakeDistributedStore, prefix: str) -> None:
     cfg = ReplicateConfig()
     cfg.replica_num = 2
