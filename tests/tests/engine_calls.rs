@@ -184,3 +184,36 @@ async fn a_store_node_made_to_leave_is_dropped_at_once() {
     assert_eq!(cl.get("on-leaver").await.unwrap_err().code, Code::NotFound);
     c.shutdown().await;
 }
+
+/// A restarted master that still waits for a remembered node cannot tell
+/// whether a key is absent (`NotReady`): batch existence asks again, as
+/// `exists` does, and answers once the master knows (here: when it gives the
+/// lost node up after --node-ttl), instead of failing every key at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_sizes_wait_out_a_rebuilding_master() {
+    use strata_tests::procs::{start_node_admin, RestartableMaster};
+    let state = tempfile::tempdir().unwrap();
+    let m = RestartableMaster::new(state.path(), &["--node-ttl", "2s"]);
+    let master = m.start().await;
+    let (node, _, _) = start_node_admin(&m.addr, "n1", &[]).await;
+    let cl = strata_client::Client::connect(strata_client::ClientConfig::new(&m.addr))
+        .await
+        .unwrap();
+    cl.put("present", b"x", &PutOptions::default())
+        .await
+        .unwrap();
+    // The node goes for good and the master restarts remembering it.
+    drop(node);
+    drop(master);
+    let _master = m.start_live().await;
+    let t0 = std::time::Instant::now();
+    let r = cl.batch_sizes(&["absent"]).await.unwrap();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].as_ref().unwrap(), &None, "{:?}", r[0]);
+    // It was the retry that waited (the gate is --node-ttl), not luck.
+    assert!(
+        t0.elapsed() > Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
+}

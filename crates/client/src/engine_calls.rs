@@ -24,7 +24,32 @@ impl Client {
         Ok(out)
     }
 
+    /// One chunk: keys whose answer is not known yet (a new leader still
+    /// rebuilding) are asked again with the client's backoff, as
+    /// [`Client::exists`] retries; what is still unknown at the deadline is
+    /// that key's error.
     async fn batch_sizes_once(&self, keys: &[&str]) -> Result<Vec<Result<Option<u64>>>> {
+        let b = self.config().backoff;
+        let t0 = tokio::time::Instant::now();
+        let mut out = self.ask_sizes(keys).await?;
+        for attempt in 0..b.attempts {
+            let again: Vec<usize> = (0..out.len())
+                .filter(|&i| out[i].as_ref().is_err_and(Error::retryable))
+                .collect();
+            let delay = b.delay(attempt);
+            if again.is_empty() || t0.elapsed() + delay >= b.deadline {
+                break;
+            }
+            tokio::time::sleep(delay).await;
+            let ask: Vec<&str> = again.iter().map(|&i| keys[i]).collect();
+            for (i, r) in again.into_iter().zip(self.ask_sizes(&ask).await?) {
+                out[i] = r;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn ask_sizes(&self, keys: &[&str]) -> Result<Vec<Result<Option<u64>>>> {
         let req = pb::BatchExistsRequest {
             keys: keys.iter().map(|k| k.to_string()).collect(),
         };
