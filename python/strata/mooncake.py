@@ -280,7 +280,6 @@ class MooncakeDistributedStore:
         if s is None or s.closed:
             return 1
         try:
-            s.batch_exists([])
             s.stat()
         except StrataError:
             return 2

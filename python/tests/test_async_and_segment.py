@@ -7,7 +7,6 @@ import asyncio
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from typing import Iterator
 
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 
 import strata
-from conftest import Cluster, key_nodes, node_ids, wait_until
+from conftest import Cluster, key_nodes, node_ids
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import strata
-from conftest import Cluster, free_port, key_nodes, wait_until
+from conftest import Cluster, free_port, key_nodes
 
 SIZES = [1, 4096, 65536 + 3, 1 << 20, 16 << 20]
 
