@@ -57,9 +57,13 @@ class Store:
         soft_pin: bool = False,
         hard_pin: bool = False,
         preferred: Optional[str] = None,
+        overwrite: bool = False,
     ) -> None:
         """Stores ``data`` under ``key``. Raises ``AlreadyExists`` if the key
-        is stored, ``NoSpace`` when the cluster cannot make room."""
+        is stored (with ``overwrite=True`` replaces it atomically instead: a
+        reader gets the old bytes or the new, never a mix, and the old
+        version's space is freed once its readers are done), ``NoSpace``
+        when the cluster cannot make room."""
     def put_from(
         self,
         key: str,
@@ -69,6 +73,7 @@ class Store:
         soft_pin: bool = False,
         hard_pin: bool = False,
         preferred: Optional[str] = None,
+        overwrite: bool = False,
     ) -> None:
         """``put`` (every put reads the caller's memory in place)."""
     def put_parts(
@@ -80,6 +85,7 @@ class Store:
         soft_pin: bool = False,
         hard_pin: bool = False,
         preferred: Optional[str] = None,
+        overwrite: bool = False,
     ) -> None:
         """Stores the concatenation of ``parts`` as one object."""
     def batch_put(
@@ -91,6 +97,7 @@ class Store:
         soft_pin: bool = False,
         hard_pin: bool = False,
         preferred: Optional[str] = None,
+        overwrite: bool = False,
     ) -> List[Optional[StrataError]]:
         """Puts many objects; per key ``None`` or the error it met."""
     def batch_put_from_parts(
@@ -102,6 +109,7 @@ class Store:
         soft_pin: bool = False,
         hard_pin: bool = False,
         preferred: Optional[str] = None,
+        overwrite: bool = False,
     ) -> List[Optional[StrataError]]:
         """Puts many objects, each the concatenation of its parts."""
     def get(self, key: str) -> bytes:

@@ -317,7 +317,7 @@ class MooncakeDistributedStore:
 
     def _put(self, key: str, value: Any, config: Optional[ReplicateConfig], overwrite: bool) -> int:
         try:
-            self._s().put(key, value, **(config or _DEFAULT_CONFIG)._options(), **_overwrite(overwrite))
+            self._s().put(key, value, **(config or _DEFAULT_CONFIG)._options(), overwrite=overwrite)
             return ErrorCode.OK
         except StrataError as e:
             if e.code == "already_exists" and not overwrite:
@@ -365,7 +365,7 @@ class MooncakeDistributedStore:
 
     def _put_parts(self, key: str, parts: Sequence[Any], config: Optional[ReplicateConfig], overwrite: bool) -> int:
         try:
-            self._s().put_parts(key, list(parts), **(config or _DEFAULT_CONFIG)._options(), **_overwrite(overwrite))
+            self._s().put_parts(key, list(parts), **(config or _DEFAULT_CONFIG)._options(), overwrite=overwrite)
             return ErrorCode.OK
         except StrataError as e:
             if e.code == "already_exists" and not overwrite:
@@ -398,7 +398,7 @@ class MooncakeDistributedStore:
     def _batch_put(self, keys, values, config, overwrite: bool, single: bool = False):
         try:
             res = self._s().batch_put(list(keys), list(values), **(config or _DEFAULT_CONFIG)._options(),
-                                      **_overwrite(overwrite))
+                                      overwrite=overwrite)
             codes = self._put_codes(res, overwrite)
         except (StrataError, TypeError, ValueError, OverflowError) as e:
             codes = [_code(e)] * len(keys)
@@ -580,19 +580,6 @@ class MooncakeDistributedStore:
 
             return unsupported
         raise AttributeError(name)
-
-
-def _overwrite(overwrite: bool) -> Dict[str, Any]:
-    """The native put's arguments for an upsert. Strata has no atomic
-    overwrite yet (issue #29): refused as invalid parameters, the stored
-    bytes kept, rather than a remove-then-put that readers could see."""
-    if overwrite:
-        raise StrataError(
-            "upsert needs an atomic overwrite, which this Strata does not have yet; "
-            "remove(key, force=True) and put again if a gap is acceptable",
-            "invalid_argument",
-        )
-    return {}
 
 
 def _zip_exact(a: Sequence[int], b: Sequence[int]):

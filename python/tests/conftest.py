@@ -236,3 +236,13 @@ def key_nodes(cluster: Cluster, key: str) -> Optional[List[str]]:
             return None
         raise
     return sorted(r["node"] for r in info["replicas"] if r["kind"] == "memory")
+
+
+def master_metric(cluster: Cluster, name: str) -> float:
+    """One unlabelled sample of the master's Prometheus metrics."""
+    with urllib.request.urlopen(f"http://{cluster.master_admin}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} is not among the master's metrics")

@@ -55,14 +55,26 @@ def test_put_get_codes(mc: MooncakeDistributedStore, prefix: str) -> None:
     assert mc.is_exist(k) == 0
 
 
-def test_upsert_is_refused_until_strata_overwrites_atomically(mc: MooncakeDistributedStore, prefix: str) -> None:
+def test_upsert_replaces_and_put_keeps(mc: MooncakeDistributedStore, prefix: str) -> None:
     k = prefix + "up"
     assert mc.put(k, b"old") == 0
-    assert mc.upsert(k, b"new") == -600
+    assert mc.put(k, b"other") == 0, "the seed system's put of a present key: 0"
+    assert mc.get(k) == b"old", "and the stored bytes kept"
+    assert mc.upsert(k, b"new!") == 0
+    assert mc.get(k) == b"new!"
     a = buf(3, 7)
-    assert mc.upsert_from(k, ptr(a), 3) == -600
-    assert mc.batch_upsert_from([k], [ptr(a)], [3]) == [-600]
-    assert mc.get(k) == b"old"
+    assert mc.upsert_from(k, ptr(a), 3) == 0
+    assert mc.get(k) == bytes(a)
+    b = buf(5, 9)
+    fresh = prefix + "up-fresh"
+    assert mc.batch_upsert_from([k, fresh], [ptr(b), ptr(a)], [5, 3]) == [0, 0]
+    assert mc.get(k) == bytes(b) and mc.get(fresh) == bytes(a)
+    assert mc.upsert_parts(k, b"ab", b"cd") == 0
+    assert mc.get(k) == b"abcd"
+    assert mc.upsert_batch([k, fresh], [b"x", b"yz"]) == 0
+    assert (mc.get(k), mc.get(fresh)) == (b"x", b"yz")
+    assert mc.upsert_from(k, ptr(a), 0) < 0, "a bad size is an error, nothing stored"
+    assert mc.get(k) == b"x"
 
 
 def test_keyword_names(mc: MooncakeDistributedStore, prefix: str) -> None:

@@ -388,7 +388,7 @@ async fn corrupted_replica_is_never_served() {
         m.put_end(pb::PutEndRequest {
             key: key.into(),
             crc32c: crc32c::crc32c(&good),
-            receipts: Vec::new(),
+            ..Default::default()
         })
         .await
         .unwrap();

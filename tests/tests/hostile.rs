@@ -543,9 +543,12 @@ async fn grants_die_with_their_range() {
         .into_inner()
         .replicas;
     let old = strata_client::remote_range(&old[0]).unwrap();
-    m.put_revoke(pb::PutRevokeRequest { key: "old".into() })
-        .await
-        .unwrap();
+    m.put_revoke(pb::PutRevokeRequest {
+        key: "old".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     cl.put("new", &payload(7, 4096), &PutOptions::default())
         .await
         .unwrap();

@@ -158,6 +158,17 @@ async fn cli_moves_bytes_and_uses_documented_exit_codes() {
     assert_eq!(code, 0);
     let (code, out, _) = run_cli(&["--master", mm, "get", "piped"], None);
     assert_eq!((code, out.as_slice()), (0, &b"from stdin"[..]));
+    // A present key: refused, unless replaced with --overwrite.
+    let (code, _, err) = run_cli(&["--master", mm, "put", "piped", "-"], Some(b"again"));
+    assert_eq!(code, 1);
+    assert!(err.contains("already exists"), "{err}");
+    let (code, _, err) = run_cli(
+        &["--master", mm, "put", "--overwrite", "piped", "-"],
+        Some(b"replaced"),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = run_cli(&["--master", mm, "get", "piped"], None);
+    assert_eq!((code, out.as_slice()), (0, &b"replaced"[..]));
     let (code, out, _) = run_cli(&["--master", mm, "stat", "file-key", "--json"], None);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();

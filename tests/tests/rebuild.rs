@@ -133,7 +133,7 @@ async fn announced_puts_are_adopted_only_when_their_bytes_match() {
     let end = |crc32c| pb::PutEndRequest {
         key: "whole".into(),
         crc32c,
-        receipts: Vec::new(),
+        ..Default::default()
     };
     mc.put_end(end(crc)).await.unwrap();
     let e = mc.put_end(end(crc ^ 1)).await.unwrap_err();

@@ -315,7 +315,7 @@ async fn a_co_located_node_process_is_attached_to() {
         .put_end(pb::PutEndRequest {
             key: "attached".into(),
             crc32c: crc32c::crc32c(&bytes),
-            receipts: Vec::new(),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -136,6 +136,10 @@ pub struct PutOptions {
     pub soft_pin: bool,
     /// Never evicted (still removable).
     pub hard_pin: bool,
+    /// Replace the key if it exists, atomically: readers get the old bytes
+    /// or the new, never a mix (without it a present key is
+    /// `AlreadyExists`).
+    pub overwrite: bool,
 }
 
 impl Default for PutOptions {
@@ -146,8 +150,15 @@ impl Default for PutOptions {
             preferred_node: None,
             soft_pin: false,
             hard_pin: false,
+            overwrite: false,
         }
     }
+}
+
+/// The version a PutStart granted (its first replica's generation), which
+/// an overwrite's PutEnd and revoke name.
+fn version_of(replicas: &[pb::Replica]) -> Option<u64> {
+    replicas.first()?.grant.as_ref().map(|g| g.generation)
 }
 
 /// A handle to a Strata cluster. Cheap to clone; share one per process.
@@ -315,7 +326,8 @@ impl Client {
         // checks whether it holds these very bytes.
         let unsure = std::sync::atomic::AtomicBool::new(false);
         let unsure = &unsure;
-        self.cfg
+        let r = self
+            .cfg
             .backoff
             .run(|| async {
                 let req = pb::PutStartRequest {
@@ -327,6 +339,7 @@ impl Client {
                     hard_pin: opts.hard_pin,
                     crc32c: announced,
                     receipts: announced.is_some() && self.receipts_for(key, data.len()),
+                    overwrite: opts.overwrite,
                 };
                 let started = mark();
                 let start = self.put_start(req);
@@ -351,6 +364,8 @@ impl Client {
                     }
                     Err(e) => return Err(e),
                 };
+                // An overwrite names its version at PutEnd and revoke.
+                let generation = version_of(&replicas).filter(|_| opts.overwrite);
                 let put_started = mark();
                 let written = self.write_replicas(key, crc, &replicas, data).await;
                 let wrote = mark();
@@ -361,6 +376,7 @@ impl Client {
                             .m()
                             .put_revoke(pb::PutRevokeRequest {
                                 key: key.to_string(),
+                                generation,
                             })
                             .await;
                         // A grant refused by its node came from a leader that
@@ -378,6 +394,7 @@ impl Client {
                         key: key.to_string(),
                         crc32c: crc,
                         receipts,
+                        generation,
                     })
                     .await;
                 if let (Some(s), Some(crc), Some(a), Some(b), Some(c), Some(d)) =
@@ -390,7 +407,13 @@ impl Client {
                 }
                 end.map(|_| ())
             })
-            .await
+            .await;
+        if opts.overwrite {
+            // This client's cached location of the replaced version (its
+            // next read asks the master, so it reads its own write).
+            self.forget(key);
+        }
+        r
     }
 
     /// After an ambiguous PutEnd: the key exists; is it our put?
@@ -719,6 +742,11 @@ impl Client {
                 tokio::time::sleep(delay).await;
             }
         }
+        if opts.overwrite {
+            for (key, _) in items {
+                self.forget(key);
+            }
+        }
         Ok(out
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(Error::unavailable("batch put gave up retrying"))))
@@ -750,6 +778,7 @@ impl Client {
                     hard_pin: opts.hard_pin,
                     crc32c: *crc,
                     receipts: crc.is_some() && self.receipts_for(k, d.len()),
+                    overwrite: opts.overwrite,
                 })
                 .collect(),
         };
@@ -771,8 +800,9 @@ impl Client {
                 // Whether this put started: only ours may be revoked (a
                 // refused PutStart may be another writer's key in flight).
                 if let Err(e) = from_status(st.status) {
-                    return (Err(e), false);
+                    return (Err(e), false, None);
                 }
+                let generation = version_of(&st.replicas).filter(|_| opts.overwrite);
                 // Records come only with a declared checksum.
                 let crc = crc.unwrap_or_default();
                 let w = self
@@ -784,16 +814,17 @@ impl Client {
                         Code::PermissionDenied => e.retry_later(),
                         _ => e,
                     });
-                (w, true)
+                (w, true, generation)
             });
         }
-        let mut writes: Vec<(Result<Vec<pb::PutReceipt>>, bool)> = futures::stream::iter(futs)
+        type Written = (Result<Vec<pb::PutReceipt>>, bool, Option<u64>);
+        let mut writes: Vec<Written> = futures::stream::iter(futs)
             .buffered(self.cfg.batch_concurrency.max(1))
             .collect()
             .await;
         let mut ends = Vec::new();
-        let mut revokes = Vec::new();
-        for (i, (w, started)) in writes.iter_mut().enumerate() {
+        let mut revokes = pb::BatchPutRevokeRequest::default();
+        for (i, (w, started, generation)) in writes.iter_mut().enumerate() {
             match w {
                 Ok(receipts) => ends.push((
                     i,
@@ -801,21 +832,26 @@ impl Client {
                         key: items[i].0.to_string(),
                         crc32c: crcs[i].unwrap_or_else(|| crc32c::crc32c(items[i].1)),
                         receipts: std::mem::take(receipts),
+                        generation: *generation,
                     },
                 )),
-                Err(_) if *started => revokes.push(items[i].0.to_string()),
+                Err(_) if *started => {
+                    revokes.keys.push(items[i].0.to_string());
+                    revokes.generations.push(generation.unwrap_or(0));
+                }
                 Err(_) => {}
             }
         }
         let mut out: Vec<(Result<()>, bool)> = writes
             .into_iter()
-            .map(|(w, _)| (w.map(|_| ()), false))
+            .map(|(w, _, _)| (w.map(|_| ()), false))
             .collect();
-        if !revokes.is_empty() {
-            let _ = self
-                .m()
-                .batch_put_revoke(pb::BatchPutRevokeRequest { keys: revokes })
-                .await;
+        if !revokes.keys.is_empty() {
+            if !opts.overwrite {
+                // What masters that predate overwrites expect.
+                revokes.generations.clear();
+            }
+            let _ = self.m().batch_put_revoke(revokes).await;
         }
         if !ends.is_empty() {
             let (idx, reqs): (Vec<usize>, Vec<pb::PutEndRequest>) = ends.into_iter().unzip();

@@ -15,6 +15,7 @@ pub mod members;
 pub mod metrics;
 pub mod objects;
 pub mod offload;
+pub mod overwrite;
 mod quick_calls;
 pub mod rebuild;
 pub mod service;
@@ -302,6 +303,7 @@ async fn housekeeping(m: Arc<Master>, shutdown: CancellationToken) {
             m2.expire_offload_tasks(strata_common::time::unix_ms());
             m2.reassign_orphaned_tasks(strata_common::time::unix_ms());
             m2.expire_promotions(strata_common::time::unix_ms());
+            m2.free_retired(strata_common::time::unix_ms());
             dead
         })
         .await

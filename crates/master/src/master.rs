@@ -90,6 +90,8 @@ pub struct Master {
     pub(crate) promotions: Mutex<crate::offload::promotion::Promotions>,
     /// Removed objects whose SSD copies must never be adopted again.
     pub(crate) tombstones: crate::tombstones::Tombstones,
+    /// Versions an overwrite replaced, kept for their readers.
+    pub(crate) retired: crate::objects::Retired,
 }
 
 /// What one allocation attempt found.
@@ -113,6 +115,8 @@ pub struct PutSpec {
     /// With the checksum: the client's writes carry records and PutEnd
     /// brings the nodes' receipts (`PutStartRequest.receipts`).
     pub receipts: bool,
+    /// Replace a committed key atomically (`overwrite.rs`).
+    pub overwrite: bool,
 }
 
 impl From<pb::PutStartRequest> for PutSpec {
@@ -126,6 +130,7 @@ impl From<pb::PutStartRequest> for PutSpec {
             hard_pin: r.hard_pin,
             crc32c: r.crc32c,
             receipts: r.receipts,
+            overwrite: r.overwrite,
         }
     }
 }
@@ -234,6 +239,7 @@ impl Master {
             drops: crate::offload::removal::Drops::new(term),
             promotions: Mutex::new(Default::default()),
             tombstones,
+            retired: Default::default(),
         }))
     }
 
@@ -371,7 +377,14 @@ impl Master {
                 spec.replica_num
             )));
         }
-        self.check_absent(&spec.key)
+        if spec.overwrite {
+            match self.overwrite_refusal(&self.objects.shard(&spec.key), &spec.key) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        } else {
+            self.check_absent(&spec.key)
+        }
     }
 
     /// Records a put whose space is allocated; frees it if the put lost a
@@ -405,8 +418,15 @@ impl Master {
             // Lost a race with another PutStart of the same key, or with the
             // loss of a node (checked under the shard lock, which the node
             // reaper takes after unmounting, so no dead replica slips in).
-            let refused = if shard.contains_key(&spec.key) {
+            let refused = if spec.overwrite {
+                self.overwrite_refusal(&shard, &spec.key)
+            } else if shard.contains_key(&spec.key) || shard.overwrite(&spec.key).is_some() {
                 Some(already_exists(&spec.key, false))
+            } else {
+                None
+            };
+            let refused = if refused.is_some() {
+                refused
             } else if replicas.iter().any(|r| !r.seg.is_mounted()) {
                 Some(Error::unavailable(
                     "a chosen store node just left the cluster; retry",
@@ -439,7 +459,13 @@ impl Master {
                     spec.receipts,
                 ));
             }
-            shard.insert(&spec.key, obj);
+            // An overwrite of a committed key is written beside it; of an
+            // absent key (never there, or removed meanwhile) it is a put.
+            if spec.overwrite && shard.contains_key(&spec.key) {
+                shard.insert_overwrite(&spec.key, obj);
+            } else {
+                shard.insert(&spec.key, obj);
+            }
         }
         self.metrics.keys.inc();
         self.pending_puts
@@ -452,8 +478,11 @@ impl Master {
     }
 
     fn check_absent(&self, key: &str) -> Result<()> {
-        match self.objects.shard(key).get(key) {
+        let shard = self.objects.shard(key);
+        match shard.get(key) {
             Some(o) => Err(already_exists(key, o.is_complete())),
+            // Removed while an overwrite of it is being written.
+            None if shard.overwrite(key).is_some() => Err(already_exists(key, false)),
             None => Ok(()),
         }
     }
@@ -471,13 +500,28 @@ impl Master {
         crc32c: u32,
         receipts: &[pb::PutReceipt],
     ) -> Result<crate::commit_sync::Unsynced> {
+        self.put_end_of(key, crc32c, receipts, None)
+    }
+
+    /// `put_end_unsynced` of the put whose first replica has `generation`
+    /// (an overwrite's PutEnd names its version so).
+    pub(crate) fn put_end_of(
+        &self,
+        key: &str,
+        crc32c: u32,
+        receipts: &[pb::PutReceipt],
+        generation: Option<u64>,
+    ) -> Result<crate::commit_sync::Unsynced> {
         if receipts.len() > MAX_REPLICAS as usize {
             return Err(Error::invalid(format!(
                 "{} receipts for one put; a put has at most {MAX_REPLICAS} replicas",
                 receipts.len()
             )));
         }
-        let (unsynced, admit) = self.commit(key, crc32c, receipts)?;
+        let (unsynced, admit) = match generation {
+            Some(g) => self.commit_version(key, crc32c, receipts, g)?,
+            None => self.commit(key, crc32c, receipts)?,
+        };
         if let Some(size) = admit {
             self.admit_on_put_end(key, size);
         }
@@ -494,11 +538,19 @@ impl Master {
     ) -> Result<(crate::commit_sync::Unsynced, Option<u64>)> {
         validate_key(key)?;
         let mut shard = self.objects.shard(key);
-        let obj = shard.get_mut(key).ok_or_else(|| {
-            Error::not_found(format!(
-                "no put in progress for key {key:?} (it may have timed out after --put-timeout)"
-            ))
-        })?;
+        let obj = shard.get_mut(key).ok_or_else(|| no_put_in_progress(key))?;
+        self.commit_object(key, obj, crc32c, receipts)
+    }
+
+    /// Commits `obj`, the object of `key` (or the new version an overwrite
+    /// is about to swap in), under its shard's lock.
+    pub(crate) fn commit_object(
+        &self,
+        key: &str,
+        obj: &mut Object,
+        crc32c: u32,
+        receipts: &[pb::PutReceipt],
+    ) -> Result<(crate::commit_sync::Unsynced, Option<u64>)> {
         // These very bytes committed already: a put a restarted master
         // adopted from its nodes (announced, bytes whole) before its PutEnd
         // came. Answered once its nodes have its commit in their records:
@@ -560,7 +612,22 @@ impl Master {
     /// the revoke is answered (`commit_sync.rs`), or a rebuilding master
     /// could adopt the revoked bytes from a node that wrote them whole.
     pub(crate) fn put_revoke_unsynced(&self, key: &str) -> Result<crate::commit_sync::Unsynced> {
+        self.put_revoke_of(key, None)
+    }
+
+    /// `put_revoke_unsynced` of the put whose first replica has
+    /// `generation` (an overwrite's revoke names its version so).
+    pub(crate) fn put_revoke_of(
+        &self,
+        key: &str,
+        generation: Option<u64>,
+    ) -> Result<crate::commit_sync::Unsynced> {
         validate_key(key)?;
+        if let Some(g) = generation {
+            if let Some(u) = self.revoke_overwrite(key, g) {
+                return Ok(u);
+            }
+        }
         let obj = {
             let mut shard = self.objects.shard(key);
             match shard.get(key) {
@@ -573,6 +640,10 @@ impl Master {
                     return Err(Error::invalid(format!(
                         "key {key:?} is already committed; use remove instead of revoke"
                     )))
+                }
+                // Another writer's put of the key: not this revoke's.
+                Some(o) if generation.is_some_and(|g| !o.is_version(g)) => {
+                    return Err(no_put_in_progress(key))
                 }
                 Some(_) => shard.remove(key),
             }
@@ -960,7 +1031,7 @@ impl Master {
 
     /// Records durable tombstones for removed objects that may have SSD
     /// copies somewhere (`tombstones.rs`).
-    fn tombstone(&self, removed: &[(&str, &Object)]) {
+    pub(crate) fn tombstone(&self, removed: &[(&str, &Object)]) {
         let t: Vec<(String, u64, u32)> = removed
             .iter()
             .filter(|(_, o)| o.is_complete() && (o.offloaded || !o.ssd().is_empty()))
@@ -1075,12 +1146,12 @@ impl Master {
             let Some((_, key, put_id)) = next else { break };
             let obj = {
                 let mut shard = self.objects.shard(&key);
-                let stale = matches!(shard.get(&key).map(|o| o.state()),
-                    Some(ObjState::Processing { put_id: p, .. }) if p == put_id);
-                if stale {
+                let ours = |o: &Object| matches!(o.state(), ObjState::Processing { put_id: p, .. } if p == put_id);
+                if shard.get(&key).is_some_and(ours) {
                     shard.remove(&key)
                 } else {
-                    None
+                    // An overwrite's new version (the committed one stays).
+                    shard.take_overwrite_if(&key, ours)
                 }
             };
             if let Some(o) = obj {
@@ -1396,6 +1467,12 @@ impl Master {
                     true
                 }
             });
+            // Overwrites being written there (their PutEnd finds none).
+            let dropped = s.retain_overwrites(|_, o| {
+                lost += o.retain_replicas(|r| r.seg.is_mounted()) as u64;
+                !o.replicas().is_empty()
+            });
+            gone += dropped.len() as i64;
         }
         self.metrics.lost_replicas.inc_by(lost);
         self.metrics.keys.sub(gone);
@@ -1440,6 +1517,12 @@ async fn load_grant_key(kv: &dyn DurableKv) -> Result<GrantKey> {
             format!("durable {KEY} is not 64 hex digits; restore the master's --state-dir"),
         )
     })
+}
+
+pub(crate) fn no_put_in_progress(key: &str) -> Error {
+    Error::not_found(format!(
+        "no put in progress for key {key:?} (it may have timed out after --put-timeout)"
+    ))
 }
 
 fn already_exists(key: &str, complete: bool) -> Error {

@@ -41,6 +41,10 @@ pub struct MasterMetrics {
     pub ssd_owners: IntGaugeVec,
     pub segments: IntGauge,
     pub reclaimed_puts: IntCounter,
+    /// Versions an overwrite replaced (`PutStartRequest.overwrite`).
+    pub overwrites: IntCounter,
+    /// DRAM still held by replaced versions until their readers are done.
+    pub retired_bytes: IntGauge,
     pub lost_replicas: IntCounter,
     pub tombstones: IntGauge,
     pub tombstoned_copies: IntCounter,
@@ -253,6 +257,14 @@ impl MasterMetrics {
             reclaimed_puts: c(
                 "strata_master_reclaimed_puts_total",
                 "PutStarts never ended and reclaimed after --put-timeout",
+            ),
+            overwrites: c(
+                "strata_master_overwrites_total",
+                "Committed versions replaced by an overwrite (their space is freed once their read leases end)",
+            ),
+            retired_bytes: g(
+                "strata_master_retired_bytes",
+                "DRAM held by versions an overwrite replaced, until the read leases on them end",
             ),
             lost_replicas: c(
                 "strata_master_lost_replicas_total",

@@ -183,7 +183,7 @@ impl MasterRpc for MasterService {
             .master
             .when_synced(
                 self.master
-                    .put_end_unsynced(&r.key, r.crc32c, &r.receipts)
+                    .put_end_of(&r.key, r.crc32c, &r.receipts, r.generation)
                     .map(|u| (pb::PutEndResponse {}, u)),
                 "commit",
             )
@@ -200,7 +200,7 @@ impl MasterRpc for MasterService {
             .master
             .when_synced(
                 self.master
-                    .put_revoke_unsynced(&req.get_ref().key)
+                    .put_revoke_of(&req.get_ref().key, req.get_ref().generation)
                     .map(|u| (pb::PutRevokeResponse {}, u)),
                 "revoke",
             )
@@ -254,7 +254,7 @@ impl MasterRpc for MasterService {
                     .iter()
                     .map(|it| {
                         status_of(
-                            m.put_end_unsynced(&it.key, it.crc32c, &it.receipts)
+                            m.put_end_of(&it.key, it.crc32c, &it.receipts, it.generation)
                                 .map(|u| all.extend(u)),
                         )
                     })
@@ -271,13 +271,17 @@ impl MasterRpc for MasterService {
         req: Request<pb::BatchPutRevokeRequest>,
     ) -> Result<Response<pb::BatchStatusResponse>, Status> {
         let t0 = Instant::now();
-        let keys = req.into_inner().keys;
+        let pb::BatchPutRevokeRequest { keys, generations } = req.into_inner();
         let r = self
             .batch(keys.len(), move |m| {
                 let mut all = crate::commit_sync::Unsynced::default();
                 let results = keys
                     .iter()
-                    .map(|k| status_of(m.put_revoke_unsynced(k).map(|u| all.extend(u))))
+                    .enumerate()
+                    .map(|(i, k)| {
+                        let generation = generations.get(i).copied().filter(|&g| g > 0);
+                        status_of(m.put_revoke_of(k, generation).map(|u| all.extend(u)))
+                    })
                     .collect();
                 (pb::BatchStatusResponse { results }, all)
             })

@@ -34,6 +34,7 @@ fn put_options(
     soft_pin: bool,
     hard_pin: bool,
     preferred: Option<String>,
+    overwrite: bool,
 ) -> PyResult<PutOptions> {
     if replicas == 0 || replicas > 8 {
         return Err(invalid(
@@ -46,6 +47,7 @@ fn put_options(
         soft_pin,
         hard_pin,
         preferred_node: preferred,
+        overwrite,
         ..Default::default()
     })
 }
@@ -221,8 +223,10 @@ impl Store {
         self.shared.is_closed()
     }
 
-    /// Stores `data` under `key`; `AlreadyExists` if the key is present.
-    #[pyo3(signature = (key, data, *, replicas=1, soft_pin=false, hard_pin=false, preferred=None))]
+    /// Stores `data` under `key`; `AlreadyExists` if the key is present,
+    /// unless `overwrite` (then it replaces it atomically: readers get the
+    /// old bytes or the new, never a mix).
+    #[pyo3(signature = (key, data, *, replicas=1, soft_pin=false, hard_pin=false, preferred=None, overwrite=false))]
     #[allow(clippy::too_many_arguments)]
     fn put(
         &self,
@@ -233,8 +237,9 @@ impl Store {
         soft_pin: bool,
         hard_pin: bool,
         preferred: Option<String>,
+        overwrite: bool,
     ) -> PyResult<Py<PyAny>> {
-        let opts = put_options(py, replicas, soft_pin, hard_pin, preferred)?;
+        let opts = put_options(py, replicas, soft_pin, hard_pin, preferred, overwrite)?;
         let c = self.client(py)?;
         let buf = pin(data, false)?;
         self.run(py, async move { c.put(&key, buf.as_slice(), &opts).await })
@@ -242,7 +247,7 @@ impl Store {
 
     /// `put` (every put reads the caller's memory in place; the name is
     /// the seed system's).
-    #[pyo3(signature = (key, buffer, *, replicas=1, soft_pin=false, hard_pin=false, preferred=None))]
+    #[pyo3(signature = (key, buffer, *, replicas=1, soft_pin=false, hard_pin=false, preferred=None, overwrite=false))]
     #[allow(clippy::too_many_arguments)]
     fn put_from(
         &self,
@@ -253,12 +258,15 @@ impl Store {
         soft_pin: bool,
         hard_pin: bool,
         preferred: Option<String>,
+        overwrite: bool,
     ) -> PyResult<Py<PyAny>> {
-        self.put(py, key, buffer, replicas, soft_pin, hard_pin, preferred)
+        self.put(
+            py, key, buffer, replicas, soft_pin, hard_pin, preferred, overwrite,
+        )
     }
 
     /// Stores the concatenation of `parts` under `key`.
-    #[pyo3(signature = (key, parts, *, replicas=1, soft_pin=false, hard_pin=false, preferred=None))]
+    #[pyo3(signature = (key, parts, *, replicas=1, soft_pin=false, hard_pin=false, preferred=None, overwrite=false))]
     #[allow(clippy::too_many_arguments)]
     fn put_parts(
         &self,
@@ -269,8 +277,9 @@ impl Store {
         soft_pin: bool,
         hard_pin: bool,
         preferred: Option<String>,
+        overwrite: bool,
     ) -> PyResult<Py<PyAny>> {
-        let opts = put_options(py, replicas, soft_pin, hard_pin, preferred)?;
+        let opts = put_options(py, replicas, soft_pin, hard_pin, preferred, overwrite)?;
         let c = self.client(py)?;
         let bufs = pin_all(&parts, false)?;
         self.run(py, async move {
@@ -281,7 +290,7 @@ impl Store {
 
     /// Puts many objects; one result per key: `None`, or the exception that
     /// key met.
-    #[pyo3(signature = (keys, buffers, *, replicas=1, soft_pin=false, hard_pin=false, preferred=None))]
+    #[pyo3(signature = (keys, buffers, *, replicas=1, soft_pin=false, hard_pin=false, preferred=None, overwrite=false))]
     #[allow(clippy::too_many_arguments)]
     fn batch_put(
         &self,
@@ -292,8 +301,9 @@ impl Store {
         soft_pin: bool,
         hard_pin: bool,
         preferred: Option<String>,
+        overwrite: bool,
     ) -> PyResult<Py<PyAny>> {
-        let opts = put_options(py, replicas, soft_pin, hard_pin, preferred)?;
+        let opts = put_options(py, replicas, soft_pin, hard_pin, preferred, overwrite)?;
         same_len(py, "buffers", keys.len(), buffers.len())?;
         let c = self.client(py)?;
         let bufs = pin_all(&buffers, false)?;
@@ -308,7 +318,7 @@ impl Store {
     }
 
     /// Puts many objects, each the concatenation of its parts.
-    #[pyo3(signature = (keys, parts, *, replicas=1, soft_pin=false, hard_pin=false, preferred=None))]
+    #[pyo3(signature = (keys, parts, *, replicas=1, soft_pin=false, hard_pin=false, preferred=None, overwrite=false))]
     #[allow(clippy::too_many_arguments)]
     fn batch_put_from_parts(
         &self,
@@ -319,8 +329,9 @@ impl Store {
         soft_pin: bool,
         hard_pin: bool,
         preferred: Option<String>,
+        overwrite: bool,
     ) -> PyResult<Py<PyAny>> {
-        let opts = put_options(py, replicas, soft_pin, hard_pin, preferred)?;
+        let opts = put_options(py, replicas, soft_pin, hard_pin, preferred, overwrite)?;
         same_len(py, "lists of parts", keys.len(), parts.len())?;
         let c = self.client(py)?;
         let bufs = pin_parts(&parts, false)?;

@@ -732,7 +732,7 @@ async fn meta_path(
                         .map(|k| pb::PutEndRequest {
                             key: k.clone(),
                             crc32c: 0,
-                            receipts: Vec::new(),
+                            ..Default::default()
                         })
                         .collect(),
                 })

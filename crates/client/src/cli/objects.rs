@@ -24,6 +24,10 @@ pub struct PutArgs {
     /// Never evict this object
     #[arg(long)]
     pub pin: bool,
+    /// Replace the key if it exists (atomically: readers get the old bytes
+    /// or the new); without it a present key is an error
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 fn is_stdio(p: &Option<PathBuf>) -> bool {
@@ -50,6 +54,7 @@ pub async fn put(master: &Conn, a: PutArgs) -> anyhow::Result<()> {
     let opts = PutOptions {
         replicas: a.replicas,
         hard_pin: a.pin,
+        overwrite: a.overwrite,
         ..Default::default()
     };
     client(master).await?.put(&a.key, &data, &opts).await?;

@@ -8,7 +8,9 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod retired;
 mod shard;
+pub use retired::Retired;
 pub use shard::Shard;
 
 const SHARDS: usize = 64;
@@ -319,6 +321,12 @@ impl Object {
         let replicas = self.set_replicas(Vec::new());
         gone.place(replicas, Vec::new());
         gone
+    }
+
+    /// Whether it is the version whose replica grants include `generation`
+    /// (unique per allocation: how an overwrite names its version).
+    pub fn is_version(&self, generation: u64) -> bool {
+        self.replicas().iter().any(|r| r.generation == generation)
     }
 
     pub fn leased(&self, now_ms: u64) -> bool {

@@ -92,6 +92,11 @@ pub struct Shard {
     keys: KeyArena,
     hasher: std::collections::hash_map::RandomState,
     len: usize,
+    /// Overwrites in progress (`PutStartRequest.overwrite`): the new version
+    /// of a committed key, kept beside it until its PutEnd swaps it in.
+    /// Few at a time, so a plain map; in the key's shard, so the swap is
+    /// one critical section.
+    overwrites: std::collections::HashMap<String, Object>,
 }
 
 impl Default for Shard {
@@ -106,6 +111,7 @@ impl Default for Shard {
             // shard with the same low bits.
             hasher: Default::default(),
             len: 0,
+            overwrites: Default::default(),
         }
     }
 }
@@ -259,6 +265,52 @@ impl Shard {
             self.vacate(slot);
         }
         self.maybe_compact();
+    }
+
+    /// The overwrite of `key` in progress, if any.
+    pub fn overwrite(&self, key: &str) -> Option<&Object> {
+        self.overwrites.get(key)
+    }
+
+    /// Records the new version of `key` being written; the caller checked
+    /// that none is in progress.
+    pub fn insert_overwrite(&mut self, key: &str, obj: Object) {
+        let old = self.overwrites.insert(key.to_string(), obj);
+        debug_assert!(old.is_none(), "one overwrite of a key at a time");
+    }
+
+    /// Takes the overwrite of `key` out if `which` says it is the one.
+    pub fn take_overwrite_if(
+        &mut self,
+        key: &str,
+        which: impl FnOnce(&Object) -> bool,
+    ) -> Option<Object> {
+        if which(self.overwrites.get(key)?) {
+            self.overwrites.remove(key)
+        } else {
+            None
+        }
+    }
+
+    /// Keeps the overwrites in progress `keep` returns true for; returns
+    /// the others.
+    pub fn retain_overwrites(
+        &mut self,
+        mut keep: impl FnMut(&str, &mut Object) -> bool,
+    ) -> Vec<(String, Object)> {
+        let gone: Vec<String> = self
+            .overwrites
+            .iter_mut()
+            .filter_map(|(k, o)| (!keep(k, o)).then(|| k.clone()))
+            .collect();
+        gone.into_iter()
+            .filter_map(|k| self.overwrites.remove_entry(&k))
+            .collect()
+    }
+
+    /// Overwrites in progress.
+    pub fn overwrites_len(&self) -> usize {
+        self.overwrites.len()
     }
 
     /// Rewrites the live keys into a fresh arena once garbage outweighs

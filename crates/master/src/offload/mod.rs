@@ -112,14 +112,17 @@ impl Master {
                 }
             };
             match source {
-                Some((r, size, crc)) => out.push(pb::OffloadTask {
-                    task_id: t.id,
-                    key: t.key.clone(),
-                    size,
-                    crc32c: crc,
-                    source: Some(self.replica_view(&r, size, PERM_READ, deadline, true)),
-                    deadline_unix_ms: deadline,
-                }),
+                Some((r, size, crc)) => {
+                    self.queue.lock().note_source(t.id, size, crc);
+                    out.push(pb::OffloadTask {
+                        task_id: t.id,
+                        key: t.key.clone(),
+                        size,
+                        crc32c: crc,
+                        source: Some(self.replica_view(&r, size, PERM_READ, deadline, true)),
+                        deadline_unix_ms: deadline,
+                    });
+                }
                 None => {
                     // Removed or lost before it could be copied: nothing to pin.
                     self.queue.lock().drop_task(t.id);
@@ -172,18 +175,32 @@ impl Master {
             self.unpin(&task.key);
             match outcome {
                 queue::Outcome::Persisted => {
+                    // The copy is of the version the task was handed; the
+                    // key may hold another one by now (an overwrite).
                     let replica = SsdReplica {
                         owner_id: req.owner_id,
                         bucket_id: r.bucket_id,
                         offset: r.offset,
-                        length: task.size,
+                        length: task.source.map_or(task.size, |(size, _)| size),
                     };
-                    let added = self.add_ssd_replica(&task.key, replica, None, false);
+                    let added = self.add_ssd_replica(&task.key, replica, task.source, false);
                     if added {
                         self.free_after_offload(&task.key);
                     } else {
-                        // Removed while it was being copied: the owner drops it.
+                        // Removed, or overwritten, while it was being
+                        // copied: the owner drops it. A new version is
+                        // offered to the policy as at its own PutEnd (this
+                        // task kept it from being queued then).
                         self.forget_ssd(&task.key, &[replica]);
+                        let fresh = self
+                            .objects
+                            .shard(&task.key)
+                            .get(&task.key)
+                            .filter(|o| o.is_complete() && o.ssd().is_empty())
+                            .map(|o| o.size);
+                        if let Some(size) = fresh {
+                            self.admit_on_put_end(&task.key, size);
+                        }
                     }
                     self.metrics
                         .offload_results

@@ -32,6 +32,10 @@ pub struct Task {
     pub state: TaskState,
     /// A writer waits for this copy: it was moved to the queue's front.
     pub urgent: bool,
+    /// The (size, crc32c) of the version handed to the agent when it was
+    /// last assigned: its copy belongs to that version only (the key may
+    /// be overwritten, or removed and put again, meanwhile).
+    pub source: Option<(u64, u32)>,
 }
 
 /// What a report did.
@@ -93,6 +97,7 @@ impl OffloadQueue {
                 size,
                 attempts: 0,
                 urgent: false,
+                source: None,
                 state: TaskState::Queued {
                     not_before_ms: now_ms,
                 },
@@ -315,6 +320,13 @@ impl OffloadQueue {
             }
         }
         out
+    }
+
+    /// Records which version an assigned task copies (`Task::source`).
+    pub fn note_source(&mut self, id: u64, size: u64, crc32c: u32) {
+        if let Some(t) = self.tasks.get_mut(&id) {
+            t.source = Some((size, crc32c));
+        }
     }
 
     /// Drops a task outright (its source is gone). Returns it if it was

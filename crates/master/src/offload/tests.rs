@@ -825,3 +825,43 @@ async fn a_restarted_master_waits_for_its_ssd_owners_before_calling_keys_absent(
     assert_eq!(third.lost_members(), vec![Member::Owner(other)]);
     assert!(third.lost_members().is_empty(), "once");
 }
+
+/// An overwrite while an agent copies the old version: that copy is never
+/// taken for the new version (same size, other bytes), the old range stays
+/// allocated while the copier may read it, and pins balance.
+#[tokio::test]
+async fn a_copy_of_an_overwritten_version_is_never_taken_for_the_new_one() {
+    let (m, owner, epoch) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.9).await;
+    put(&m, "k", 100);
+    let tasks = heartbeat(&m, owner, epoch, 10).tasks;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(m.total_pins(), 1);
+    let r = m
+        .put_start(crate::master::PutSpec {
+            overwrite: true,
+            ..crate::tests::spec("k", 100, 1)
+        })
+        .unwrap();
+    let g = r[0].grant.as_ref().unwrap().generation;
+    m.put_end_of("k", 5, &[], Some(g)).unwrap();
+    assert_eq!(m.get_replicas("k").unwrap().crc32c, 5);
+    // The copier may still read the old range until its task's deadline.
+    let both = 2 * crate::allocator::aligned_len(100).unwrap();
+    assert_eq!(m.allocated_bytes(), both);
+    report_results(&m, owner, epoch, persisted(&tasks)).await;
+    assert!(
+        !on_ssd(&m, "k"),
+        "the old bytes' copy is not the new version's"
+    );
+    assert_eq!(m.total_pins(), 0, "the copier's pin is released");
+    let hb = heartbeat(&m, owner, epoch, 0);
+    assert_eq!(hb.drops.len(), 1, "the owner drops the stale copy");
+    assert_eq!(hb.drops[0].key, "k");
+    let ttl = m.cfg.offload_task_ttl.as_millis() as u64;
+    assert_eq!(m.free_retired(strata_common::time::unix_ms() + ttl + 1), 1);
+    assert_eq!(m.allocated_bytes(), both / 2);
+    // The new version's own copy is taken.
+    let n = persist_all(&m, owner, epoch).await;
+    assert_eq!(n, 1, "the new version was queued at its PutEnd");
+    assert!(on_ssd(&m, "k"));
+}

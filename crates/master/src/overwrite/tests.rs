@@ -1,0 +1,217 @@
+//! Overwrites at the metadata level: the new version is invisible until its
+//! PutEnd, replaces the old in one step, and the old one's space outlives
+//! its readers' leases only. (End to end under concurrent readers in
+//! `python/tests/test_overwrite.py`.)
+
+use crate::allocator::aligned_len;
+use crate::master::{Master, PutSpec};
+use crate::tests::{master_with, spec};
+use std::time::{Duration, Instant};
+use strata_common::time::unix_ms;
+use strata_common::Code;
+
+fn overwrite(key: &str, size: u64) -> PutSpec {
+    PutSpec {
+        overwrite: true,
+        ..spec(key, size, 1)
+    }
+}
+
+/// Starts an overwrite; returns the generation its PutEnd names.
+fn start(m: &Master, key: &str, size: u64) -> u64 {
+    let r = m.put_start(overwrite(key, size)).unwrap();
+    assert_eq!(r.len(), 1);
+    r[0].grant.as_ref().unwrap().generation
+}
+
+fn end(m: &Master, key: &str, crc: u32, generation: u64) -> strata_common::Result<()> {
+    m.put_end_of(key, crc, &[], Some(generation)).map(|_| ())
+}
+
+fn committed(m: &Master, key: &str) -> (u64, u32) {
+    let r = m.get_replicas(key).unwrap();
+    (r.size, r.crc32c)
+}
+
+fn put(m: &Master, key: &str, size: u64, crc: u32) {
+    m.put_start(spec(key, size, 1)).unwrap();
+    m.put_end(key, crc).unwrap();
+}
+
+fn aligned(size: u64) -> u64 {
+    aligned_len(size).unwrap()
+}
+
+#[test]
+fn the_new_version_is_invisible_until_its_put_end_then_replaces_the_old() {
+    let m = master_with(1, 1 << 20, |_| {});
+    put(&m, "k", 100, 1);
+    let g = start(&m, "k", 200);
+    // Readers still get the old version, whole.
+    assert_eq!(committed(&m, "k"), (100, 1));
+    assert!(m.exists("k").unwrap());
+    assert_eq!(m.committed_size("k").unwrap(), Some(100));
+    end(&m, "k", 2, g).unwrap();
+    assert_eq!(committed(&m, "k"), (200, 2));
+    assert_eq!(m.metrics.keys.get(), 1, "one key, whatever its versions");
+    assert_eq!(m.metrics.overwrites.get(), 1);
+    // A repeated PutEnd of the same version is answered as done.
+    end(&m, "k", 2, g).unwrap();
+    assert_eq!(committed(&m, "k"), (200, 2));
+}
+
+#[test]
+fn the_old_version_keeps_its_space_until_its_read_lease_ends() {
+    let m = master_with(1, 1 << 20, |_| {});
+    put(&m, "k", 100, 1);
+    let lease_until = m.get_replicas("k").unwrap().lease_until_unix_ms;
+    assert!(lease_until > unix_ms());
+    let g = start(&m, "k", 200);
+    end(&m, "k", 2, g).unwrap();
+    // A reader that asked before the swap may still be reading the old
+    // range: it stays allocated.
+    assert_eq!(m.allocated_bytes(), aligned(100) + aligned(200));
+    assert_eq!(m.metrics.retired_bytes.get(), aligned(100) as i64);
+    assert_eq!(m.free_retired(unix_ms()), 0, "still leased");
+    assert_eq!(m.allocated_bytes(), aligned(100) + aligned(200));
+    assert_eq!(m.free_retired(lease_until), 1, "its lease is over");
+    assert_eq!(m.allocated_bytes(), aligned(200));
+    assert_eq!(m.metrics.retired_bytes.get(), 0);
+    assert_eq!(m.free_retired(lease_until + 1), 0, "freed once");
+}
+
+#[test]
+fn an_unread_old_version_is_freed_at_the_swap() {
+    let m = master_with(1, 1 << 20, |_| {});
+    put(&m, "k", 100, 1);
+    let g = start(&m, "k", 200);
+    assert_eq!(m.allocated_bytes(), aligned(100) + aligned(200));
+    end(&m, "k", 2, g).unwrap();
+    assert_eq!(m.allocated_bytes(), aligned(200));
+    assert_eq!(m.metrics.retired_bytes.get(), 0);
+}
+
+#[test]
+fn a_plain_put_of_a_present_key_is_still_refused() {
+    let m = master_with(1, 1 << 20, |_| {});
+    put(&m, "k", 100, 1);
+    let e = m.put_start(spec("k", 100, 1)).unwrap_err();
+    assert_eq!(e.code, Code::AlreadyExists, "{e}");
+    // Nor once the key is removed while an overwrite of it is written:
+    // that overwrite commits it again.
+    let g = start(&m, "k", 200);
+    m.remove("k", false).unwrap();
+    let e = m.put_start(spec("k", 100, 1)).unwrap_err();
+    assert_eq!(e.code, Code::AlreadyExists, "{e}");
+    end(&m, "k", 2, g).unwrap();
+    assert_eq!(committed(&m, "k"), (200, 2));
+    assert_eq!(m.metrics.keys.get(), 1);
+}
+
+#[test]
+fn an_overwrite_waits_for_another_write_of_the_key() {
+    let m = master_with(1, 1 << 20, |_| {});
+    // A plain put still being written.
+    m.put_start(spec("k", 100, 1)).unwrap();
+    let e = m.put_start(overwrite("k", 100)).unwrap_err();
+    assert_eq!(e.code, Code::NotReady, "{e}");
+    assert!(e.retryable());
+    m.put_end("k", 1).unwrap();
+    // Another overwrite in progress.
+    let g = start(&m, "k", 100);
+    let e = m.put_start(overwrite("k", 300)).unwrap_err();
+    assert_eq!(e.code, Code::NotReady, "{e}");
+    assert!(e.retryable());
+    end(&m, "k", 2, g).unwrap();
+    let g = start(&m, "k", 300);
+    end(&m, "k", 3, g).unwrap();
+    assert_eq!(committed(&m, "k"), (300, 3));
+}
+
+#[test]
+fn put_end_and_revoke_act_only_on_the_version_they_name() {
+    let m = master_with(1, 1 << 20, |_| {});
+    put(&m, "k", 100, 1);
+    let g = start(&m, "k", 200);
+    // Another version's (a late or repeated call of an earlier writer).
+    for wrong in [g + 1, g + 1000] {
+        assert_eq!(end(&m, "k", 9, wrong).unwrap_err().code, Code::NotFound);
+        assert!(m.put_revoke_of("k", Some(wrong)).is_err());
+    }
+    // Naming the committed version: answered as for it.
+    assert_eq!(
+        end(&m, "k", 9, g - 1).unwrap_err().code,
+        Code::AlreadyExists
+    );
+    // Without a version, a PutEnd is of the committed key, as before.
+    assert_eq!(
+        m.put_end("k", 9).unwrap_err().code,
+        Code::AlreadyExists,
+        "the committed version has another checksum"
+    );
+    assert_eq!(committed(&m, "k"), (100, 1));
+    // Revoking the overwrite keeps the old version and frees the new range.
+    m.put_revoke_of("k", Some(g)).unwrap();
+    assert_eq!(committed(&m, "k"), (100, 1));
+    assert_eq!(m.allocated_bytes(), aligned(100));
+    assert_eq!(m.metrics.keys.get(), 1);
+    assert_eq!(end(&m, "k", 2, g).unwrap_err().code, Code::NotFound);
+    // And the key can be overwritten again.
+    let g = start(&m, "k", 300);
+    end(&m, "k", 3, g).unwrap();
+    assert_eq!(committed(&m, "k"), (300, 3));
+}
+
+#[test]
+fn an_abandoned_overwrite_is_reclaimed_and_the_old_version_stays() {
+    let m = master_with(1, 1 << 20, |c| c.put_timeout = Duration::from_millis(1));
+    put(&m, "k", 100, 1);
+    let g = start(&m, "k", 200);
+    assert_eq!(
+        m.reclaim_expired_puts(Instant::now() + Duration::from_secs(1)),
+        1
+    );
+    assert_eq!(committed(&m, "k"), (100, 1));
+    assert_eq!(m.allocated_bytes(), aligned(100));
+    assert_eq!(m.metrics.keys.get(), 1);
+    assert_eq!(end(&m, "k", 2, g).unwrap_err().code, Code::NotFound);
+}
+
+#[test]
+fn an_overwrite_of_an_absent_key_is_a_put() {
+    let m = master_with(1, 1 << 20, |_| {});
+    let g = start(&m, "k", 100);
+    let e = m.get_replicas("k").unwrap_err();
+    assert_eq!(e.code, Code::NotReady, "being written, as any put");
+    end(&m, "k", 1, g).unwrap();
+    assert_eq!(committed(&m, "k"), (100, 1));
+    assert_eq!(m.metrics.overwrites.get(), 0, "nothing was replaced");
+}
+
+#[test]
+fn a_lost_node_takes_the_overwrite_written_there() {
+    let m = master_with(2, 1 << 20, |_| {});
+    m.put_start(PutSpec {
+        preferred_segment: Some(1),
+        ..spec("k", 100, 1)
+    })
+    .unwrap();
+    m.put_end("k", 1).unwrap();
+    let seg_of = |r: &[strata_proto::Replica]| r[0].node_id.clone();
+    let r = m
+        .put_start(PutSpec {
+            preferred_segment: Some(2),
+            ..overwrite("k", 200)
+        })
+        .unwrap();
+    let (g, node) = (r[0].grant.as_ref().unwrap().generation, seg_of(&r));
+    assert_ne!(node, m.get_replicas("k").unwrap().replicas[0].node_id);
+    m.drop_node(&node, "test");
+    assert_eq!(m.metrics.keys.get(), 1);
+    assert_eq!(end(&m, "k", 2, g).unwrap_err().code, Code::NotFound);
+    assert_eq!(committed(&m, "k"), (100, 1), "the old version stays");
+    // The key takes a new overwrite.
+    let g = start(&m, "k", 300);
+    end(&m, "k", 3, g).unwrap();
+    assert_eq!(committed(&m, "k"), (300, 3));
+}
