@@ -69,7 +69,7 @@ impl MasterMetrics {
             )
             .expect("valid metric"),
         );
-        MasterMetrics {
+        let m = MasterMetrics {
             keys: g(
                 "strata_master_keys",
                 "Objects in the metadata (complete and in flight)",
@@ -283,7 +283,13 @@ impl MasterMetrics {
                 "Removals whose tombstone could not be written to --state-dir",
             ),
             registry: r,
+        };
+        // Every tier's series from the start, at zero (dashboards divide
+        // by them).
+        for tier in ["dram", "ssd", "miss"] {
+            m.lookups.with_label_values(&[tier]);
         }
+        m
     }
 }
 
