@@ -1362,7 +1362,9 @@ impl Master {
                 ),
             )),
             Some(n) if n.incarnation == req.incarnation && req.leaving => {
-                self.drop_node(&req.node_id, "left the cluster");
+                // This registration only: a takeover that re-registered the
+                // id meanwhile stays.
+                self.drop_node_of(&req.node_id, Some(req.incarnation), "left the cluster");
                 self.left_nodes.lock().push(req.node_id.clone());
                 Ok(pb::HeartbeatResponse {
                     known: false,
@@ -1444,7 +1446,19 @@ impl Master {
     /// Forgets a node: its segments are unmounted and every replica on them
     /// is dropped; objects left without replicas disappear.
     pub fn drop_node(&self, node_id: &str, why: &str) {
-        let Some(node) = self.nodes.write().remove(node_id) else {
+        self.drop_node_of(node_id, None, why)
+    }
+
+    /// `drop_node`, of the registration with `incarnation` only when given.
+    pub(crate) fn drop_node_of(&self, node_id: &str, incarnation: Option<u64>, why: &str) {
+        let node = {
+            let mut nodes = self.nodes.write();
+            match nodes.get(node_id) {
+                Some(n) if incarnation.is_none_or(|i| n.incarnation == i) => nodes.remove(node_id),
+                _ => None,
+            }
+        };
+        let Some(node) = node else {
             return;
         };
         {

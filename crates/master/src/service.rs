@@ -500,7 +500,13 @@ impl MasterRpc for MasterService {
         req: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let t0 = Instant::now();
-        let r = self.master.heartbeat_wait(req.get_ref()).await;
+        let r = if req.get_ref().leaving {
+            // Dropping the node scans the object table: off the async workers.
+            let req = req.into_inner();
+            self.blocking(move |m| m.heartbeat(&req)).await
+        } else {
+            self.master.heartbeat_wait(req.get_ref()).await
+        };
         self.done("heartbeat", t0, r)
     }
 

@@ -22,20 +22,19 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
+
+from .cluster import Procs, free_port, strata_cluster
 
 UNITS = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "b": 1}
 
@@ -53,25 +52,6 @@ def fmt_size(n: int) -> str:
         if n >= m and n % m == 0:
             return f"{n // m} {u}"
     return f"{n} B"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer within {timeout}s")
 
 
 def wait_port(port: int, timeout: float = 60.0) -> None:
@@ -312,48 +292,6 @@ def rust_rows(strata_bin: Path, master: str, sizes: Sequence[int], threads_list:
 
 
 # ---- clusters ---------------------------------------------------------------
-
-
-class Procs:
-    def __init__(self) -> None:
-        self.procs: List[subprocess.Popen] = []
-        self.dir = Path(tempfile.mkdtemp(prefix="strata-pybench-"))
-
-    def spawn(self, args: List[str], name: str, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
-        log = open(self.dir / f"{name}.log", "wb")
-        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-        self.procs.append(p)
-        return p
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            with contextlib.suppress(Exception):
-                p.send_signal(signal.SIGTERM)
-        for p in reversed(self.procs):
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def strata_cluster(bin_dir: Path, node_capacity: str) -> Iterator[str]:
-    procs = Procs()
-    try:
-        port, admin = free_port(), free_port()
-        procs.spawn([str(bin_dir / "strata-master"), "--listen", f"127.0.0.1:{port}",
-                     "--admin-addr", f"127.0.0.1:{admin}"], "master", {"RUST_LOG": "warn"})
-        wait_http(f"http://127.0.0.1:{admin}/ready")
-        for i in range(2):
-            a = free_port()
-            procs.spawn([str(bin_dir / "strata-store-node"), "--master", f"127.0.0.1:{port}",
-                         "--listen", f"127.0.0.1:{free_port()}", "--admin-addr", f"127.0.0.1:{a}",
-                         "--capacity", node_capacity, "--node-id", f"bench-{i}"], f"node-{i}", {"RUST_LOG": "warn"})
-            wait_http(f"http://127.0.0.1:{a}/ready")
-        yield f"127.0.0.1:{port}"
-    finally:
-        procs.stop()
 
 
 SEED_STORE = """

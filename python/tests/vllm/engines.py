@@ -10,7 +10,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-HERE = Path(__file__).parent
 # BUILD-NOTES: offline, no usage reports.
 ENGINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
               "TOKENIZERS_PARALLELISM": "false"}
@@ -21,7 +20,7 @@ def run_engine(model: Path, prompt: List[int], strata: Optional[Dict[str, Any]],
     """Runs a fresh engine in its own process; returns what it printed."""
     env = {**os.environ, **ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
     args = json.dumps({"model": str(model), "prompt": prompt, "strata": strata})
-    p = subprocess.run([sys.executable, str(HERE / "engine_run.py"), args], env=env, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "strata.bench.vllm_engine", args], env=env, capture_output=True,
                        text=True, timeout=timeout)
     if p.returncode != 0:
         raise AssertionError(f"engine exited {p.returncode}:\n{p.stderr[-6000:]}")
