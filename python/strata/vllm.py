@@ -91,6 +91,10 @@ class StrataConnectorMetadata(KVConnectorMetadata):
     lookups: int = 0
     hits: int = 0
     unavailable: int = 0
+    # Key prefix per rank ("tp.pp"), worked out by the scheduler.
+    namespaces: Dict[str, str] = field(default_factory=dict)
+    # Blocks promised to vLLM that cannot be loaded: reported as load errors.
+    failed: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -180,7 +184,9 @@ _SHARED_LOCK = threading.Lock()
 
 def _namespace(vllm_config: "VllmConfig", extra: Dict[str, Any], tp_rank: int, pp_rank: int) -> str:
     """Everything that makes two engines' KV bytes for the same tokens
-    differ, hashed into a key prefix."""
+    differ, hashed into a key prefix. Worked out by the scheduler only (for
+    every rank) and handed to the workers in the metadata: a worker process
+    does not see the same hash seed or prefix-caching decision."""
     mc = vllm_config.model_config
     cc = vllm_config.cache_config
     pc = vllm_config.parallel_config
@@ -191,10 +197,12 @@ def _namespace(vllm_config: "VllmConfig", extra: Dict[str, Any], tp_rank: int, p
         str(mc.model),
         str(getattr(mc, "revision", None)),
         str(mc.dtype),
+        str(mc.quantization),
+        str(sorted(mc.hf_overrides.items()) if isinstance(mc.hf_overrides, dict) else mc.hf_overrides),
         str(cc.cache_dtype),
         str(cc.block_size),
         str(getattr(layout, "name", layout)),
-        str(mc.get_num_layers(pc)),
+        str(mc.get_total_num_hidden_layers()),
         str(mc.get_total_num_kv_heads()),
         str(mc.get_head_size()),
         f"tp{pc.tensor_parallel_size}.{tp_rank}",
@@ -268,6 +276,10 @@ class StrataConnector(KVConnectorBase_V1):
                 raise ValueError(f"on_load_failure must be 'recompute' or 'fail', not {policy!r}")
             self._kv_transfer_config.kv_load_failure_policy = policy
         pc = vllm_config.parallel_config
+        if getattr(pc, "decode_context_parallel_size", 1) > 1 or getattr(pc, "prefill_context_parallel_size", 1) > 1:
+            # Context parallelism interleaves a block's tokens across ranks
+            # and hashes blocks of block_size x ranks tokens.
+            raise ValueError("StrataConnector does not support context parallelism (DCP/PCP > 1)")
         self._ranks = [(tp, pp) for pp in range(pc.pipeline_parallel_size) for tp in range(pc.tensor_parallel_size)]
         # Scheduler side.
         self._tracked: Dict[str, _Tracked] = {}
@@ -276,9 +288,10 @@ class StrataConnector(KVConnectorBase_V1):
         self._lookups = 0
         self._hits = 0
         self._unavailable = 0
+        self._namespaces: Optional[Dict[str, str]] = None
         # Worker side.
         self._reports_scheduler = False
-        self._ns: Optional[str] = None
+        self._rank = ""  # "tp.pp", set with the KV caches
         self._block_runs: List[Part] = []  # per layer: (address of block 0, bytes)
         self._block_strides: List[int] = []
         self._load_errors: Set[int] = set()
@@ -293,8 +306,14 @@ class StrataConnector(KVConnectorBase_V1):
 
     # ---------------------------------------------------------- scheduler side
 
+    def _rank_namespaces(self) -> Dict[str, str]:
+        if self._namespaces is None:
+            self._namespaces = {f"{tp}.{pp}": _namespace(self._vllm_config, self._extra, tp, pp) for tp, pp in self._ranks}
+        return self._namespaces
+
     def _scheduler_keys(self, hashes: Sequence[str]) -> List[str]:
-        return [_namespace(self._vllm_config, self._extra, tp, pp) + h for tp, pp in self._ranks for h in hashes]
+        ns = self._rank_namespaces()
+        return [ns[f"{tp}.{pp}"] + h for tp, pp in self._ranks for h in hashes]
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> Tuple[Optional[int], bool]:
         bs = self._block_size
@@ -341,7 +360,8 @@ class StrataConnector(KVConnectorBase_V1):
             self._planned.pop(request.request_id, None)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
-        meta = StrataConnectorMetadata(lookups=self._lookups, hits=self._hits, unavailable=self._unavailable)
+        meta = StrataConnectorMetadata(lookups=self._lookups, hits=self._hits, unavailable=self._unavailable,
+                                       namespaces=self._rank_namespaces())
         self._lookups = self._hits = self._unavailable = 0
         bs = self._block_size
         for new in scheduler_output.scheduled_new_reqs:
@@ -371,11 +391,13 @@ class StrataConnector(KVConnectorBase_V1):
 
     def _plan_load(self, meta: StrataConnectorMetadata, req_id: str, t: _Tracked) -> None:
         plan = self._planned.pop(req_id, None)
-        hashes = self._hashes.get(req_id)
-        if plan is None or hashes is None:
+        if plan is None:
             return
         first, end = plan
-        if end > len(t.block_ids):
+        hashes = self._hashes.get(req_id)
+        if hashes is None or end > len(hashes) or end > len(t.block_ids):
+            # vLLM counts these tokens as loaded: have it recompute them.
+            meta.failed.extend(t.block_ids[first:end])
             return
         meta.loads.append(Transfer(hashes=hashes[first:end], block_ids=t.block_ids[first:end]))
         t.saved = max(t.saved, end)
@@ -405,7 +427,7 @@ class StrataConnector(KVConnectorBase_V1):
 
         tp = get_tp_group().rank_in_group
         pp = get_pp_group().rank_in_group
-        self._ns = _namespace(self._vllm_config, self._extra, tp, pp)
+        self._rank = f"{tp}.{pp}"
         # The scheduler's counts travel in the metadata to every worker;
         # one of them reports them.
         self._reports_scheduler = tp == 0 and pp == 0
@@ -428,8 +450,8 @@ class StrataConnector(KVConnectorBase_V1):
         self._block_runs = runs
         self._block_strides = strides
         logger.info(
-            "Strata connector: %d layers, %d bytes per block, keys under %s",
-            len(runs), sum(n for _, n in runs), self._ns,
+            "Strata connector: rank %s, %d layers, %d bytes per block",
+            self._rank, len(runs), sum(n for _, n in runs),
         )
 
     def _parts(self, block_id: int) -> List[Part]:
@@ -451,16 +473,19 @@ class StrataConnector(KVConnectorBase_V1):
             self._stats.data["lookups"] += meta.lookups
             self._stats.data["hits"] += meta.hits
             self._stats.data["unavailable"] += meta.unavailable
+        if meta.failed:
+            self._fail_loads(meta.failed)
+        ns = meta.namespaces.get(self._rank)
         for load in meta.loads:
-            self._load(load)
+            self._load(load, ns)
 
-    def _load(self, load: Transfer) -> None:
+    def _load(self, load: Transfer, ns: Optional[str]) -> None:
         store = self._strata.get()
-        if store is None or self._ns is None:
+        if store is None or ns is None:
             self._stats.data["unavailable"] += 1
             self._fail_loads(load.block_ids)
             return
-        keys = [self._ns + h for h in load.hashes]
+        keys = [ns + h for h in load.hashes]
         parts = [self._parts(b) for b in load.block_ids]
         try:
             res = store.batch_get_into_parts(keys, parts)
@@ -495,13 +520,14 @@ class StrataConnector(KVConnectorBase_V1):
         if not isinstance(meta, StrataConnectorMetadata) or not meta.saves:
             return
         store = self._strata.get()
-        if store is None or self._ns is None:
+        ns = meta.namespaces.get(self._rank)
+        if store is None or ns is None:
             self._stats.data["unavailable"] += 1
             return
         keys: List[str] = []
         parts: List[List[Part]] = []
         for s in meta.saves:
-            keys.extend(self._ns + h for h in s.hashes)
+            keys.extend(ns + h for h in s.hashes)
             parts.extend(self._parts(b) for b in s.block_ids)
         try:
             res = store.batch_put_from_parts(keys, parts, replicas=self._replicas)

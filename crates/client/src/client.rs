@@ -404,6 +404,19 @@ impl Client {
                 }
                 if end.as_ref().is_err_and(|e| e.retryable()) {
                     unsure.store(true, std::sync::atomic::Ordering::Relaxed);
+                    if generation.is_some() {
+                        // The retry starts a new version: this one, if its
+                        // PutEnd never arrived, must not hold the key
+                        // (NotReady) until --put-timeout. A version that
+                        // did commit is not touched by a revoke.
+                        let _ = self
+                            .m()
+                            .put_revoke(pb::PutRevokeRequest {
+                                key: key.to_string(),
+                                generation,
+                            })
+                            .await;
+                    }
                 }
                 end.map(|_| ())
             })

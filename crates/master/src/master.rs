@@ -1503,18 +1503,20 @@ impl Master {
     /// them and the nodes that left since the last call (both to forget).
     pub fn expire_nodes(&self, now_ms: u64) -> Vec<String> {
         let ttl = self.cfg.node_ttl.as_millis() as u64;
-        let dead: Vec<String> = self
+        let dead: Vec<(String, u64)> = self
             .nodes
             .read()
             .values()
             .filter(|n| n.last_heartbeat_ms.load(Ordering::Relaxed) + ttl < now_ms)
-            .map(|n| n.node_id.clone())
+            .map(|n| (n.node_id.clone(), n.incarnation))
             .collect();
-        for id in &dead {
-            self.drop_node(id, "missed --node-ttl");
+        for (id, incarnation) in &dead {
+            // That registration only: one that took the id over meanwhile
+            // is alive.
+            self.drop_node_of(id, Some(*incarnation), "missed --node-ttl");
         }
         let mut gone = std::mem::take(&mut *self.left_nodes.lock());
-        gone.extend(dead);
+        gone.extend(dead.into_iter().map(|(id, _)| id));
         gone
     }
 }

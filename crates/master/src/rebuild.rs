@@ -246,6 +246,16 @@ impl Master {
         // The commit's own generation (grants for the range keep fencing
         // as before); a fresh one if the node did not say.
         let generation = if o.generation > 0 {
+            // Later allocations must get newer generations than every
+            // adopted one (a successor whose clock is behind would hand an
+            // overwrite an older generation than the version it replaces,
+            // and a rebuild keeps the newest). Capped a day ahead of this
+            // clock, so a node's claim cannot exhaust the counter.
+            let cap = strata_common::time::unix_ms().saturating_add(86_400_000) << 16;
+            if o.generation < cap {
+                self.next_generation
+                    .fetch_max(o.generation + 1, Ordering::Relaxed);
+            }
             o.generation
         } else {
             self.next_generation.fetch_add(1, Ordering::Relaxed)

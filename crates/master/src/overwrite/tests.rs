@@ -215,3 +215,41 @@ fn a_lost_node_takes_the_overwrite_written_there() {
     end(&m, "k", 3, g).unwrap();
     assert_eq!(committed(&m, "k"), (300, 3));
 }
+
+/// After a failover to a master whose clock is behind, an overwrite must
+/// still get a newer generation than the version it replaces (a rebuild
+/// keeps the newest); a node's absurd claim does not move the counter.
+#[test]
+fn versions_adopted_from_nodes_raise_the_generations_given_out() {
+    let m = master_with(1, 1 << 20, |_| {});
+    let ahead = (unix_ms() + 3_600_000) << 16; // an hour ahead of this clock
+    let report = |key: &str, offset: u64, generation: u64| {
+        let n = m.nodes.read().get("n0").cloned().unwrap();
+        m.adopt_node_objects(&strata_proto::ReportNodeObjectsRequest {
+            node_id: "n0".into(),
+            incarnation: n.incarnation,
+            instance_proof: crate::tests::NODE_PROOF.to_vec(),
+            objects: vec![strata_proto::NodeObject {
+                key: key.into(),
+                local_segment: 0,
+                offset,
+                length: 100,
+                crc32c: 1,
+                generation,
+            }],
+            last: false,
+        })
+        .unwrap()
+    };
+    assert_eq!(report("k", 0, ahead).adopted, 1);
+    let g = start(&m, "k", 200);
+    assert!(
+        g > ahead,
+        "the overwrite's generation {g} is older than the adopted {ahead}"
+    );
+    end(&m, "k", 2, g).unwrap();
+    assert_eq!(committed(&m, "k"), (200, 2));
+    // A claim beyond a day ahead is adopted but does not drag the counter.
+    assert_eq!(report("far", 4096, u64::MAX - 1).adopted, 1);
+    assert!(start(&m, "other", 100) < u64::MAX - 1);
+}
