@@ -372,13 +372,7 @@ impl Client {
                 let receipts = match written {
                     Ok(r) => r,
                     Err(e) => {
-                        let _ = self
-                            .m()
-                            .put_revoke(pb::PutRevokeRequest {
-                                key: key.to_string(),
-                                generation,
-                            })
-                            .await;
+                        self.revoke(key, generation).await;
                         // A grant refused by its node came from a leader that
                         // was deposed meanwhile (the node re-registered with a
                         // newer term's key): a new grant will do.
@@ -409,13 +403,7 @@ impl Client {
                         // PutEnd never arrived, must not hold the key
                         // (NotReady) until --put-timeout. A version that
                         // did commit is not touched by a revoke.
-                        let _ = self
-                            .m()
-                            .put_revoke(pb::PutRevokeRequest {
-                                key: key.to_string(),
-                                generation,
-                            })
-                            .await;
+                        self.revoke(key, generation).await;
                     }
                 }
                 end.map(|_| ())
@@ -427,6 +415,19 @@ impl Client {
             self.forget(key);
         }
         r
+    }
+
+    /// Revokes this client's put of `key` (an overwrite's by its
+    /// `generation`), best effort: what is not revoked, --put-timeout
+    /// reclaims.
+    async fn revoke(&self, key: &str, generation: Option<u64>) {
+        let _ = self
+            .m()
+            .put_revoke(pb::PutRevokeRequest {
+                key: key.to_string(),
+                generation,
+            })
+            .await;
     }
 
     /// After an ambiguous PutEnd: the key exists; is it our put?
