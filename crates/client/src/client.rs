@@ -364,8 +364,10 @@ impl Client {
                     }
                     Err(e) => return Err(e),
                 };
-                // An overwrite names its version at PutEnd and revoke.
-                let generation = version_of(&replicas).filter(|_| opts.overwrite);
+                // Every put names its version at PutEnd and revoke, so a late
+                // or repeated call never ends another writer's put of the
+                // key (an overwrite's is found by it, too).
+                let generation = version_of(&replicas);
                 let put_started = mark();
                 let written = self.write_replicas(key, crc, &replicas, data).await;
                 let wrote = mark();
@@ -398,7 +400,7 @@ impl Client {
                 }
                 if end.as_ref().is_err_and(|e| e.retryable()) {
                     unsure.store(true, std::sync::atomic::Ordering::Relaxed);
-                    if generation.is_some() {
+                    if opts.overwrite {
                         // The retry starts a new version: this one, if its
                         // PutEnd never arrived, must not hold the key
                         // (NotReady) until --put-timeout. A version that
@@ -816,7 +818,7 @@ impl Client {
                 if let Err(e) = from_status(st.status) {
                     return (Err(e), false, None);
                 }
-                let generation = version_of(&st.replicas).filter(|_| opts.overwrite);
+                let generation = version_of(&st.replicas);
                 // Records come only with a declared checksum.
                 let crc = crc.unwrap_or_default();
                 let w = self
@@ -861,10 +863,6 @@ impl Client {
             .map(|(w, _, _)| (w.map(|_| ()), false))
             .collect();
         if !revokes.keys.is_empty() {
-            if !opts.overwrite {
-                // What masters that predate overwrites expect.
-                revokes.generations.clear();
-            }
             let _ = self.m().batch_put_revoke(revokes).await;
         }
         if !ends.is_empty() {

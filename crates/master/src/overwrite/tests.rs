@@ -253,3 +253,34 @@ fn versions_adopted_from_nodes_raise_the_generations_given_out() {
     assert_eq!(report("far", 4096, u64::MAX - 1).adopted, 1);
     assert!(start(&m, "other", 100) < u64::MAX - 1);
 }
+
+/// A PutEnd that arrives after its put was reclaimed (--put-timeout) and
+/// the key put again by another writer: naming its version, it neither
+/// commits nor revokes the other writer's bytes.
+#[test]
+fn a_late_put_end_never_ends_another_writers_put() {
+    let m = master_with(1, 1 << 20, |c| c.put_timeout = Duration::from_millis(1));
+    let late = m.put_start(spec("k", 100, 1)).unwrap()[0]
+        .grant
+        .as_ref()
+        .unwrap()
+        .generation;
+    assert_eq!(
+        m.reclaim_expired_puts(Instant::now() + Duration::from_secs(1)),
+        1
+    );
+    let other = m.put_start(spec("k", 100, 1)).unwrap()[0]
+        .grant
+        .as_ref()
+        .unwrap()
+        .generation;
+    assert_eq!(end(&m, "k", 1, late).unwrap_err().code, Code::NotFound);
+    assert!(m.put_revoke_of("k", Some(late)).is_err());
+    assert_eq!(
+        m.get_replicas("k").unwrap_err().code,
+        Code::NotReady,
+        "still being written"
+    );
+    end(&m, "k", 2, other).unwrap();
+    assert_eq!(committed(&m, "k"), (100, 2));
+}
