@@ -34,9 +34,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .cluster import strata_cluster
 from .models import PREFILL, make_llama
+from .vllm_engine import OFFLINE_ENV
 
-ENGINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-              "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+ENGINE_ENV = {**OFFLINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def engine(model: Path, prompt: List[int], **args: Any) -> Dict[str, Any]:

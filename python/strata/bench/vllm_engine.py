@@ -15,6 +15,10 @@ import os
 import sys
 import time
 
+# What every engine run gets (BUILD-NOTES): offline, no usage reports.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+
 
 def main() -> None:
     args = json.loads(sys.argv[1])

@@ -10,15 +10,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-# BUILD-NOTES: offline, no usage reports.
-ENGINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-              "TOKENIZERS_PARALLELISM": "false"}
+from strata.bench.vllm_engine import OFFLINE_ENV
+
 
 
 def run_engine(model: Path, prompt: List[int], strata: Optional[Dict[str, Any]], *,
                in_process: bool = True, timeout: float = 600) -> Dict[str, Any]:
     """Runs a fresh engine in its own process; returns what it printed."""
-    env = {**os.environ, **ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
+    env = {**os.environ, **OFFLINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
     args = json.dumps({"model": str(model), "prompt": prompt, "strata": strata})
     p = subprocess.run([sys.executable, "-m", "strata.bench.vllm_engine", args], env=env, capture_output=True,
                        text=True, timeout=timeout)
