@@ -31,4 +31,4 @@ fi
 export STRATA_BIN_DIR="${STRATA_BIN_DIR:-$CARGO_TARGET_DIR/debug}"
 cd python
 # The engine connectors' tests run in the engines' venvs (scripts/vllm-tests.sh).
-exec "$venv/bin/python" -m pytest -q --ignore=tests/vllm "$@"
+exec "$venv/bin/python" -m pytest -q --ignore=tests/vllm --ignore=tests/sglang "$@"

@@ -13,14 +13,16 @@ export PYO3_BUILD_EXTENSION_MODULE=1
 cargo build --workspace --all-targets
 rust=0
 cargo nextest run --workspace --no-fail-fast "$@" || rust=$?
-# The Python package's tests, and the vLLM connector's in a real vLLM (its
-# venv made once outside the clone), run even when a Rust test failed (all
-# reported).
+# The Python package's tests, the vLLM connector's in a real vLLM (its venv
+# made once outside the clone) and the SGLang backend's with SGLang's classes
+# run even when a Rust test failed (all reported).
 py=0
 scripts/python-tests.sh || py=$?
 vllm=0
 scripts/vllm-tests.sh || vllm=$?
-if [ "$rust" -ne 0 ] || [ "$py" -ne 0 ] || [ "$vllm" -ne 0 ]; then
-  echo "failed: rust tests exit $rust, python tests exit $py, vllm tests exit $vllm" >&2
+sglang=0
+scripts/sglang-tests.sh || sglang=$?
+if [ "$rust" -ne 0 ] || [ "$py" -ne 0 ] || [ "$vllm" -ne 0 ] || [ "$sglang" -ne 0 ]; then
+  echo "failed: rust tests exit $rust, python tests exit $py, vllm tests exit $vllm, sglang tests exit $sglang" >&2
   exit 1
 fi

@@ -39,8 +39,6 @@ default).
 from __future__ import annotations
 
 import hashlib
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -53,7 +51,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.logger import init_logger
 
-import strata
+from strata._engine import EngineStore
 from strata.errors import AlreadyExists, StrataError
 
 if TYPE_CHECKING:
@@ -120,66 +118,6 @@ class StrataConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not any(self.data.get(k, 0) for k in STAT_NAMES)
-
-
-class _Strata:
-    """A lazily connected Store that stays out of the engine's way when
-    Strata is down: after a failure, calls are skipped (answered as misses)
-    for ``retry_after`` seconds, and the failure is logged once per outage."""
-
-    def __init__(self, extra: Dict[str, Any]):
-        self._master = extra.get("master")
-        self._token_file = extra.get("token_file")
-        self._timeout = float(extra.get("timeout", 2.0))
-        self._retry_after = float(extra.get("retry_after", 10.0))
-        self._store: Optional[strata.Store] = None
-        self._down_until = 0.0
-        self._lock = threading.Lock()
-
-    @classmethod
-    def shared(cls, extra: Dict[str, Any]) -> "_Strata":
-        """One per process and configuration: the scheduler's and the
-        worker's connectors share the connection and the outage state when
-        they run in one process (and log an outage once)."""
-        key = tuple(str(extra.get(k)) for k in ("master", "token_file", "timeout", "retry_after"))
-        with _SHARED_LOCK:
-            s = _SHARED.get(key)
-            if s is None:
-                s = _SHARED[key] = cls(extra)
-            return s
-
-    def get(self) -> Optional[strata.Store]:
-        """The store, or None while Strata is considered down."""
-        if time.monotonic() < self._down_until:
-            return None
-        with self._lock:
-            if self._store is None:
-                try:
-                    self._store = strata.Store.connect(
-                        self._master, token_file=self._token_file, timeout=self._timeout
-                    )
-                    logger.info("Strata connector connected to %s", self._store.master)
-                except (StrataError, OSError, ValueError) as e:
-                    self.failed(e)
-                    return None
-            return self._store
-
-    def failed(self, e: BaseException) -> None:
-        if time.monotonic() >= self._down_until:
-            logger.warning(
-                "Strata unavailable (%s); the connector recomputes instead for %.0f s", e, self._retry_after
-            )
-        self._down_until = time.monotonic() + self._retry_after
-
-    def close(self) -> None:
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
-
-
-_SHARED: Dict[Tuple[str, ...], _Strata] = {}
-_SHARED_LOCK = threading.Lock()
 
 
 def _namespace(vllm_config: "VllmConfig", extra: Dict[str, Any], tp_rank: int, pp_rank: int) -> str:
@@ -265,7 +203,8 @@ class StrataConnector(KVConnectorBase_V1):
         self._extra: Dict[str, Any] = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self._block_size = vllm_config.cache_config.block_size
         self._replicas = int(self._extra.get("replicas", 1))
-        self._strata = _Strata.shared(self._extra)
+        self._strata = EngineStore.shared(self._extra, logger, "the connector recomputes instead")
+        self._shut_down = False
         if role == KVConnectorRole.SCHEDULER:
             # A block that fails to load is a cache miss, not an error: vLLM
             # recomputes it (its default is to fail the request), unless the
@@ -560,4 +499,6 @@ class StrataConnector(KVConnectorBase_V1):
         return StrataConnectorStats(data=dict(data or {}))
 
     def shutdown(self) -> None:
-        self._strata.close()
+        if not self._shut_down:
+            self._shut_down = True
+            self._strata.release()
