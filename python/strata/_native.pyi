@@ -147,3 +147,7 @@ class Store:
         segments, evictions, segment_info."""
     def close(self) -> None:
         """Closes the connection and stops the embedded segment."""
+    def _io_threads(self) -> int:
+        """Threads that drive their own I/O for this connection (each
+        thread's first blocking call makes its own; it ends with the
+        thread; ``STRATA_THREAD_IO=0`` turns this off)."""

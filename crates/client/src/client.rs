@@ -190,6 +190,27 @@ pub(crate) fn replicas_of(r: pb::GetReplicasResult) -> Result<pb::GetReplicasRes
         .ok_or_else(|| Error::internal("missing replicas in batch result"))
 }
 
+/// The master's gRPC client and, where enabled, its quick-call connection
+/// (both connect lazily, on the runtime of their first call).
+fn master_connections(
+    cfg: &ClientConfig,
+) -> Result<(
+    MasterClient<MasterChannel>,
+    Option<Arc<crate::quick::QuickCalls>>,
+)> {
+    let (channel, route) =
+        strata_common::grpc::master_channel_routed(&cfg.master, cfg.token.as_ref())?;
+    let quick = cfg
+        .quick_calls
+        .then(|| crate::quick::QuickCalls::new(route, cfg.token.as_ref()))
+        .transpose()?
+        .map(Arc::new);
+    let master = MasterClient::new(channel)
+        .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE)
+        .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE);
+    Ok((master, quick))
+}
+
 /// A batch's replicas, per key, and which came from the location cache.
 struct Located {
     infos: Vec<Result<pb::GetReplicasResponse>>,
@@ -210,16 +231,7 @@ impl Client {
     /// Creates a client. The master connection is made lazily and re-made
     /// after failures, so this succeeds even while the master restarts.
     pub async fn connect(cfg: ClientConfig) -> Result<Client> {
-        let (channel, route) =
-            strata_common::grpc::master_channel_routed(&cfg.master, cfg.token.as_ref())?;
-        let quick = cfg
-            .quick_calls
-            .then(|| crate::quick::QuickCalls::new(route, cfg.token.as_ref()))
-            .transpose()?
-            .map(Arc::new);
-        let master = MasterClient::new(channel)
-            .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE)
-            .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE);
+        let (master, quick) = master_connections(&cfg)?;
         let tcp = Arc::new(TcpTransport::new(cfg.transport.clone()));
         let transport: Arc<dyn Transport> = match cfg.data_transport {
             TransportKind::Tcp => tcp,
@@ -243,6 +255,33 @@ impl Client {
             transport,
             cfg: Arc::new(cfg),
             locations,
+        })
+    }
+
+    /// A client of the same cluster and configuration whose connections
+    /// (master, quick calls, data plane) and background tasks belong to the
+    /// runtime this is called on, sharing this one's location cache and
+    /// placement view. For a caller that drives its own single-threaded
+    /// runtime (a Python thread waiting on a call): its sockets wake it
+    /// directly, instead of a worker of another runtime waking it, which
+    /// costs a thread switch per round trip. TCP only: a UCX transport is
+    /// one per process.
+    pub fn sibling(&self) -> Result<Client> {
+        if self.cfg.data_transport != TransportKind::Tcp {
+            return Err(Error::invalid(
+                "only clients of the TCP transport have siblings",
+            ));
+        }
+        let (master, quick) = master_connections(&self.cfg)?;
+        Ok(Client {
+            node_segments: self.node_segments.clone(),
+            steps: self.steps.clone(),
+            lookups: Lookups::start(master.clone(), quick.clone()),
+            quick,
+            master,
+            transport: Arc::new(TcpTransport::new(self.cfg.transport.clone())),
+            cfg: self.cfg.clone(),
+            locations: self.locations.clone(),
         })
     }
 

@@ -3,9 +3,10 @@
 //! the engine contributes DRAM as the seed system's clients do).
 
 use crate::errors::IntoPy;
+use crate::thread_io::{Local, Locals};
 use pyo3::prelude::*;
 use std::path::PathBuf;
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use strata_client::{Client, ClientConfig, TransportKind};
 use strata_common::auth::Secret;
@@ -36,6 +37,9 @@ pub struct Shared {
     pid: u32,
     pub master: String,
     segment: Mutex<Option<Segment>>,
+    /// Blocking calls' per-thread runtimes and clients (TCP only; `None`
+    /// when off): see `crate::thread_io`.
+    locals: Option<Arc<Locals>>,
 }
 
 impl Drop for Shared {
@@ -74,6 +78,27 @@ impl Shared {
             .ok_or_else(|| Error::new(Code::Cancelled, "the store is closed"))
     }
 
+    /// The client and runtime a blocking call of this thread runs on:
+    /// the thread's own where per-thread I/O is on (made on its first call,
+    /// with the GIL released), else the shared client (`None`: the shared
+    /// runtime).
+    pub fn blocking_client(&self, py: Python<'_>) -> Result<(Client, Option<Arc<Local>>)> {
+        let base = self.client()?;
+        let Some(locals) = &self.locals else {
+            return Ok((base, None));
+        };
+        let local = match locals.existing() {
+            Some(l) => l,
+            None => py.detach(|| locals.this_thread(&base))?,
+        };
+        Ok((local.client.clone(), Some(local)))
+    }
+
+    /// Threads with their own runtime and client (tests, diagnostics).
+    pub fn io_threads(&self) -> usize {
+        self.locals.as_ref().map_or(0, |l| l.len())
+    }
+
     pub fn is_closed(&self) -> bool {
         self.client
             .read()
@@ -98,6 +123,10 @@ impl Shared {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+        if let Some(locals) = &self.locals {
+            // A thread still in a call keeps its runtime until it returns.
+            crate::thread_io::dispose(locals.take_all(), self.pid);
+        }
         let seg = self
             .segment
             .lock()
@@ -219,11 +248,13 @@ pub async fn connect(s: Settings) -> Result<Shared> {
     } else {
         None
     };
+    let locals = (transport == TransportKind::Tcp && crate::thread_io::enabled()).then(Locals::new);
     Ok(Shared {
         client: RwLock::new(Some(client)),
         pid: std::process::id(),
         master,
         segment: Mutex::new(segment),
+        locals,
     })
 }
 

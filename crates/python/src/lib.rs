@@ -10,6 +10,7 @@ mod errors;
 mod ret;
 mod runtime;
 mod store;
+mod thread_io;
 
 use pyo3::prelude::*;
 

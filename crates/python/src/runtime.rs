@@ -62,7 +62,17 @@ where
     F: Future<Output = T>,
     T: Send,
 {
-    let rt = runtime()?;
+    wait_on(py, runtime()?, make)
+}
+
+/// [`wait`] on a given runtime: the shared one, or the calling thread's own
+/// (`crate::thread_io`), which this thread then drives while it waits.
+pub fn wait_on<T, M, F>(py: Python<'_>, rt: &Runtime, make: M) -> PyResult<T>
+where
+    M: FnOnce() -> F + Send,
+    F: Future<Output = T>,
+    T: Send,
+{
     // Only the main thread runs signal handlers; others wait in one go.
     if !is_main_thread(py) {
         return Ok(py.detach(|| rt.block_on(async { make().await })));

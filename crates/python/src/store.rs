@@ -7,6 +7,7 @@ use crate::buffers::{no_overlaps, pin, Pinned};
 use crate::connection::{connect_blocking, Settings, Shared};
 use crate::errors::{invalid, IntoPy};
 use crate::ret::{Dict, Dicts, Items, NewBytes, Ret, Value};
+use crate::thread_io::Local;
 use pyo3::prelude::*;
 use std::future::Future;
 use std::path::PathBuf;
@@ -70,22 +71,39 @@ fn pin_parts(parts: &[Vec<Bound<'_, PyAny>>], writable: bool) -> PyResult<Vec<Ve
     parts.iter().map(|p| pin_all(p, writable)).collect()
 }
 
+/// Where a blocking operation runs: this thread's runtime, or (`None`) the
+/// shared one.
+struct On(Option<Arc<Local>>);
+
 impl Store {
-    fn client(&self, py: Python<'_>) -> PyResult<Client> {
-        self.shared.client().py(py)
+    /// The client an operation uses and where it runs: an async store's
+    /// on the shared runtime; a blocking one's on this thread's own runtime
+    /// where that is on (`crate::thread_io`).
+    fn client(&self, py: Python<'_>) -> PyResult<(Client, On)> {
+        if self.asynchronous {
+            return Ok((self.shared.client().py(py)?, On(None)));
+        }
+        let (c, local) = self.shared.blocking_client(py).py(py)?;
+        Ok((c, On(local)))
     }
 
     /// Runs an operation: blocking (GIL released) or as an awaitable.
-    fn run<T, F>(&self, py: Python<'_>, fut: F) -> PyResult<Py<PyAny>>
+    fn run<T, F>(&self, py: Python<'_>, on: On, fut: F) -> PyResult<Py<PyAny>>
     where
         T: Ret,
         F: Future<Output = Result<T>> + Send + 'static,
     {
         if self.asynchronous {
-            crate::aio::spawn(py, fut)
-        } else {
-            crate::runtime::wait(py, move || fut)?.py(py)?.into_py(py)
+            return crate::aio::spawn(py, fut);
         }
+        let r = match &on.0 {
+            Some(local) => crate::runtime::wait_on(py, &local.rt, move || fut),
+            None => crate::runtime::wait(py, move || fut),
+        };
+        // The thread's runtime is released here, after its future is done
+        // and outside any async context.
+        drop(on);
+        r?.py(py)?.into_py(py)
     }
 }
 
@@ -240,9 +258,13 @@ impl Store {
         overwrite: bool,
     ) -> PyResult<Py<PyAny>> {
         let opts = put_options(py, replicas, soft_pin, hard_pin, preferred, overwrite)?;
-        let c = self.client(py)?;
+        let (c, on) = self.client(py)?;
         let buf = pin(data, false)?;
-        self.run(py, async move { c.put(&key, buf.as_slice(), &opts).await })
+        self.run(
+            py,
+            on,
+            async move { c.put(&key, buf.as_slice(), &opts).await },
+        )
     }
 
     /// `put` (every put reads the caller's memory in place; the name is
@@ -280,9 +302,9 @@ impl Store {
         overwrite: bool,
     ) -> PyResult<Py<PyAny>> {
         let opts = put_options(py, replicas, soft_pin, hard_pin, preferred, overwrite)?;
-        let c = self.client(py)?;
+        let (c, on) = self.client(py)?;
         let bufs = pin_all(&parts, false)?;
-        self.run(py, async move {
+        self.run(py, on, async move {
             let slices: Vec<&[u8]> = bufs.iter().map(Pinned::as_slice).collect();
             c.put_parts(&key, &slices, &opts).await
         })
@@ -305,9 +327,9 @@ impl Store {
     ) -> PyResult<Py<PyAny>> {
         let opts = put_options(py, replicas, soft_pin, hard_pin, preferred, overwrite)?;
         same_len(py, "buffers", keys.len(), buffers.len())?;
-        let c = self.client(py)?;
+        let (c, on) = self.client(py)?;
         let bufs = pin_all(&buffers, false)?;
-        self.run(py, async move {
+        self.run(py, on, async move {
             let items: Vec<(&str, &[u8])> = keys
                 .iter()
                 .zip(&bufs)
@@ -333,9 +355,9 @@ impl Store {
     ) -> PyResult<Py<PyAny>> {
         let opts = put_options(py, replicas, soft_pin, hard_pin, preferred, overwrite)?;
         same_len(py, "lists of parts", keys.len(), parts.len())?;
-        let c = self.client(py)?;
+        let (c, on) = self.client(py)?;
         let bufs = pin_parts(&parts, false)?;
-        self.run(py, async move {
+        self.run(py, on, async move {
             let items: Vec<(&str, Vec<&[u8]>)> = keys
                 .iter()
                 .zip(&bufs)
@@ -347,8 +369,12 @@ impl Store {
 
     /// The object under `key` as a new `bytes` (`NotFound` if absent).
     fn get(&self, py: Python<'_>, key: String) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
-        self.run(py, async move { c.get_with(&key, NewBytes::alloc).await })
+        let (c, on) = self.client(py)?;
+        self.run(
+            py,
+            on,
+            async move { c.get_with(&key, NewBytes::alloc).await },
+        )
     }
 
     /// Reads `key` into `buffer` (at least the object's size; writable) and
@@ -359,10 +385,11 @@ impl Store {
         key: String,
         buffer: &Bound<'_, PyAny>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
+        let (c, on) = self.client(py)?;
         let buf = pin(buffer, true)?;
         self.run(
             py,
+            on,
             async move { c.get_into(&key, buf.as_mut_slice()).await },
         )
     }
@@ -375,10 +402,10 @@ impl Store {
         key: String,
         parts: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
+        let (c, on) = self.client(py)?;
         let bufs = pin_all(&parts, true)?;
         no_overlaps(py, &bufs.iter().collect::<Vec<_>>())?;
-        self.run(py, async move {
+        self.run(py, on, async move {
             let mut slices: Vec<&mut [u8]> = bufs.iter().map(Pinned::as_mut_slice).collect();
             c.get_into_parts(&key, &mut slices).await
         })
@@ -387,8 +414,8 @@ impl Store {
     /// Many objects as `bytes`; `None` for keys not found. Other failures
     /// raise.
     fn batch_get(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
-        self.run(py, async move {
+        let (c, on) = self.client(py)?;
+        self.run(py, on, async move {
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
             // Each object read straight into its new bytes.
             let got = c.batch_get_with(&refs, NewBytes::alloc).await?;
@@ -413,10 +440,10 @@ impl Store {
         buffers: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         same_len(py, "buffers", keys.len(), buffers.len())?;
-        let c = self.client(py)?;
+        let (c, on) = self.client(py)?;
         let bufs = pin_all(&buffers, true)?;
         no_overlaps(py, &bufs.iter().collect::<Vec<_>>())?;
-        self.run(py, async move {
+        self.run(py, on, async move {
             let mut items: Vec<(&str, &mut [u8])> = keys
                 .iter()
                 .zip(&bufs)
@@ -434,10 +461,10 @@ impl Store {
         parts: Vec<Vec<Bound<'_, PyAny>>>,
     ) -> PyResult<Py<PyAny>> {
         same_len(py, "lists of parts", keys.len(), parts.len())?;
-        let c = self.client(py)?;
+        let (c, on) = self.client(py)?;
         let bufs = pin_parts(&parts, true)?;
         no_overlaps(py, &bufs.iter().flatten().collect::<Vec<_>>())?;
-        self.run(py, async move {
+        self.run(py, on, async move {
             let mut slices: Vec<Vec<&mut [u8]>> = bufs
                 .iter()
                 .map(|p| p.iter().map(Pinned::as_mut_slice).collect())
@@ -453,14 +480,14 @@ impl Store {
 
     /// Whether `key` is stored (committed).
     fn exists(&self, py: Python<'_>, key: String) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
-        self.run(py, async move { c.exists(&key).await })
+        let (c, on) = self.client(py)?;
+        self.run(py, on, async move { c.exists(&key).await })
     }
 
     /// Whether each key is stored, in one request.
     fn batch_exists(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
-        self.run(py, async move {
+        let (c, on) = self.client(py)?;
+        self.run(py, on, async move {
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
             c.batch_sizes(&refs)
                 .await?
@@ -472,8 +499,8 @@ impl Store {
 
     /// Each key's size (`None` when absent), in one request.
     fn batch_size(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
-        self.run(py, async move {
+        let (c, on) = self.client(py)?;
+        self.run(py, on, async move {
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
             c.batch_sizes(&refs)
                 .await?
@@ -484,23 +511,23 @@ impl Store {
 
     /// The stored object's size, without reading it (`NotFound` if absent).
     fn size(&self, py: Python<'_>, key: String) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
-        self.run(py, async move { c.size(&key).await })
+        let (c, on) = self.client(py)?;
+        self.run(py, on, async move { c.size(&key).await })
     }
 
     /// Removes `key`; refused (`Leased`) while a reader holds it, unless
     /// `force` (admin token).
     #[pyo3(signature = (key, force=false))]
     fn remove(&self, py: Python<'_>, key: String, force: bool) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
-        self.run(py, async move { c.remove(&key, force).await })
+        let (c, on) = self.client(py)?;
+        self.run(py, on, async move { c.remove(&key, force).await })
     }
 
     /// Removes many keys; one result per key: `None` or its exception.
     #[pyo3(signature = (keys, force=false))]
     fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
-        self.run(py, async move {
+        let (c, on) = self.client(py)?;
+        self.run(py, on, async move {
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
             Ok(Items(c.batch_remove(&refs, force).await))
         })
@@ -515,24 +542,28 @@ impl Store {
                 "an empty prefix would remove every key; call remove_all() for that",
             ));
         }
-        let c = self.client(py)?;
-        self.run(py, async move { c.remove_prefix(&prefix, force).await })
+        let (c, on) = self.client(py)?;
+        self.run(py, on, async move { c.remove_prefix(&prefix, force).await })
     }
 
     /// Removes every object (admin token; leased ones only with `force`).
     /// Returns how many were removed.
     #[pyo3(signature = (force=false))]
     fn remove_all(&self, py: Python<'_>, force: bool) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
-        self.run(py, async move { c.remove_all(force).await.map(|(n, _)| n) })
+        let (c, on) = self.client(py)?;
+        self.run(
+            py,
+            on,
+            async move { c.remove_all(force).await.map(|(n, _)| n) },
+        )
     }
 
     /// Keys starting with `prefix`, in key order, at most `limit`: dicts of
     /// `key`, `size` and `replicas`.
     #[pyo3(signature = (prefix="".to_string(), limit=1000))]
     fn list(&self, py: Python<'_>, prefix: String, limit: usize) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
-        self.run(py, async move {
+        let (c, on) = self.client(py)?;
+        self.run(py, on, async move {
             let objs = c.list(&prefix, limit).await?;
             Ok(Dicts(
                 objs.into_iter()
@@ -551,8 +582,8 @@ impl Store {
 
     /// The cluster's summary: keys, capacity, allocation, nodes, segments.
     fn stat(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let c = self.client(py)?;
-        self.run(py, async move {
+        let (c, on) = self.client(py)?;
+        self.run(py, on, async move {
             let s = c.stat().await?;
             Ok(Dict(vec![
                 ("keys", Value::Int(s.keys)),
@@ -581,10 +612,16 @@ impl Store {
         })
     }
 
+    /// How many threads drive their own I/O for this connection (each
+    /// thread's first blocking call makes its own; it ends with the thread).
+    fn _io_threads(&self) -> usize {
+        self.shared.io_threads()
+    }
+
     /// Closes the connection and stops the embedded segment, if any.
     /// Idempotent; later calls raise `Cancelled`.
     fn close(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let shared = self.shared.clone();
-        self.run(py, async move { shared.close().await })
+        self.run(py, On(None), async move { shared.close().await })
     }
 }
