@@ -2,6 +2,7 @@ use crate::locations::{spawn_reporter, Locations};
 use crate::lookups::Lookups;
 use crate::put_steps::PutSteps;
 use crate::retry::Backoff;
+use crate::status::from_status;
 use futures::StreamExt;
 use std::sync::Arc;
 use strata_common::grpc::MasterChannel;
@@ -175,20 +176,6 @@ pub struct Client {
 }
 
 pub use strata_transport::remote_range;
-
-fn from_status(s: Option<pb::Status>) -> Result<()> {
-    match s {
-        Some(s) if s.code != 0 => Err(Error::from_parts(s.code, s.message, s.retryable)),
-        _ => Ok(()),
-    }
-}
-
-/// One item of a `BatchGetReplicas` answer.
-pub(crate) fn replicas_of(r: pb::GetReplicasResult) -> Result<pb::GetReplicasResponse> {
-    from_status(r.status)?;
-    r.replicas
-        .ok_or_else(|| Error::internal("missing replicas in batch result"))
-}
 
 /// The master's gRPC client and, where enabled, its quick-call connection
 /// (both connect lazily, on the runtime of their first call).

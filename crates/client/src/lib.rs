@@ -22,6 +22,7 @@ mod placement;
 pub mod put_steps;
 mod quick;
 mod retry;
+mod status;
 mod ucx;
 
 pub use client::{remote_range, Client, ClientConfig, PutOptions, Tier};

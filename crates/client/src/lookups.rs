@@ -142,6 +142,6 @@ pub(crate) async fn batch_get(
     }
     Ok(results
         .into_iter()
-        .map(crate::client::replicas_of)
+        .map(crate::status::replicas_of)
         .collect())
 }

@@ -169,6 +169,9 @@ pub struct Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub(crate) const CODE_HEADER: &str = "x-strata-code";
+/// Where a master that does not lead names the one that does (clients and
+/// members follow it).
+pub const LEADER_HEADER: &str = "x-strata-leader";
 const RETRY_HEADER: &str = "x-strata-retryable";
 
 impl Error {
@@ -191,20 +194,6 @@ impl Error {
         Error {
             retry_later: retryable && !e.code.retryable(),
             ..e
-        }
-    }
-    /// This master does not lead; `leader` is who does, if known.
-    pub fn not_leader(leader: Option<&crate::leader::LeaderRecord>) -> Self {
-        let message = match leader {
-            Some(l) => format!(
-                "this master is not the leader; the leader is {} (term {}): retry there",
-                l.addr, l.term
-            ),
-            None => "this master is not the leader and no leader is known yet (an election is under way); retry".to_string(),
-        };
-        Error {
-            leader: leader.map(|l| l.addr.clone()),
-            ..Self::new(Code::NotLeader, message)
         }
     }
     /// The same error with another message.
@@ -236,7 +225,7 @@ impl From<Error> for tonic::Status {
             st.metadata_mut().insert(CODE_HEADER, v);
         }
         if let Some(v) = e.leader.as_deref().and_then(|l| l.parse().ok()) {
-            st.metadata_mut().insert(crate::leader::LEADER_HEADER, v);
+            st.metadata_mut().insert(LEADER_HEADER, v);
         }
         if e.retry_later {
             st.metadata_mut().insert(
@@ -273,7 +262,7 @@ impl From<tonic::Status> for Error {
         let retry_later = st.metadata().get(RETRY_HEADER).is_some();
         let leader = st
             .metadata()
-            .get(crate::leader::LEADER_HEADER)
+            .get(LEADER_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(String::from);
         Error {
@@ -313,22 +302,6 @@ mod tests {
         assert!(Error::from_parts(5, "x".into(), true).retryable());
         assert!(!Error::from_parts(5, "x".into(), false).retryable());
         assert!(Error::from_parts(7, "x".into(), false).retryable());
-    }
-
-    #[test]
-    fn a_not_leader_error_carries_the_leader_through_a_status() {
-        let rec = crate::leader::LeaderRecord {
-            addr: "10.0.0.7:7400".into(),
-            term: 4,
-            instance: String::new(),
-        };
-        let back: Error = tonic::Status::from(Error::not_leader(Some(&rec))).into();
-        assert_eq!(back.code, Code::NotLeader);
-        assert!(back.retryable());
-        assert_eq!(back.leader.as_deref(), Some("10.0.0.7:7400"));
-        assert!(back.message.contains("term 4"), "{back}");
-        let back: Error = tonic::Status::from(Error::not_leader(None)).into();
-        assert_eq!((back.code, back.leader), (Code::NotLeader, None));
     }
 
     #[test]

@@ -16,8 +16,8 @@ use std::time::Duration;
 use tonic::transport::Channel;
 
 /// Response metadata a follower's "not leader" error carries: the leader's
-/// advertised address.
-pub const LEADER_HEADER: &str = "x-strata-leader";
+/// advertised address (defined with the other error headers).
+pub use crate::error::LEADER_HEADER;
 
 /// What the leader publishes in etcd (and `/api/v1/leader` answers).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +29,25 @@ pub struct LeaderRecord {
     /// same address never take each other's record for their own.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub instance: String,
+}
+
+/// The error a master that does not lead answers (here, beside the record
+/// it names, so `error.rs` needs nothing of leadership).
+impl Error {
+    /// This master does not lead; `leader` is who does, if known.
+    pub fn not_leader(leader: Option<&LeaderRecord>) -> Self {
+        let message = match leader {
+            Some(l) => format!(
+                "this master is not the leader; the leader is {} (term {}): retry there",
+                l.addr, l.term
+            ),
+            None => "this master is not the leader and no leader is known yet (an election is under way); retry".to_string(),
+        };
+        Error {
+            leader: leader.map(|l| l.addr.clone()),
+            ..Error::new(Code::NotLeader, message)
+        }
+    }
 }
 
 /// etcd key of a cluster's leader record (attached to the leader's lease).
@@ -333,6 +352,22 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_not_leader_error_carries_the_leader_through_a_status() {
+        let rec = LeaderRecord {
+            addr: "10.0.0.7:7400".into(),
+            term: 4,
+            instance: String::new(),
+        };
+        let back: Error = tonic::Status::from(Error::not_leader(Some(&rec))).into();
+        assert_eq!(back.code, Code::NotLeader);
+        assert!(back.retryable());
+        assert_eq!(back.leader.as_deref(), Some("10.0.0.7:7400"));
+        assert!(back.message.contains("term 4"), "{back}");
+        let back: Error = tonic::Status::from(Error::not_leader(None)).into();
+        assert_eq!((back.code, back.leader), (Code::NotLeader, None));
+    }
 
     #[test]
     fn targets_parse_and_bad_ones_are_refused() {

@@ -6,6 +6,14 @@
 use crate::{Code, Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// The term after `last`: one more, and never below the wall clock in
+/// milliseconds, so terms keep growing even when the durable state that
+/// counted them is lost (a master without `--state-dir`, a new etcd), and
+/// members that saw an old term still accept the new one.
+pub fn next_term(last: u64) -> u64 {
+    (last + 1).max(crate::time::unix_ms())
+}
+
 #[derive(Debug, Default)]
 pub struct TermFence(AtomicU64);
 

@@ -63,7 +63,7 @@ pub async fn increment(kv: &dyn DurableKv, key: &str) -> Result<u64> {
     )))
 }
 
-/// Takes the single master's next term (`election::next_term` of the last
+/// Takes the single master's next term (`term::next_term` of the last
 /// one) and keeps it durably.
 pub async fn advance_term(kv: &dyn DurableKv) -> Result<u64> {
     const KEY: &str = "term";
@@ -75,7 +75,7 @@ pub async fn advance_term(kv: &dyn DurableKv) -> Result<u64> {
                 strata_common::Error::internal(format!("durable {KEY} holds {v:?}, not a number"))
             })?,
         };
-        let next = crate::election::next_term(last);
+        let next = strata_common::term::next_term(last);
         if kv
             .compare_and_set(KEY.to_string(), cur, next.to_string())
             .await?

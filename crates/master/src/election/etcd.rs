@@ -88,7 +88,7 @@ impl EtcdElection {
                 )
             }
         };
-        let term = super::next_term(last);
+        let term = strata_common::term::next_term(last);
         let mut leases = self.client.lease_client();
         let granted = std::time::Instant::now();
         let lease = leases

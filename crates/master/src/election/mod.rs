@@ -156,11 +156,3 @@ impl Leadership {
 pub(crate) fn poll_interval(ttl: Duration) -> Duration {
     (ttl / 10).clamp(Duration::from_millis(20), Duration::from_millis(500))
 }
-
-/// The term after `last`: one more, and never below the wall clock in
-/// milliseconds, so terms keep growing even when the durable state that
-/// counted them is lost (a master without `--state-dir`, a new etcd), and
-/// members that saw an old term still accept the new one.
-pub fn next_term(last: u64) -> u64 {
-    (last + 1).max(strata_common::time::unix_ms())
-}
