@@ -1,7 +1,7 @@
 //! Store nodes and their mounted segments, as the master sees them.
 
 use crate::allocator::RangeAllocator;
-use crate::commit_sync::Acks;
+use crate::sync::Acks;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -16,66 +16,10 @@
 
 use crate::master::Master;
 use crate::objects::{Announced, Replica};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use crate::sync::Unsynced;
 use std::time::{Duration, Instant};
 use strata_common::Result;
 use strata_proto as pb;
-
-/// How far one member (a store node's object log, an SSD owner's drops)
-/// confirmed what the master sent it.
-pub struct Acks {
-    /// For logs and errors: "store node n0", "SSD owner 3".
-    pub(crate) who: String,
-    seq: AtomicU64,
-    /// Everything up to this was discarded unconfirmed (a bounded queue
-    /// overflowed): a later confirmation does not cover it.
-    lost: AtomicU64,
-    changed: tokio::sync::Notify,
-}
-
-impl Acks {
-    pub(crate) fn new(who: String) -> Acks {
-        Acks {
-            who,
-            seq: AtomicU64::new(0),
-            lost: AtomicU64::new(0),
-            changed: tokio::sync::Notify::new(),
-        }
-    }
-
-    /// The member applied everything up to `seq`.
-    pub(crate) fn ack(&self, seq: u64) {
-        if self.seq.fetch_max(seq, Ordering::AcqRel) < seq {
-            self.changed.notify_waiters();
-        }
-    }
-
-    pub(crate) fn acked(&self) -> u64 {
-        self.seq.load(Ordering::Acquire)
-    }
-
-    /// Entries up to `seq` will never be confirmed (they were dropped).
-    pub(crate) fn lose(&self, seq: u64) {
-        if self.lost.fetch_max(seq, Ordering::AcqRel) < seq {
-            self.changed.notify_waiters();
-        }
-    }
-}
-
-/// Changes waiting for their members: (member, sequence number).
-#[derive(Default)]
-pub struct Unsynced(Vec<(Arc<Acks>, u64)>);
-
-impl Unsynced {
-    pub(crate) fn push(&mut self, acks: Arc<Acks>, seq: u64) {
-        self.0.push((acks, seq));
-    }
-
-    pub(crate) fn extend(&mut self, other: Unsynced) {
-        self.0.extend(other.0);
-    }
-}
 
 /// Tells each replica's node (those that keep pending puts) of a put whose
 /// checksum is known, before its bytes are written; with `receipts`, not
@@ -174,39 +118,13 @@ impl Master {
     /// has it) and checks it holds its bytes.
     pub(crate) async fn await_synced(&self, u: Unsynced, what: &str) -> Result<()> {
         let deadline = Instant::now() + self.sync_wait();
-        for (member, seq) in u.0 {
-            loop {
-                let acked = member.changed.notified();
-                tokio::pin!(acked);
-                acked.as_mut().enable();
-                let lost = member.lost.load(Ordering::Acquire) >= seq;
-                if !lost && member.acked() >= seq {
-                    break;
-                }
-                let why = if lost {
-                    "was never sent it (its queue overflowed)"
-                } else {
-                    tokio::select! {
-                    _ = acked => continue,
-                    _ = tokio::time::sleep_until(deadline.into()) => "did not confirm it in time",
-                    _ = self.closing().cancelled() => "is no longer reachable through this master (its term ended)",
-                    }
-                };
-                self.metrics.unsynced_commits.inc();
-                tracing::warn!(
-                    member = member.who,
-                    seq,
-                    why,
-                    what,
-                    "not confirmed by a member"
-                );
-                return Err(strata_common::Error::unavailable(format!(
-                    "the {what} is not confirmed: {} {why}; retry (it may have taken effect)",
-                    member.who
-                )));
-            }
-        }
-        Ok(())
+        u.wait(
+            deadline,
+            self.closing(),
+            &self.metrics.unsynced_commits,
+            what,
+        )
+        .await
     }
 
     /// `r`'s answer once its members applied what it logged (`await_synced`).

@@ -20,6 +20,7 @@ mod quick_calls;
 pub mod rebuild;
 pub mod service;
 pub mod serving;
+pub mod sync;
 pub mod tombstones;
 pub mod ucx_routes;
 

@@ -499,7 +499,7 @@ impl Master {
         key: &str,
         crc32c: u32,
         receipts: &[pb::PutReceipt],
-    ) -> Result<crate::commit_sync::Unsynced> {
+    ) -> Result<crate::sync::Unsynced> {
         self.put_end_of(key, crc32c, receipts, None)
     }
 
@@ -511,7 +511,7 @@ impl Master {
         crc32c: u32,
         receipts: &[pb::PutReceipt],
         generation: Option<u64>,
-    ) -> Result<crate::commit_sync::Unsynced> {
+    ) -> Result<crate::sync::Unsynced> {
         if receipts.len() > MAX_REPLICAS as usize {
             return Err(Error::invalid(format!(
                 "{} receipts for one put; a put has at most {MAX_REPLICAS} replicas",
@@ -535,7 +535,7 @@ impl Master {
         key: &str,
         crc32c: u32,
         receipts: &[pb::PutReceipt],
-    ) -> Result<(crate::commit_sync::Unsynced, Option<u64>)> {
+    ) -> Result<(crate::sync::Unsynced, Option<u64>)> {
         validate_key(key)?;
         let mut shard = self.objects.shard(key);
         let obj = shard.get_mut(key).ok_or_else(|| no_put_in_progress(key))?;
@@ -550,7 +550,7 @@ impl Master {
         obj: &mut Object,
         crc32c: u32,
         receipts: &[pb::PutReceipt],
-    ) -> Result<(crate::commit_sync::Unsynced, Option<u64>)> {
+    ) -> Result<(crate::sync::Unsynced, Option<u64>)> {
         // These very bytes committed already: a put a restarted master
         // adopted from its nodes (announced, bytes whole) before its PutEnd
         // came. Answered once its nodes have its commit in their records:
@@ -575,7 +575,7 @@ impl Master {
             obj.complete();
             obj.last_access_ms = unix_ms();
         }
-        let mut unsynced = crate::commit_sync::Unsynced::default();
+        let mut unsynced = crate::sync::Unsynced::default();
         for r in obj.replicas() {
             let pending = announced
                 .iter()
@@ -611,7 +611,7 @@ impl Master {
     /// Revokes a put; an announced one's frees must reach its nodes before
     /// the revoke is answered (`commit_sync.rs`), or a rebuilding master
     /// could adopt the revoked bytes from a node that wrote them whole.
-    pub(crate) fn put_revoke_unsynced(&self, key: &str) -> Result<crate::commit_sync::Unsynced> {
+    pub(crate) fn put_revoke_unsynced(&self, key: &str) -> Result<crate::sync::Unsynced> {
         self.put_revoke_of(key, None)
     }
 
@@ -621,7 +621,7 @@ impl Master {
         &self,
         key: &str,
         generation: Option<u64>,
-    ) -> Result<crate::commit_sync::Unsynced> {
+    ) -> Result<crate::sync::Unsynced> {
         validate_key(key)?;
         if let Some(g) = generation {
             if let Some(u) = self.revoke_overwrite(key, g) {
@@ -983,11 +983,7 @@ impl Master {
     /// heartbeat, and the caller waits for that as a PutEnd does (a master
     /// that dies right after must not leave the removed object in the
     /// records its successor rebuilds from).
-    pub(crate) fn remove_unsynced(
-        &self,
-        key: &str,
-        force: bool,
-    ) -> Result<crate::commit_sync::Unsynced> {
+    pub(crate) fn remove_unsynced(&self, key: &str, force: bool) -> Result<crate::sync::Unsynced> {
         validate_key(key)?;
         let now = unix_ms();
         let obj = {

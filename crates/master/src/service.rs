@@ -249,7 +249,7 @@ impl MasterRpc for MasterService {
         let items = req.into_inner().items;
         let r = self
             .batch(items.len(), move |m| {
-                let mut all = crate::commit_sync::Unsynced::default();
+                let mut all = crate::sync::Unsynced::default();
                 let results = items
                     .iter()
                     .map(|it| {
@@ -274,7 +274,7 @@ impl MasterRpc for MasterService {
         let pb::BatchPutRevokeRequest { keys, generations } = req.into_inner();
         let r = self
             .batch(keys.len(), move |m| {
-                let mut all = crate::commit_sync::Unsynced::default();
+                let mut all = crate::sync::Unsynced::default();
                 let results = keys
                     .iter()
                     .enumerate()

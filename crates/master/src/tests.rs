@@ -665,7 +665,7 @@ fn parked(
 /// (a bounded look, 50 ms), and is once it has.
 async fn answered_once_applied(
     m: &Arc<Master>,
-    u: crate::commit_sync::Unsynced,
+    u: crate::sync::Unsynced,
     what: &'static str,
     node: &crate::cluster::NodeEntry,
     seq: u64,
@@ -914,7 +914,7 @@ fn the_newest_commit_of_a_key_wins_the_rebuild() {
 /// its waiter gets a retryable error, not a false success.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_lost_from_a_full_queue_is_not_confirmed_by_later_ones() {
-    use crate::commit_sync::{Acks, Unsynced};
+    use crate::sync::{Acks, Unsynced};
     let m = master_with(1, 1 << 20, |_| {});
     let acks = Arc::new(Acks::new("SSD owner 1".into()));
     acks.lose(5);

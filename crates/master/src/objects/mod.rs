@@ -2,7 +2,7 @@
 //! serialises the rest.
 
 use crate::cluster::SegmentEntry;
-use crate::commit_sync::Unsynced;
+use crate::sync::Unsynced;
 use parking_lot::{Mutex, MutexGuard};
 use std::hash::BuildHasher;
 use std::sync::Arc;

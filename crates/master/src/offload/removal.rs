@@ -9,9 +9,9 @@
 //! leader, which has not seen the removal, would adopt the copy from the
 //! owner's inventory again.
 
-use crate::commit_sync::{Acks, Unsynced};
 use crate::master::Master;
 use crate::objects::SsdReplica;
+use crate::sync::{Acks, Unsynced};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;

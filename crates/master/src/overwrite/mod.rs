@@ -20,9 +20,9 @@
 //! Locks: the shard lock is taken alone; `Retired`'s (`objects/retired.rs`)
 //! after it is released.
 
-use crate::commit_sync::Unsynced;
 use crate::master::{no_put_in_progress, Master};
 use crate::objects::{Object, Shard};
+use crate::sync::Unsynced;
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
