@@ -2,9 +2,9 @@
 //! SSD waits for those copies (bounded by `--put-wait`, in arrival order)
 //! instead of the cache dropping objects the SSD tier could take.
 
+use crate::cluster::Replica;
 use crate::master::{Master, Placement, PutSpec};
 use crate::metrics::MasterMetrics;
-use crate::objects::Replica;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use strata_common::Result;

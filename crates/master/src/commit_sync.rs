@@ -14,8 +14,9 @@
 //! match. The round trip to the nodes then overlaps the write, and PutEnd
 //! waits only for the announcement, which has usually been applied by then.
 
+use crate::cluster::Replica;
 use crate::master::Master;
-use crate::objects::{Announced, Replica};
+use crate::objects::Announced;
 use crate::sync::Unsynced;
 use std::time::{Duration, Instant};
 use strata_common::Result;

@@ -2,7 +2,6 @@
 //! segment allocation, leases, eviction and store-node liveness.
 
 pub mod admin;
-pub mod allocator;
 pub mod backpressure;
 pub mod cluster;
 pub mod commit_sync;
@@ -22,7 +21,6 @@ pub mod service;
 pub mod serving;
 pub mod sync;
 pub mod tombstones;
-pub mod ucx_routes;
 
 pub use config::{MasterArgs, MasterConfig};
 pub use master::Master;

@@ -1,12 +1,13 @@
 //! The master's metadata operations, independent of gRPC so they can be unit
 //! tested directly and served by any front end.
 
-use crate::allocator::aligned_len;
+use crate::cluster::allocator::aligned_len;
+use crate::cluster::Replica;
 use crate::cluster::{NodeEntry, SegmentEntry};
 use crate::config::{AllocStrategy, MasterConfig};
 use crate::durable::{DurableKv, FileKv, MemKv};
 use crate::metrics::MasterMetrics;
-use crate::objects::{ObjState, Object, ObjectTable, Replica, SsdReplica};
+use crate::objects::{ObjState, Object, ObjectTable, SsdReplica};
 use crate::offload::admission::AdmissionFilter;
 use crate::offload::owners::OwnerRegistry;
 use crate::offload::policy::{self, AdmissionPolicy};
@@ -1240,7 +1241,7 @@ impl Master {
             || req
                 .segments
                 .iter()
-                .any(|s| s.size < crate::allocator::ALIGN)
+                .any(|s| s.size < crate::cluster::allocator::ALIGN)
         {
             return Err(Error::invalid(
                 "a node must register at least one segment of at least 64 bytes",
@@ -1248,11 +1249,11 @@ impl Master {
         }
         let proof = ProofHash::of(&req.instance_proof)?;
         let worker: Arc<[u8]> = req.ucx_worker.as_slice().into();
-        let process = crate::ucx_routes::node_process(&worker, req.ucx_process.as_ref())?;
+        let process = crate::cluster::ucx_routes::node_process(&worker, req.ucx_process.as_ref())?;
         let routes = req
             .segments
             .iter()
-            .map(|s| crate::ucx_routes::UcxRoute::of(&worker, process.as_ref(), s))
+            .map(|s| crate::cluster::ucx_routes::UcxRoute::of(&worker, process.as_ref(), s))
             .collect::<Result<Vec<_>>>()?;
         // A node that registers again (restart, lost registration) starts
         // clean: whatever the master knew of its old incarnation goes.

@@ -5,10 +5,11 @@
 //! key, not removed). What it refuses the node forgets: never wrong bytes,
 //! at worst an object less.
 
-use crate::allocator::{aligned_len, ALIGN};
+use crate::cluster::allocator::{aligned_len, ALIGN};
+use crate::cluster::Replica;
 use crate::master::{validate_key, Master};
 use crate::members::Member;
-use crate::objects::{Object, Replica};
+use crate::objects::Object;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use strata_common::{Code, Error, Result};

@@ -1,11 +1,10 @@
 //! The object table: key → object metadata, sharded so one hot key never
 //! serialises the rest.
 
-use crate::cluster::SegmentEntry;
+use crate::cluster::Replica;
 use crate::sync::Unsynced;
 use parking_lot::{Mutex, MutexGuard};
 use std::hash::BuildHasher;
-use std::sync::Arc;
 use std::time::Instant;
 
 mod retired;
@@ -14,17 +13,6 @@ pub use retired::Retired;
 pub use shard::Shard;
 
 const SHARDS: usize = 64;
-
-/// One copy of an object's bytes in a DRAM segment.
-#[derive(Clone)]
-pub struct Replica {
-    pub seg: Arc<SegmentEntry>,
-    pub offset: u64,
-    /// Bytes reserved in the allocator (the size rounded up).
-    pub alloc_len: u64,
-    /// The allocation's generation, carried in its grants.
-    pub generation: u64,
-}
 
 /// A copy of an object's bytes in an SSD owner's bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

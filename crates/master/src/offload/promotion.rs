@@ -6,8 +6,8 @@
 //! the object only when the agent reports the copy done, and is freed on
 //! failure, on expiry, or if the object changed meanwhile.
 
+use crate::cluster::Replica;
 use crate::master::Master;
-use crate::objects::Replica;
 use std::collections::{HashMap, HashSet, VecDeque};
 use strata_common::grant::PERM_WRITE;
 use strata_common::time::unix_ms;

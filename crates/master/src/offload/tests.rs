@@ -846,7 +846,7 @@ async fn a_copy_of_an_overwritten_version_is_never_taken_for_the_new_one() {
     m.put_end_of("k", 5, &[], Some(g)).unwrap();
     assert_eq!(m.get_replicas("k").unwrap().crc32c, 5);
     // The copier may still read the old range until its task's deadline.
-    let both = 2 * crate::allocator::aligned_len(100).unwrap();
+    let both = 2 * crate::cluster::allocator::aligned_len(100).unwrap();
     assert_eq!(m.allocated_bytes(), both);
     report_results(&m, owner, epoch, persisted(&tasks)).await;
     assert!(

@@ -3,7 +3,7 @@
 //! its readers' leases only. (End to end under concurrent readers in
 //! `python/tests/test_overwrite.py`.)
 
-use crate::allocator::aligned_len;
+use crate::cluster::allocator::aligned_len;
 use crate::master::{Master, PutSpec};
 use crate::tests::{master_with, spec};
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! Store nodes and their mounted segments, as the master sees them.
 
-use crate::allocator::RangeAllocator;
+use super::allocator::RangeAllocator;
 use crate::sync::Acks;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -201,7 +201,7 @@ pub struct SegmentEntry {
     allocated: AtomicU64,
     mounted: AtomicBool,
     /// Its UCX route, when its node serves UCX.
-    pub ucx: Option<crate::ucx_routes::UcxRoute>,
+    pub ucx: Option<super::ucx_routes::UcxRoute>,
 }
 
 impl SegmentEntry {
@@ -218,7 +218,7 @@ impl SegmentEntry {
         }
     }
 
-    pub fn with_ucx(mut self, route: Option<crate::ucx_routes::UcxRoute>) -> Self {
+    pub fn with_ucx(mut self, route: Option<super::ucx_routes::UcxRoute>) -> Self {
         self.ucx = route;
         self
     }
@@ -277,4 +277,15 @@ impl SegmentEntry {
     pub fn unmount(&self) {
         self.mounted.store(false, Ordering::Release);
     }
+}
+
+/// One copy of an object's bytes in a DRAM segment.
+#[derive(Clone)]
+pub struct Replica {
+    pub seg: Arc<SegmentEntry>,
+    pub offset: u64,
+    /// Bytes reserved in the allocator (the size rounded up).
+    pub alloc_len: u64,
+    /// The allocation's generation, carried in its grants.
+    pub generation: u64,
 }
