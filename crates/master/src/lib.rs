@@ -9,6 +9,7 @@ pub mod config;
 pub mod durable;
 pub mod election;
 pub mod eviction;
+pub mod grants;
 pub mod master;
 pub mod members;
 pub mod metrics;

@@ -6,6 +6,7 @@ use crate::cluster::Replica;
 use crate::cluster::{NodeEntry, SegmentEntry};
 use crate::config::{AllocStrategy, MasterConfig};
 use crate::durable::{DurableKv, FileKv, MemKv};
+use crate::grants::TermKeys;
 use crate::metrics::MasterMetrics;
 use crate::objects::{ObjState, Object, ObjectTable, SsdReplica};
 use crate::offload::admission::AdmissionFilter;
@@ -20,8 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use strata_common::auth::ProofHash;
 use strata_common::grant::{
-    node_member, owner_member, ssd_segment_id, GrantKey, GrantScope, PERM_READ, PERM_SSD_READ,
-    PERM_STAGE, PERM_WRITE,
+    node_member, ssd_segment_id, GrantScope, PERM_READ, PERM_SSD_READ, PERM_STAGE, PERM_WRITE,
 };
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
@@ -37,11 +37,8 @@ const EVICT_ROUNDS: usize = 4;
 
 pub struct Master {
     pub(crate) cfg: MasterConfig,
-    /// The leadership term this metadata belongs to: members refuse answers
-    /// from a lower one, and member grant keys are derived for it, so grants
-    /// a deposed leader signs are refused too.
-    pub(crate) term: u64,
-    pub(crate) grant_key: GrantKey,
+    /// The leadership term and the keys derived for it (`grants.rs`).
+    keys: TermKeys,
     pub(crate) objects: ObjectTable,
     pub(crate) segments: RwLock<HashMap<u64, Arc<SegmentEntry>>>,
     pub(crate) nodes: RwLock<HashMap<String, Arc<NodeEntry>>>,
@@ -185,7 +182,7 @@ impl Master {
         // A grant key already in the durable state means a master ran
         // before: its nodes may hold objects to report (`rebuild.rs`).
         let restarted = kv.get("grant-key/v1".into()).await?.is_some();
-        let grant_key = load_grant_key(kv.as_ref()).await?;
+        let keys = TermKeys::new(crate::grants::load_grant_key(kv.as_ref()).await?, term);
         // Read once per term (a startup cost, as before terms existed).
         let tombstones = match &cfg.state_dir {
             Some(dir) => crate::tombstones::Tombstones::open(dir, MAX_TOMBSTONES)?,
@@ -212,8 +209,7 @@ impl Master {
         });
         Ok(Arc::new(Master {
             cfg,
-            term,
-            grant_key,
+            keys,
             objects: ObjectTable::default(),
             segments: RwLock::new(HashMap::new()),
             nodes: RwLock::new(HashMap::new()),
@@ -245,19 +241,7 @@ impl Master {
     }
 
     pub fn term(&self) -> u64 {
-        self.term
-    }
-
-    /// The grant key of one member process for this term.
-    fn member_key(&self, member: &str, proof: &ProofHash) -> GrantKey {
-        self.grant_key
-            .derive(&format!("{}@term{}", proof.member_name(member), self.term))
-    }
-
-    /// The key the process registered as owner `owner_id` verifies its
-    /// grants with (derived for that owner and that process alone).
-    pub(crate) fn owner_key(&self, owner_id: u64, proof: &ProofHash) -> GrantKey {
-        self.member_key(&owner_member(owner_id), proof)
+        self.keys.term()
     }
 
     /// An SSD replica as a client sees it; with `stage`, its grant also
@@ -300,46 +284,6 @@ impl Master {
 
     pub fn config(&self) -> &MasterConfig {
         &self.cfg
-    }
-
-    pub(crate) fn replica_view(
-        &self,
-        r: &Replica,
-        length: u64,
-        perm: u32,
-        expires: u64,
-        complete: bool,
-    ) -> pb::Replica {
-        let scope = GrantScope {
-            perm,
-            segment_id: r.seg.id,
-            offset: r.offset,
-            length,
-            expires_unix_ms: expires,
-            generation: r.generation,
-        };
-        pb::Replica {
-            kind: pb::ReplicaKind::Memory as i32,
-            node_id: r.seg.node.node_id.clone(),
-            data_addr: r.seg.node.data_addr.clone(),
-            segment_id: r.seg.id,
-            offset: r.offset,
-            length,
-            grant: Some(pb::Grant {
-                perm,
-                expires_unix_ms: expires,
-                generation: r.generation,
-                mac: r.seg.node.grant_key.sign(&scope).to_vec(),
-            }),
-            state: if complete {
-                pb::ReplicaState::Complete as i32
-            } else {
-                pb::ReplicaState::Processing as i32
-            },
-            owner_id: 0,
-            ucx_route: r.seg.ucx_fingerprint(),
-            record: Vec::new(),
-        }
     }
 
     /// The UCX routes of `segment_ids` (those that have one). The caller's
@@ -405,7 +349,7 @@ impl Master {
         let views = replicas
             .iter()
             .map(|r| {
-                let mut v = self.replica_view(r, spec.size, PERM_WRITE, expires, false);
+                let mut v = r.view(spec.size, PERM_WRITE, expires, false);
                 let recorded = r.seg.node.records_from_write(spec.receipts);
                 if let Some(crc32c) = spec.crc32c.filter(|_| recorded) {
                     let put = crate::commit_sync::put_record(&spec.key, r, spec.size, crc32c);
@@ -860,7 +804,7 @@ impl Master {
         // Memory first, then SSD (served by the owning agent).
         let mut views: Vec<pb::Replica> = replicas
             .iter()
-            .map(|r| self.replica_view(r, size, PERM_READ, lease, true))
+            .map(|r| r.view(size, PERM_READ, lease, true))
             .collect();
         views.extend(
             ssd.iter()
@@ -924,7 +868,7 @@ impl Master {
             .iter()
             .map(|r| pb::Replica {
                 grant: None,
-                ..self.replica_view(r, o.size, 0, 0, complete)
+                ..r.view(o.size, 0, 0, complete)
             })
             .collect();
         replicas.extend(
@@ -1268,7 +1212,7 @@ impl Master {
             .iter()
             .map(|_| self.next_segment_id.fetch_add(1, Ordering::Relaxed))
             .collect();
-        let grant_key = self.member_key(&node_member(&req.node_id), &proof);
+        let grant_key = self.keys.member_key(&node_member(&req.node_id), &proof);
         let node = Arc::new(
             NodeEntry::new(
                 crate::cluster::NodeIdentity {
@@ -1313,7 +1257,7 @@ impl Master {
             incarnation,
             heartbeat_interval_ms: self.heartbeat_interval().as_millis() as u64,
             report_objects: self.rebuilding(),
-            term: self.term,
+            term: self.keys.term(),
         })
     }
 
@@ -1366,7 +1310,7 @@ impl Master {
                 Ok(pb::HeartbeatResponse {
                     known: false,
                     log: vec![],
-                    term: self.term,
+                    term: self.keys.term(),
                 })
             }
             Some(n) if n.incarnation == req.incarnation => {
@@ -1376,13 +1320,13 @@ impl Master {
                 Ok(pb::HeartbeatResponse {
                     known: true,
                     log,
-                    term: self.term,
+                    term: self.keys.term(),
                 })
             }
             _ => Ok(pb::HeartbeatResponse {
                 known: false,
                 log: vec![],
-                term: self.term,
+                term: self.keys.term(),
             }),
         }
     }
@@ -1398,7 +1342,9 @@ impl Master {
         // Before the owner hears back: a later master waits for its inventory.
         self.remember(crate::members::Member::Owner(owner_id))
             .await?;
-        let key = self.owner_key(owner_id, &ProofHash::of(&req.instance_proof)?);
+        let key = self
+            .keys
+            .owner_key(owner_id, &ProofHash::of(&req.instance_proof)?);
         self.owners.set_key(owner_id, epoch, key.clone());
         // Whatever the previous incarnation held goes back to the queue, and
         // its SSD replicas wait for the new incarnation's verified inventory.
@@ -1412,7 +1358,7 @@ impl Master {
             epoch,
             grant_key: key.as_bytes().to_vec(),
             heartbeat_interval_ms: self.heartbeat_interval().as_millis() as u64,
-            term: self.term,
+            term: self.keys.term(),
         })
     }
 
@@ -1435,7 +1381,7 @@ impl Master {
             tasks,
             drops,
             promotions,
-            term: self.term,
+            term: self.keys.term(),
             drops_through,
         })
     }
@@ -1516,20 +1462,6 @@ impl Master {
         gone.extend(dead.into_iter().map(|(id, _)| id));
         gone
     }
-}
-
-/// The master's grant key, created once and kept in the durable state, so
-/// that grants and members' derived keys stay valid across a restart.
-async fn load_grant_key(kv: &dyn DurableKv) -> Result<GrantKey> {
-    const KEY: &str = "grant-key/v1";
-    let hex = crate::durable::get_or_create(kv, KEY, || async { Ok(GrantKey::random().to_hex()) })
-        .await?;
-    GrantKey::from_hex(&hex).ok_or_else(|| {
-        Error::new(
-            Code::Corrupted,
-            format!("durable {KEY} is not 64 hex digits; restore the master's --state-dir"),
-        )
-    })
 }
 
 pub(crate) fn no_put_in_progress(key: &str) -> Error {

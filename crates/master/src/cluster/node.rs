@@ -7,8 +7,9 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_common::auth::ProofHash;
-use strata_common::grant::GrantKey;
+use strata_common::grant::{GrantKey, GrantScope};
 use strata_common::{Error, Result};
+use strata_proto as pb;
 use strata_proto::{object_log_entry, CommittedObject, FreedRange, ObjectLogEntry};
 
 /// Heartbeat responses carry at most this many log entries; the node asks
@@ -288,4 +289,42 @@ pub struct Replica {
     pub alloc_len: u64,
     /// The allocation's generation, carried in its grants.
     pub generation: u64,
+}
+
+impl Replica {
+    /// The replica as a client or member sees it: where it is, and a grant
+    /// for `perm` on `length` bytes until `expires`, signed with its node's
+    /// key for this term.
+    pub fn view(&self, length: u64, perm: u32, expires: u64, complete: bool) -> pb::Replica {
+        let scope = GrantScope {
+            perm,
+            segment_id: self.seg.id,
+            offset: self.offset,
+            length,
+            expires_unix_ms: expires,
+            generation: self.generation,
+        };
+        pb::Replica {
+            kind: pb::ReplicaKind::Memory as i32,
+            node_id: self.seg.node.node_id.clone(),
+            data_addr: self.seg.node.data_addr.clone(),
+            segment_id: self.seg.id,
+            offset: self.offset,
+            length,
+            grant: Some(pb::Grant {
+                perm,
+                expires_unix_ms: expires,
+                generation: self.generation,
+                mac: self.seg.node.grant_key.sign(&scope).to_vec(),
+            }),
+            state: if complete {
+                pb::ReplicaState::Complete as i32
+            } else {
+                pb::ReplicaState::Processing as i32
+            },
+            owner_id: 0,
+            ucx_route: self.seg.ucx_fingerprint(),
+            record: Vec::new(),
+        }
+    }
 }

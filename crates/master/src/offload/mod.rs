@@ -119,7 +119,7 @@ impl Master {
                         key: t.key.clone(),
                         size,
                         crc32c: crc,
-                        source: Some(self.replica_view(&r, size, PERM_READ, deadline, true)),
+                        source: Some(r.view(size, PERM_READ, deadline, true)),
                         deadline_unix_ms: deadline,
                     });
                 }

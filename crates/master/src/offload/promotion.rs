@@ -108,7 +108,7 @@ impl Master {
                     continue;
                 }
             };
-            let dest = self.replica_view(&replicas[0], size, PERM_WRITE, deadline, false);
+            let dest = replicas[0].view(size, PERM_WRITE, deadline, false);
             let mut p = self.promotions.lock();
             p.next_id += 1;
             let task_id = p.next_id;

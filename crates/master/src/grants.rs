@@ -1,0 +1,53 @@
+//! The keys of one leadership term. Members verify grants with keys the
+//! master derives from its grant key for each member process and this
+//! term, so a grant a deposed leader signs, or one meant for another
+//! process, is refused (security.md).
+
+use crate::durable::DurableKv;
+use strata_common::auth::ProofHash;
+use strata_common::grant::{owner_member, GrantKey};
+use strata_common::{Code, Error, Result};
+
+/// The term and the master's grant key.
+pub struct TermKeys {
+    grant_key: GrantKey,
+    /// Members refuse answers from a lower term, and member keys are
+    /// derived for it.
+    term: u64,
+}
+
+impl TermKeys {
+    pub fn new(grant_key: GrantKey, term: u64) -> TermKeys {
+        TermKeys { grant_key, term }
+    }
+
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    /// The grant key of one member process for this term.
+    pub fn member_key(&self, member: &str, proof: &ProofHash) -> GrantKey {
+        self.grant_key
+            .derive(&format!("{}@term{}", proof.member_name(member), self.term))
+    }
+
+    /// The key the process registered as owner `owner_id` verifies its
+    /// grants with (derived for that owner and that process alone).
+    pub fn owner_key(&self, owner_id: u64, proof: &ProofHash) -> GrantKey {
+        self.member_key(&owner_member(owner_id), proof)
+    }
+}
+
+/// The master's grant key, created once and kept in the durable state, so
+/// that grants and members' derived keys stay valid across a restart.
+pub(crate) async fn load_grant_key(kv: &dyn DurableKv) -> Result<GrantKey> {
+    const KEY: &str = "grant-key/v1";
+    let hex = crate::durable::get_or_create(kv, KEY, || async { Ok(GrantKey::random().to_hex()) })
+        .await?;
+    GrantKey::from_hex(&hex).ok_or_else(|| {
+        Error::new(
+            Code::Corrupted,
+            format!("durable {KEY} is not 64 hex digits; restore the master's --state-dir"),
+        )
+    })
+}
