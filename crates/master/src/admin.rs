@@ -180,7 +180,7 @@ impl Master {
 
     pub fn describe_nodes(&self) -> serde_json::Value {
         let now = unix_ms();
-        let nodes = self.nodes.read();
+        let nodes = self.cluster.nodes.read();
         let mut v: Vec<serde_json::Value> = nodes
             .values()
             .map(|n| {

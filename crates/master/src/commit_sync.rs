@@ -142,7 +142,7 @@ impl Master {
     ) -> Result<pb::HeartbeatResponse> {
         let cap = self.heartbeat_interval();
         let wait = Duration::from_millis(req.wait_ms).min(cap);
-        let node = self.nodes.read().get(&req.node_id).cloned();
+        let node = self.cluster.nodes.read().get(&req.node_id).cloned();
         let deadline = Instant::now() + wait;
         loop {
             let grew = node.as_ref().map(|n| n.log_grew.notified());

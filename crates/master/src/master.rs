@@ -3,7 +3,7 @@
 
 use crate::cluster::allocator::aligned_len;
 use crate::cluster::Replica;
-use crate::cluster::{NodeEntry, SegmentEntry};
+use crate::cluster::{Cluster, NodeEntry, SegmentEntry};
 use crate::config::{AllocStrategy, MasterConfig};
 use crate::durable::{DurableKv, FileKv, MemKv};
 use crate::grants::TermKeys;
@@ -13,9 +13,9 @@ use crate::offload::admission::AdmissionFilter;
 use crate::offload::owners::OwnerRegistry;
 use crate::offload::policy::{self, AdmissionPolicy};
 use crate::offload::queue::OffloadQueue;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use rand::seq::SliceRandom;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,7 +26,6 @@ use strata_common::grant::{
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
-use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
 
 pub const MAX_KEY_LEN: usize = 4096;
 pub const MAX_REPLICAS: u32 = 16;
@@ -40,16 +39,9 @@ pub struct Master {
     /// The leadership term and the keys derived for it (`grants.rs`).
     keys: TermKeys,
     pub(crate) objects: ObjectTable,
-    pub(crate) segments: RwLock<HashMap<u64, Arc<SegmentEntry>>>,
-    pub(crate) nodes: RwLock<HashMap<String, Arc<NodeEntry>>>,
-    next_segment_id: AtomicU64,
+    /// Store nodes, their segments, and what is handed out to them.
+    pub(crate) cluster: Cluster,
     next_put_id: AtomicU64,
-    next_incarnation: AtomicU64,
-    /// Generation of the next allocation; grants carry it so a freed range's
-    /// old grants die (`strata_transport::fence`). Seeded from the clock so
-    /// it keeps increasing across restarts (65,536 allocations per
-    /// millisecond of uptime would be needed to catch up with it).
-    pub(crate) next_generation: AtomicU64,
     /// When this master started: nodes registering within the rebuild
     /// window report the objects they hold (`rebuild.rs`).
     pub(crate) started: Instant,
@@ -62,10 +54,6 @@ pub struct Master {
     pub(crate) kv: Arc<dyn DurableKv>,
     /// In-flight puts in deadline order (the timeout is constant, so FIFO).
     pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
-    /// Nodes that left (HeartbeatRequest.leaving) since the last
-    /// housekeeping: forgotten durably with the expired ones, so a later
-    /// master does not wait for them.
-    left_nodes: Mutex<Vec<String>>,
     pub(crate) evict_wakeup: tokio::sync::Notify,
     /// Urgent offloads appeared: long-polling owner heartbeats answer at
     /// once.
@@ -78,8 +66,6 @@ pub struct Master {
     pub(crate) policy: Box<dyn AdmissionPolicy>,
     /// `on-evict`: which DRAM victims the SSD tier takes.
     pub(crate) admission: AdmissionFilter,
-    /// Pings data-plane addresses (is an SSD owner's holder still alive?).
-    pinger: TcpTransport,
     /// Per owner: SSD copies it should forget (removed keys, stale copies),
     /// delivered with its next heartbeats.
     /// Removals SSD owners must apply (`offload/removal.rs`).
@@ -201,29 +187,18 @@ impl Master {
             Default::default()
         };
         let owners = OwnerRegistry::new(kv.clone(), cfg.node_ttl.as_millis() as u64);
-        let pinger = TcpTransport::new(TcpTransportConfig {
-            connect_timeout: std::time::Duration::from_secs(1),
-            io_timeout: std::time::Duration::from_secs(1),
-            max_idle_per_node: 0,
-            ..Default::default()
-        });
         Ok(Arc::new(Master {
             cfg,
             keys,
             objects: ObjectTable::default(),
-            segments: RwLock::new(HashMap::new()),
-            nodes: RwLock::new(HashMap::new()),
-            next_segment_id: AtomicU64::new(1),
+            cluster: Cluster::new(),
             next_put_id: AtomicU64::new(1),
-            next_incarnation: AtomicU64::new(1),
-            next_generation: AtomicU64::new(unix_ms() << 16),
             started: Instant::now(),
             restarted,
             members,
             members_lost_taken: AtomicBool::new(false),
             kv,
             pending_puts: Mutex::new(VecDeque::new()),
-            left_nodes: Mutex::new(Vec::new()),
             evict_wakeup: tokio::sync::Notify::new(),
             space: Default::default(),
             owner_work: tokio::sync::Notify::new(),
@@ -232,7 +207,6 @@ impl Master {
             queue: Mutex::new(OffloadQueue::new(5, 500)),
             policy,
             admission,
-            pinger,
             drops: crate::offload::removal::Drops::new(term),
             promotions: Mutex::new(Default::default()),
             tombstones,
@@ -289,7 +263,7 @@ impl Master {
     /// The UCX routes of `segment_ids` (those that have one). The caller's
     /// rdma role was checked by the service.
     pub fn ucx_routes(&self, segment_ids: &[u64]) -> Vec<pb::UcxRoute> {
-        let segs = self.segments.read();
+        let segs = self.cluster.segments.read();
         segment_ids
             .iter()
             .filter_map(|id| {
@@ -667,6 +641,7 @@ impl Master {
     /// Refuses what no eviction can make room for.
     fn check_fits(&self, size: u64, len: u64) -> Result<()> {
         let largest = self
+            .cluster
             .segments
             .read()
             .values()
@@ -710,6 +685,7 @@ impl Master {
 
     fn try_place(&self, size: u64, len: u64, n: usize, preferred: Option<u64>) -> Vec<Replica> {
         let mut cands: Vec<Arc<SegmentEntry>> = self
+            .cluster
             .segments
             .read()
             .values()
@@ -738,7 +714,7 @@ impl Master {
                     seg,
                     offset,
                     alloc_len,
-                    generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
+                    generation: self.cluster.next_generation.fetch_add(1, Ordering::Relaxed),
                 });
             }
         }
@@ -1051,7 +1027,8 @@ impl Master {
     // ---------------- space ----------------
 
     pub fn capacity_bytes(&self) -> u64 {
-        self.segments
+        self.cluster
+            .segments
             .read()
             .values()
             .filter(|s| s.is_mounted())
@@ -1060,7 +1037,8 @@ impl Master {
     }
 
     pub fn allocated_bytes(&self) -> u64 {
-        self.segments
+        self.cluster
+            .segments
             .read()
             .values()
             .filter(|s| s.is_mounted())
@@ -1110,7 +1088,7 @@ impl Master {
     }
 
     pub fn stat(&self) -> pb::StatResponse {
-        let segs: Vec<Arc<SegmentEntry>> = self.segments.read().values().cloned().collect();
+        let segs: Vec<Arc<SegmentEntry>> = self.cluster.segments.read().values().cloned().collect();
         let mut info: Vec<pb::SegmentInfo> = segs
             .iter()
             .map(|s| pb::SegmentInfo {
@@ -1128,7 +1106,7 @@ impl Master {
             keys: self.objects.len() as u64,
             capacity_bytes: info.iter().map(|s| s.capacity_bytes).sum(),
             allocated_bytes: info.iter().map(|s| s.allocated_bytes).sum(),
-            nodes: self.nodes.read().len() as u32,
+            nodes: self.cluster.nodes.read().len() as u32,
             segments: info.len() as u32,
             evictions: self.metrics.evictions.get(),
             segment_info: info,
@@ -1157,14 +1135,14 @@ impl Master {
         let m = &self.metrics;
         m.capacity_bytes.set(self.capacity_bytes() as i64);
         m.allocated_bytes.set(self.allocated_bytes() as i64);
-        m.nodes.set(self.nodes.read().len() as i64);
+        m.nodes.set(self.cluster.nodes.read().len() as i64);
         let owners = self.owners.snapshot();
         let live = owners.iter().filter(|(_, live)| *live).count();
         m.ssd_owners.with_label_values(&["live"]).set(live as i64);
         m.ssd_owners
             .with_label_values(&["gone"])
             .set((owners.len() - live) as i64);
-        m.segments.set(self.segments.read().len() as i64);
+        m.segments.set(self.cluster.segments.read().len() as i64);
         m.keys.set(self.objects.len() as i64);
         m.tombstones.set(self.tombstones.len() as i64);
     }
@@ -1203,14 +1181,17 @@ impl Master {
         // clean: whatever the master knew of its old incarnation goes.
         // (`check_node_takeover` refused first if another live process
         // holds the id.)
-        if self.nodes.read().contains_key(&req.node_id) {
+        if self.cluster.nodes.read().contains_key(&req.node_id) {
             self.drop_node(&req.node_id, "re-registered");
         }
-        let incarnation = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
+        let incarnation = self
+            .cluster
+            .next_incarnation
+            .fetch_add(1, Ordering::Relaxed);
         let ids: Vec<u64> = req
             .segments
             .iter()
-            .map(|_| self.next_segment_id.fetch_add(1, Ordering::Relaxed))
+            .map(|_| self.cluster.next_segment_id.fetch_add(1, Ordering::Relaxed))
             .collect();
         let grant_key = self.keys.member_key(&node_member(&req.node_id), &proof);
         let node = Arc::new(
@@ -1230,7 +1211,7 @@ impl Master {
             .with_receipts(req.records_pending && req.records_receipts),
         );
         {
-            let mut segs = self.segments.write();
+            let mut segs = self.cluster.segments.write();
             for ((id, spec), route) in ids.iter().zip(&req.segments).zip(routes) {
                 segs.insert(
                     *id,
@@ -1238,7 +1219,7 @@ impl Master {
                 );
             }
         }
-        self.nodes.write().insert(req.node_id.clone(), node);
+        self.cluster.nodes.write().insert(req.node_id.clone(), node);
         if req.held_objects == 0 || !self.rebuilding() {
             // Nothing to report: this node is accounted for.
             self.members
@@ -1267,7 +1248,7 @@ impl Master {
     /// replaces its dead predecessor; a process that proves it *is* the
     /// registered one (same instance proof) simply registers again.
     pub async fn check_node_takeover(&self, req: &pb::RegisterNodeRequest) -> Result<()> {
-        let holder = self.nodes.read().get(&req.node_id).cloned();
+        let holder = self.cluster.nodes.read().get(&req.node_id).cloned();
         let Some(h) = holder else { return Ok(()) };
         if h.proof.matches(&req.instance_proof) {
             return Ok(());
@@ -1276,7 +1257,7 @@ impl Master {
         if h.last_heartbeat_ms.load(Ordering::Relaxed) + ttl < unix_ms() {
             return Ok(());
         }
-        match self.pinger.ping(&h.data_addr).await {
+        match self.cluster.pinger.ping(&h.data_addr).await {
             Ok(answer) if answer == h.instance.as_bytes() => Err(Error::new(
                 Code::AlreadyExists,
                 format!(
@@ -1293,7 +1274,7 @@ impl Master {
     }
 
     pub fn heartbeat(&self, req: &pb::HeartbeatRequest) -> Result<pb::HeartbeatResponse> {
-        let node = self.nodes.read().get(&req.node_id).cloned();
+        let node = self.cluster.nodes.read().get(&req.node_id).cloned();
         match node {
             Some(n) if !n.proof.matches(&req.instance_proof) => Err(Error::new(
                 Code::PermissionDenied,
@@ -1306,7 +1287,7 @@ impl Master {
                 // This registration only: a takeover that re-registered the
                 // id meanwhile stays.
                 self.drop_node_of(&req.node_id, Some(req.incarnation), "left the cluster");
-                self.left_nodes.lock().push(req.node_id.clone());
+                self.cluster.left_nodes.lock().push(req.node_id.clone());
                 Ok(pb::HeartbeatResponse {
                     known: false,
                     log: vec![],
@@ -1337,7 +1318,10 @@ impl Master {
     ) -> Result<pb::RegisterOwnerResponse> {
         let (owner_id, epoch) = self
             .owners
-            .register(&req, |addr| async move { self.pinger.ping(&addr).await })
+            .register(
+                &req,
+                |addr| async move { self.cluster.pinger.ping(&addr).await },
+            )
             .await?;
         // Before the owner hears back: a later master waits for its inventory.
         self.remember(crate::members::Member::Owner(owner_id))
@@ -1395,7 +1379,7 @@ impl Master {
     /// `drop_node`, of the registration with `incarnation` only when given.
     pub(crate) fn drop_node_of(&self, node_id: &str, incarnation: Option<u64>, why: &str) {
         let node = {
-            let mut nodes = self.nodes.write();
+            let mut nodes = self.cluster.nodes.write();
             match nodes.get(node_id) {
                 Some(n) if incarnation.is_none_or(|i| n.incarnation == i) => nodes.remove(node_id),
                 _ => None,
@@ -1405,7 +1389,7 @@ impl Master {
             return;
         };
         {
-            let mut segs = self.segments.write();
+            let mut segs = self.cluster.segments.write();
             for id in &node.segment_ids {
                 if let Some(s) = segs.remove(id) {
                     s.unmount();
@@ -1447,6 +1431,7 @@ impl Master {
     pub fn expire_nodes(&self, now_ms: u64) -> Vec<String> {
         let ttl = self.cfg.node_ttl.as_millis() as u64;
         let dead: Vec<(String, u64)> = self
+            .cluster
             .nodes
             .read()
             .values()
@@ -1458,7 +1443,7 @@ impl Master {
             // is alive.
             self.drop_node_of(id, Some(*incarnation), "missed --node-ttl");
         }
-        let mut gone = std::mem::take(&mut *self.left_nodes.lock());
+        let mut gone = std::mem::take(&mut *self.cluster.left_nodes.lock());
         gone.extend(dead.into_iter().map(|(id, _)| id));
         gone
     }

@@ -129,7 +129,7 @@ impl Master {
     /// Whether `m` registered with this master.
     pub fn registered(&self, m: &Member) -> bool {
         match m {
-            Member::Node(id) => self.nodes.read().contains_key(id),
+            Member::Node(id) => self.cluster.nodes.read().contains_key(id),
             Member::Owner(id) => self.owners.registered(*id),
         }
     }
@@ -160,6 +160,7 @@ impl Master {
             )));
         }
         let node = self
+            .cluster
             .nodes
             .read()
             .get(&req.node_id)
@@ -175,7 +176,7 @@ impl Master {
             ));
         }
         let segments: Vec<_> = {
-            let segs = self.segments.read();
+            let segs = self.cluster.segments.read();
             node.segment_ids
                 .iter()
                 .map(|id| segs.get(id).cloned())
@@ -254,12 +255,13 @@ impl Master {
             // clock, so a node's claim cannot exhaust the counter.
             let cap = strata_common::time::unix_ms().saturating_add(86_400_000) << 16;
             if o.generation < cap {
-                self.next_generation
+                self.cluster
+                    .next_generation
                     .fetch_max(o.generation + 1, Ordering::Relaxed);
             }
             o.generation
         } else {
-            self.next_generation.fetch_add(1, Ordering::Relaxed)
+            self.cluster.next_generation.fetch_add(1, Ordering::Relaxed)
         };
         let replica = Replica {
             seg: seg.clone(),
