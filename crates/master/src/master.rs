@@ -4,7 +4,7 @@
 use crate::cluster::allocator::aligned_len;
 use crate::cluster::Replica;
 use crate::cluster::{Cluster, NodeEntry, SegmentEntry};
-use crate::config::{AllocStrategy, MasterConfig};
+use crate::config::MasterConfig;
 use crate::durable::{DurableKv, FileKv, MemKv};
 use crate::grants::TermKeys;
 use crate::metrics::MasterMetrics;
@@ -14,7 +14,6 @@ use crate::offload::owners::OwnerRegistry;
 use crate::offload::policy::{self, AdmissionPolicy};
 use crate::offload::queue::OffloadQueue;
 use parking_lot::Mutex;
-use rand::seq::SliceRandom;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -263,15 +262,7 @@ impl Master {
     /// The UCX routes of `segment_ids` (those that have one). The caller's
     /// rdma role was checked by the service.
     pub fn ucx_routes(&self, segment_ids: &[u64]) -> Vec<pb::UcxRoute> {
-        let segs = self.cluster.segments.read();
-        segment_ids
-            .iter()
-            .filter_map(|id| {
-                let s = segs.get(id)?;
-                let r = s.ucx.as_ref()?;
-                Some(r.to_proto(s.id, &s.node.data_addr, s.capacity))
-            })
-            .collect()
+        self.cluster.ucx_routes(segment_ids)
     }
 
     // ---------------- put ----------------
@@ -684,41 +675,8 @@ impl Master {
     }
 
     fn try_place(&self, size: u64, len: u64, n: usize, preferred: Option<u64>) -> Vec<Replica> {
-        let mut cands: Vec<Arc<SegmentEntry>> = self
-            .cluster
-            .segments
-            .read()
-            .values()
-            .filter(|s| s.is_mounted() && s.free_bytes() >= len)
-            .cloned()
-            .collect();
-        match self.cfg.alloc_strategy {
-            AllocStrategy::Random => cands.shuffle(&mut rand::thread_rng()),
-            AllocStrategy::MostFreeFirst => {
-                cands.sort_by_key(|s| std::cmp::Reverse(s.free_bytes()))
-            }
-        }
-        if let Some(p) = preferred {
-            if let Some(i) = cands.iter().position(|s| s.id == p) {
-                let s = cands.remove(i);
-                cands.insert(0, s);
-            }
-        }
-        let mut out = Vec::with_capacity(n);
-        for seg in cands {
-            if out.len() == n {
-                break;
-            }
-            if let Some((offset, alloc_len)) = seg.alloc(size) {
-                out.push(Replica {
-                    seg,
-                    offset,
-                    alloc_len,
-                    generation: self.cluster.next_generation.fetch_add(1, Ordering::Relaxed),
-                });
-            }
-        }
-        out
+        self.cluster
+            .try_place(self.cfg.alloc_strategy, size, len, n, preferred)
     }
 
     // ---------------- get ----------------
@@ -1027,23 +985,11 @@ impl Master {
     // ---------------- space ----------------
 
     pub fn capacity_bytes(&self) -> u64 {
-        self.cluster
-            .segments
-            .read()
-            .values()
-            .filter(|s| s.is_mounted())
-            .map(|s| s.capacity)
-            .sum()
+        self.cluster.capacity_bytes()
     }
 
     pub fn allocated_bytes(&self) -> u64 {
-        self.cluster
-            .segments
-            .read()
-            .values()
-            .filter(|s| s.is_mounted())
-            .map(|s| s.allocated())
-            .sum()
+        self.cluster.allocated_bytes()
     }
 
     pub(crate) fn over_high_watermark(&self) -> bool {
@@ -1248,29 +1194,9 @@ impl Master {
     /// replaces its dead predecessor; a process that proves it *is* the
     /// registered one (same instance proof) simply registers again.
     pub async fn check_node_takeover(&self, req: &pb::RegisterNodeRequest) -> Result<()> {
-        let holder = self.cluster.nodes.read().get(&req.node_id).cloned();
-        let Some(h) = holder else { return Ok(()) };
-        if h.proof.matches(&req.instance_proof) {
-            return Ok(());
-        }
-        let ttl = self.cfg.node_ttl.as_millis() as u64;
-        if h.last_heartbeat_ms.load(Ordering::Relaxed) + ttl < unix_ms() {
-            return Ok(());
-        }
-        match self.cluster.pinger.ping(&h.data_addr).await {
-            Ok(answer) if answer == h.instance.as_bytes() => Err(Error::new(
-                Code::AlreadyExists,
-                format!(
-                    "node_id {:?} is held by a live process ({}) serving {}; stop it first \
-                     or give this node another --node-id",
-                    req.node_id, h.instance, h.data_addr
-                ),
-            )),
-            // Another process answers at that address (the holder
-            // restarted), or none does (it died). Known limit: a holder whose
-            // port cannot be reached is taken to be gone (docs/security.md).
-            _ => Ok(()),
-        }
+        self.cluster
+            .check_node_takeover(req, self.cfg.node_ttl.as_millis() as u64)
+            .await
     }
 
     pub fn heartbeat(&self, req: &pb::HeartbeatRequest) -> Result<pb::HeartbeatResponse> {

@@ -9,11 +9,15 @@ pub mod ucx_routes;
 
 pub use node::{NodeEntry, NodeIdentity, Replica, SegmentEntry};
 
+use crate::config::AllocStrategy;
 use parking_lot::{Mutex, RwLock};
+use rand::seq::SliceRandom;
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_common::time::unix_ms;
+use strata_common::{Code, Error, Result};
+use strata_proto as pb;
 use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
 
 /// The store nodes of one term, their segments, and the ids and
@@ -51,6 +55,114 @@ impl Cluster {
                 max_idle_per_node: 0,
                 ..Default::default()
             }),
+        }
+    }
+
+    /// The UCX routes of `segment_ids` (those that have one). The caller's
+    /// rdma role was checked by the service.
+    pub fn ucx_routes(&self, segment_ids: &[u64]) -> Vec<pb::UcxRoute> {
+        let segs = self.segments.read();
+        segment_ids
+            .iter()
+            .filter_map(|id| {
+                let s = segs.get(id)?;
+                let r = s.ucx.as_ref()?;
+                Some(r.to_proto(s.id, &s.node.data_addr, s.capacity))
+            })
+            .collect()
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.segments
+            .read()
+            .values()
+            .filter(|s| s.is_mounted())
+            .map(|s| s.capacity)
+            .sum()
+    }
+
+    pub fn allocated_bytes(&self) -> u64 {
+        self.segments
+            .read()
+            .values()
+            .filter(|s| s.is_mounted())
+            .map(|s| s.allocated())
+            .sum()
+    }
+
+    /// Places `n` replicas of `size` bytes (`len` with alignment) in
+    /// mounted segments with room, `preferred` first.
+    pub(crate) fn try_place(
+        &self,
+        strategy: AllocStrategy,
+        size: u64,
+        len: u64,
+        n: usize,
+        preferred: Option<u64>,
+    ) -> Vec<Replica> {
+        let mut cands: Vec<Arc<SegmentEntry>> = self
+            .segments
+            .read()
+            .values()
+            .filter(|s| s.is_mounted() && s.free_bytes() >= len)
+            .cloned()
+            .collect();
+        match strategy {
+            AllocStrategy::Random => cands.shuffle(&mut rand::thread_rng()),
+            AllocStrategy::MostFreeFirst => {
+                cands.sort_by_key(|s| std::cmp::Reverse(s.free_bytes()))
+            }
+        }
+        if let Some(p) = preferred {
+            if let Some(i) = cands.iter().position(|s| s.id == p) {
+                let s = cands.remove(i);
+                cands.insert(0, s);
+            }
+        }
+        let mut out = Vec::with_capacity(n);
+        for seg in cands {
+            if out.len() == n {
+                break;
+            }
+            if let Some((offset, alloc_len)) = seg.alloc(size) {
+                out.push(Replica {
+                    seg,
+                    offset,
+                    alloc_len,
+                    generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
+                });
+            }
+        }
+        out
+    }
+
+    /// Whether `req` may take over its node id (see `Master::check_node_takeover`).
+    pub(crate) async fn check_node_takeover(
+        &self,
+        req: &pb::RegisterNodeRequest,
+        ttl: u64,
+    ) -> Result<()> {
+        let holder = self.nodes.read().get(&req.node_id).cloned();
+        let Some(h) = holder else { return Ok(()) };
+        if h.proof.matches(&req.instance_proof) {
+            return Ok(());
+        }
+        if h.last_heartbeat_ms.load(Ordering::Relaxed) + ttl < unix_ms() {
+            return Ok(());
+        }
+        match self.pinger.ping(&h.data_addr).await {
+            Ok(answer) if answer == h.instance.as_bytes() => Err(Error::new(
+                Code::AlreadyExists,
+                format!(
+                    "node_id {:?} is held by a live process ({}) serving {}; stop it first \
+                     or give this node another --node-id",
+                    req.node_id, h.instance, h.data_addr
+                ),
+            )),
+            // Another process answers at that address (the holder
+            // restarted), or none does (it died). Known limit: a holder whose
+            // port cannot be reached is taken to be gone (docs/security.md).
+            _ => Ok(()),
         }
     }
 }
