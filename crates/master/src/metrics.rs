@@ -1,4 +1,6 @@
-//! Prometheus metrics of the master (names are a contract: INTERFACES.md).
+//! Prometheus metrics of the master. Their names and labels are a contract
+//! with dashboards and alerts (`deploy/`, docs/operations.md) and are kept
+//! in the shared design notes' INTERFACES.md: rename none.
 
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,

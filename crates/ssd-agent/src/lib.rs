@@ -11,7 +11,7 @@ pub mod index;
 pub mod lock;
 pub mod offload;
 pub mod promotion;
-pub mod region;
+pub mod serve;
 pub mod staging;
 pub mod store;
 
@@ -392,7 +392,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
     let staging =
         staging::Staging::new(cfg.staging_bytes, cfg.staging_wait, metrics.staging.clone());
     let lender = lender(&cfg, &staging, &metrics).await?;
-    let region = Arc::new(region::BucketRegion::new(
+    let region = Arc::new(serve::BucketRegion::new(
         staging.clone(),
         lender.clone(),
         instance.clone(),
@@ -597,7 +597,7 @@ async fn run_loop(
     worker: offload::Worker,
     evictor: eviction::Evictor,
     promoter: promotion::Promoter,
-    region: Arc<region::BucketRegion>,
+    region: Arc<serve::BucketRegion>,
     m: Arc<AgentMetrics>,
     mut who: Registration,
     max_tasks: u32,

@@ -3,7 +3,7 @@
 //! keeps its own record of the committed objects it holds.
 
 pub mod config;
-pub mod recorded;
+pub mod receipts;
 pub mod records;
 
 pub use config::{StoreNodeArgs, StoreNodeConfig};
@@ -200,7 +200,7 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
     let mut tasks = JoinSet::new();
     tasks.spawn(strata_transport::tcp::serve_with(
         listener,
-        Arc::new(recorded::NodeRegion {
+        Arc::new(receipts::NodeRegion {
             table: table.clone(),
             records: records.clone(),
             recorded: metrics.recorded_puts.clone(),
@@ -635,7 +635,7 @@ impl Agent {
                         let full = r.log.len() >= 32_768;
                         // A free ends its fence under the records' lock: a
                         // write's record is kept only while its allocation's
-                        // fence stands (`recorded.rs`).
+                        // fence stands (`receipts.rs`).
                         self.records.apply_freeing(&r.log, |f| {
                             self.table
                                 .freed(f.segment_id, f.offset, f.length, f.generation)

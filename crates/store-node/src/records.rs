@@ -94,7 +94,7 @@ impl ObjectRecords {
     /// freed meanwhile, or a commit of it (or of a newer allocation there)
     /// is in already. `live` runs under this records' lock, under which a
     /// free ends the allocation's fence (`apply_freeing`): so a put
-    /// recorded after its free is impossible (see `recorded::NodeRegion`).
+    /// recorded after its free is impossible (see `receipts::NodeRegion`).
     pub fn record_put(&self, p: CommittedObject, live: impl FnOnce() -> bool) -> bool {
         let mut g = self.inner.lock();
         let at = (p.segment_id, p.offset);

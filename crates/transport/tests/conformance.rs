@@ -518,7 +518,7 @@ async fn leases_held_by_a_connection_die_with_it(f: &Fixture, r: &RemoteRange) {
 /// that does not cover its whole grant. The fixture's node only checks the
 /// record's signature (`Lending::record_put`): this is the transport's
 /// part; what a store node keeps, and when it refuses, is tested with its
-/// region (`strata_store_node::recorded`).
+/// region (`strata_store_node::receipts`).
 async fn recorded_writes(f: Fixture) {
     let w = f.range(0, 4096, PERM_WRITE | PERM_READ, 1);
     let bytes = data(8, 4096);
@@ -777,7 +777,7 @@ impl DataRegion for Lending {
             .is_some_and(|l| l.reclaim_held(lease, token))
     }
     /// Receipts what the master signed, as a store node does (which also
-    /// keeps the put: `strata_store_node::recorded`).
+    /// keeps the put: `strata_store_node::receipts`).
     fn record_put(&self, req: &Request, record: &WriteRecord) -> Option<Result<[u8; MAC_LEN]>> {
         let key = self.table.grant_key()?;
         let put = record.of(&req.grant);
