@@ -1304,23 +1304,8 @@ impl Master {
 
     /// `drop_node`, of the registration with `incarnation` only when given.
     pub(crate) fn drop_node_of(&self, node_id: &str, incarnation: Option<u64>, why: &str) {
-        let node = {
-            let mut nodes = self.cluster.nodes.write();
-            match nodes.get(node_id) {
-                Some(n) if incarnation.is_none_or(|i| n.incarnation == i) => nodes.remove(node_id),
-                _ => None,
-            }
-        };
-        let Some(node) = node else {
+        if self.cluster.remove_node(node_id, incarnation).is_none() {
             return;
-        };
-        {
-            let mut segs = self.cluster.segments.write();
-            for id in &node.segment_ids {
-                if let Some(s) = segs.remove(id) {
-                    s.unmount();
-                }
-            }
         }
         let (mut lost, mut gone) = (0u64, 0i64);
         for shard in self.objects.shards() {
@@ -1356,20 +1341,13 @@ impl Master {
     /// them and the nodes that left since the last call (both to forget).
     pub fn expire_nodes(&self, now_ms: u64) -> Vec<String> {
         let ttl = self.cfg.node_ttl.as_millis() as u64;
-        let dead: Vec<(String, u64)> = self
-            .cluster
-            .nodes
-            .read()
-            .values()
-            .filter(|n| n.last_heartbeat_ms.load(Ordering::Relaxed) + ttl < now_ms)
-            .map(|n| (n.node_id.clone(), n.incarnation))
-            .collect();
+        let dead = self.cluster.silent(ttl, now_ms);
         for (id, incarnation) in &dead {
             // That registration only: one that took the id over meanwhile
             // is alive.
             self.drop_node_of(id, Some(*incarnation), "missed --node-ttl");
         }
-        let mut gone = std::mem::take(&mut *self.cluster.left_nodes.lock());
+        let mut gone = self.cluster.take_left();
         gone.extend(dead.into_iter().map(|(id, _)| id));
         gone
     }

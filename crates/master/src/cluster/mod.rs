@@ -165,4 +165,46 @@ impl Cluster {
             _ => Ok(()),
         }
     }
+
+    /// Removes node `node_id` (the registration with `incarnation` only,
+    /// when given) and unmounts its segments; the caller drops the replicas
+    /// they held. Locks: nodes, then segments, never together.
+    pub(crate) fn remove_node(
+        &self,
+        node_id: &str,
+        incarnation: Option<u64>,
+    ) -> Option<Arc<NodeEntry>> {
+        let node = {
+            let mut nodes = self.nodes.write();
+            match nodes.get(node_id) {
+                Some(n) if incarnation.is_none_or(|i| n.incarnation == i) => nodes.remove(node_id),
+                _ => None,
+            }
+        }?;
+        {
+            let mut segs = self.segments.write();
+            for id in &node.segment_ids {
+                if let Some(s) = segs.remove(id) {
+                    s.unmount();
+                }
+            }
+        }
+        Some(node)
+    }
+
+    /// Registrations (id, incarnation) whose last heartbeat is more than
+    /// `ttl_ms` before `now_ms`.
+    pub(crate) fn silent(&self, ttl_ms: u64, now_ms: u64) -> Vec<(String, u64)> {
+        self.nodes
+            .read()
+            .values()
+            .filter(|n| n.last_heartbeat_ms.load(Ordering::Relaxed) + ttl_ms < now_ms)
+            .map(|n| (n.node_id.clone(), n.incarnation))
+            .collect()
+    }
+
+    /// The nodes that left since the last call.
+    pub(crate) fn take_left(&self) -> Vec<String> {
+        std::mem::take(&mut *self.left_nodes.lock())
+    }
 }
