@@ -40,6 +40,7 @@ class EngineStore:
         self._lock = threading.Lock()
         self._key: Tuple[str, ...] = ()
         self._users = 0  # guarded by _SHARED_LOCK
+        self._released = False
 
     @classmethod
     def shared(cls, extra: Dict[str, Any], logger: logging.Logger, what: str) -> "EngineStore":
@@ -65,11 +66,13 @@ class EngineStore:
                 return
             if _SHARED.get(self._key) is self:
                 del _SHARED[self._key]
+            self._released = True
         self.close()
 
     def get(self) -> Optional[strata.Store]:
-        """The store, or None while Strata is considered down."""
-        if time.monotonic() < self._down_until:
+        """The store, or None while Strata is considered down (or once its
+        last user released it)."""
+        if self._released or time.monotonic() < self._down_until:
             return None
         with self._lock:
             if self._store is None:
@@ -77,12 +80,20 @@ class EngineStore:
                     self._store = strata.Store.connect(self._master, token_file=self._token_file, timeout=self._timeout)
                     self._logger.info("Strata: connected to %s", self._store.master)
                 except (StrataError, OSError, ValueError) as e:
-                    self.failed(e)
+                    self._down(e)
                     return None
             return self._store
 
     def failed(self, e: BaseException) -> None:
-        """Record a failed call: Strata is skipped for ``retry_after`` s."""
+        """Record a failed call: Strata is skipped for ``retry_after`` s,
+        unless the error says Strata is up and refused this call (not
+        retryable: a bad argument, a permission): that call alone fails."""
+        if isinstance(e, StrataError) and not e.retryable:
+            self._logger.warning("Strata refused a call: %s", e)
+            return
+        self._down(e)
+
+    def _down(self, e: BaseException) -> None:
         if time.monotonic() >= self._down_until:
             self._logger.warning("Strata unavailable (%s); %s for %.0f s", e, self._what, self._retry_after)
         self._down_until = time.monotonic() + self._retry_after

@@ -197,7 +197,7 @@ class StrataStorage(HiCacheStorage):
             return []
         try:
             parts = self._page_parts(n, host_indices)
-        except ValueError as e:
+        except Exception as e:  # noqa: BLE001 - the pool's own errors too (a layout it cannot describe)
             logger.error("StrataStorage: refusing a %s of %d pages: %s", "read" if read else "write", n, e)
             self._count(**{failed: n})
             return [False] * n
@@ -357,10 +357,27 @@ def _pool_ranges(pool: Any) -> List[Tuple[int, int]]:
     return out
 
 
+def _server_args() -> str:
+    """What of SGLang's server arguments changes the KV of one model path
+    beyond the pool's dtype and shape: the revision, weight quantization,
+    model config overrides (rope scaling...), model and KV dtypes. Read from
+    the scheduler process's arguments; empty where none are set (SGLang's
+    classes used outside a server)."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        a = get_server_args()
+    except Exception:  # noqa: BLE001 - no server in this process
+        return ""
+    names = ("model_path", "revision", "quantization", "json_model_override_args", "dtype", "kv_cache_dtype")
+    return "|".join(f"{n}={getattr(a, n, None)}" for n in names)
+
+
 def _namespace(config: HiCacheStorageConfig, extra: Dict[str, Any], pool: Any) -> str:
     """Everything that makes the bytes of one page differ, hashed: the
-    tenant namespace, the model (SGLang tags it with the pool's page format),
-    the dtype, the pool's class, layout, page size, shape, and the rank.
+    tenant namespace, the model (SGLang tags it with the pool's page format)
+    and the server arguments that change its KV, the dtype, the pool's
+    class, layout, page size, shape, and the rank.
     MLA models' KV is the same on every TP rank, so their ranks share it."""
     rank = f"pp{config.pp_size}.{config.pp_rank}.cp{config.attn_cp_size}.{config.attn_cp_rank}"
     if not config.is_mla_model:
@@ -369,6 +386,7 @@ def _namespace(config: HiCacheStorageConfig, extra: Dict[str, Any], pool: Any) -
         "strata-sglang-v1",
         str(extra.get("namespace", "")),
         str(config.model_name),
+        _server_args(),
         str(pool.dtype),
         type(pool).__name__,
         str(pool.layout),

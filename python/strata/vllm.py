@@ -203,8 +203,6 @@ class StrataConnector(KVConnectorBase_V1):
         self._extra: Dict[str, Any] = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self._block_size = vllm_config.cache_config.block_size
         self._replicas = int(self._extra.get("replicas", 1))
-        self._strata = EngineStore.shared(self._extra, logger, "the connector recomputes instead")
-        self._shut_down = False
         if role == KVConnectorRole.SCHEDULER:
             # A block that fails to load is a cache miss, not an error: vLLM
             # recomputes it (its default is to fail the request), unless the
@@ -220,6 +218,10 @@ class StrataConnector(KVConnectorBase_V1):
             # and hashes blocks of block_size x ranks tokens.
             raise ValueError("StrataConnector does not support context parallelism (DCP/PCP > 1)")
         self._ranks = [(tp, pp) for pp in range(pc.pipeline_parallel_size) for tp in range(pc.tensor_parallel_size)]
+        # Last, after every check that may refuse the configuration: a
+        # connector that fails to construct is never shut down.
+        self._strata = EngineStore.shared(self._extra, logger, "the connector recomputes instead")
+        self._shut_down = False
         # Scheduler side.
         self._tracked: Dict[str, _Tracked] = {}
         self._planned: Dict[str, Tuple[int, int]] = {}  # req -> (first, end) block to load

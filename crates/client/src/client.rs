@@ -181,12 +181,16 @@ pub use strata_transport::remote_range;
 /// (both connect lazily, on the runtime of their first call).
 fn master_connections(
     cfg: &ClientConfig,
+    keep_alive: bool,
 ) -> Result<(
     MasterClient<MasterChannel>,
     Option<Arc<crate::quick::QuickCalls>>,
 )> {
-    let (channel, route) =
-        strata_common::grpc::master_channel_routed(&cfg.master, cfg.token.as_ref())?;
+    let (channel, route) = strata_common::grpc::master_channel_routed_with(
+        &cfg.master,
+        cfg.token.as_ref(),
+        keep_alive,
+    )?;
     let quick = cfg
         .quick_calls
         .then(|| crate::quick::QuickCalls::new(route, cfg.token.as_ref()))
@@ -218,7 +222,7 @@ impl Client {
     /// Creates a client. The master connection is made lazily and re-made
     /// after failures, so this succeeds even while the master restarts.
     pub async fn connect(cfg: ClientConfig) -> Result<Client> {
-        let (master, quick) = master_connections(&cfg)?;
+        let (master, quick) = master_connections(&cfg, true)?;
         let tcp = Arc::new(TcpTransport::new(cfg.transport.clone()));
         let transport: Arc<dyn Transport> = match cfg.data_transport {
             TransportKind::Tcp => tcp,
@@ -259,7 +263,9 @@ impl Client {
                 "only clients of the TCP transport have siblings",
             ));
         }
-        let (master, quick) = master_connections(&self.cfg)?;
+        // No keep-alive pings: its connections are driven only while its
+        // caller waits (see `LeaderChannel::without_keep_alive`).
+        let (master, quick) = master_connections(&self.cfg, false)?;
         Ok(Client {
             node_segments: self.node_segments.clone(),
             steps: self.steps.clone(),

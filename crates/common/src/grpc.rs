@@ -57,8 +57,22 @@ pub fn master_channel_routed(
     addr: &str,
     token: Option<&Secret>,
 ) -> Result<(MasterChannel, crate::leader::LeaderChannel)> {
+    master_channel_routed_with(addr, token, true)
+}
+
+/// [`master_channel_routed`], with or without keep-alive pings
+/// ([`crate::leader::LeaderChannel::without_keep_alive`]).
+pub fn master_channel_routed_with(
+    addr: &str,
+    token: Option<&Secret>,
+    keep_alive: bool,
+) -> Result<(MasterChannel, crate::leader::LeaderChannel)> {
     let target = crate::leader::MasterTarget::parse(addr)?;
-    let route = crate::leader::LeaderChannel::new(target);
+    let route = if keep_alive {
+        crate::leader::LeaderChannel::new(target)
+    } else {
+        crate::leader::LeaderChannel::without_keep_alive(target)
+    };
     Ok((
         InterceptedService::new(route.clone(), BearerToken::new(token)?),
         route,

@@ -165,10 +165,18 @@ pub async fn read_leader(
 
 /// Connects an etcd client (lazily dialled, bounded timeouts).
 pub async fn etcd_client(endpoints: &[String]) -> Result<etcd_client::Client> {
-    let opts = etcd_client::ConnectOptions::new()
+    etcd_client_with(endpoints, true).await
+}
+
+/// [`etcd_client`], with or without HTTP/2 keep-alive pings (see
+/// [`LeaderChannel::without_keep_alive`]).
+async fn etcd_client_with(endpoints: &[String], keep_alive: bool) -> Result<etcd_client::Client> {
+    let mut opts = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(3))
-        .with_timeout(Duration::from_secs(5))
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        .with_timeout(Duration::from_secs(5));
+    if keep_alive {
+        opts = opts.with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+    }
     etcd_client::Client::connect(endpoints, Some(opts))
         .await
         .map_err(|e| Error::unavailable(format!("cannot reach etcd at {endpoints:?}: {e}")))
@@ -188,10 +196,25 @@ struct Route {
     /// Next list entry to try when no leader is known.
     next: Mutex<usize>,
     etcd: tokio::sync::Mutex<Option<etcd_client::Client>>,
+    /// HTTP/2 keep-alive pings on its connections (see `without_keep_alive`).
+    keep_alive: bool,
 }
 
 impl LeaderChannel {
     pub fn new(target: MasterTarget) -> LeaderChannel {
+        Self::with_keep_alive(target, true)
+    }
+
+    /// A channel whose connections send no keep-alive pings: for a caller
+    /// that drives its own runtime only while it waits on a call (a Python
+    /// thread's), where a ping sent at the end of one call and answered
+    /// while nobody reads would time the connection out at the next. A
+    /// hung master is then found by the call's own deadline instead.
+    pub fn without_keep_alive(target: MasterTarget) -> LeaderChannel {
+        Self::with_keep_alive(target, false)
+    }
+
+    fn with_keep_alive(target: MasterTarget, keep_alive: bool) -> LeaderChannel {
         LeaderChannel {
             route: Arc::new(Route {
                 target,
@@ -199,6 +222,7 @@ impl LeaderChannel {
                 current: Mutex::new(None),
                 next: Mutex::new(0),
                 etcd: tokio::sync::Mutex::new(None),
+                keep_alive,
             }),
         }
     }
@@ -224,7 +248,7 @@ impl Route {
             MasterTarget::Etcd { endpoints, cluster } => {
                 let mut guard = self.etcd.lock().await;
                 if guard.is_none() {
-                    *guard = Some(etcd_client(endpoints).await?);
+                    *guard = Some(etcd_client_with(endpoints, self.keep_alive).await?);
                 }
                 let client = guard.as_ref().expect("just set");
                 match read_leader(client, cluster).await {
@@ -251,17 +275,20 @@ impl Route {
         if let Some(c) = chans.get(addr) {
             return Ok(c.clone());
         }
-        let ch = tonic::transport::Endpoint::from_shared(uri_of(addr))
+        let mut ep = tonic::transport::Endpoint::from_shared(uri_of(addr))
             .map_err(|e| Error::invalid(format!("bad master address {addr:?}: {e}")))?
             .connect_timeout(Duration::from_secs(3))
             .timeout(Duration::from_secs(30))
+            .tcp_nodelay(true);
+        if self.keep_alive {
             // A master that hangs (paused, partitioned) fails its calls in
             // a few seconds, not at the 30 s call timeout.
-            .http2_keep_alive_interval(Duration::from_secs(1))
-            .keep_alive_timeout(Duration::from_secs(2))
-            .keep_alive_while_idle(true)
-            .tcp_nodelay(true)
-            .connect_lazy();
+            ep = ep
+                .http2_keep_alive_interval(Duration::from_secs(1))
+                .keep_alive_timeout(Duration::from_secs(2))
+                .keep_alive_while_idle(true);
+        }
+        let ch = ep.connect_lazy();
         chans.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }

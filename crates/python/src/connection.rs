@@ -89,7 +89,15 @@ impl Shared {
         };
         let local = match locals.existing() {
             Some(l) => l,
-            None => py.detach(|| locals.this_thread(&base))?,
+            None => {
+                let l = py.detach(|| locals.this_thread(&base))?;
+                if self.is_closed() {
+                    // close() ran while it was made: it must not outlive it.
+                    crate::thread_io::dispose(locals.take_all(), self.pid);
+                    return Err(Error::new(Code::Cancelled, "the store is closed"));
+                }
+                l
+            }
         };
         Ok((local.client.clone(), Some(local)))
     }

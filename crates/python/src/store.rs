@@ -101,8 +101,13 @@ impl Store {
             None => crate::runtime::wait(py, move || fut),
         };
         // The thread's runtime is released here, after its future is done
-        // and outside any async context.
-        drop(on);
+        // and outside any async context; if close() ran meanwhile this is
+        // its last holder, and shutting it down may wait: not with the GIL.
+        if let Some(local) = on.0 {
+            if Arc::strong_count(&local) == 1 {
+                py.detach(move || drop(local));
+            }
+        }
         r?.py(py)?.into_py(py)
     }
 }

@@ -152,6 +152,12 @@ impl Drop for Guard {
     fn drop(&mut self) {
         for w in self.watched.get_mut().drain(..) {
             if let Some(locals) = w.upgrade() {
+                if std::process::id() != locals.pid {
+                    // A forked child: the map's lock may have been held by
+                    // another parent thread at the fork; leave it be.
+                    std::mem::forget(locals);
+                    continue;
+                }
                 let mine = locals.lock().remove(&self.id);
                 dispose(mine.into_iter().collect(), locals.pid);
             }

@@ -270,3 +270,19 @@ def test_sglang_cache_controller_backs_up_and_prefetches_through_strata(
         assert torch.equal(page_bytes(r.mem_pool_host, hit.host_indices, p), page_bytes(w.mem_pool_host, src_idx, p))
     t = r.storage_backend.totals()
     assert (t["hits"], t["loaded"], t["load_failures"]) == (6, 6, 0)
+
+
+def test_a_refused_call_fails_alone_and_does_not_switch_strata_off(make_backend: Callable[..., Any]) -> None:
+    """A call Strata refuses (not retryable: here two pages read into one
+    slot, overlapping buffers) fails by itself; only an outage makes the
+    backend stop asking."""
+    pool = host_pool()
+    b = make_backend(pool)
+    keys = hashes(tokens(2, unique_seed()))
+    idx = pool.alloc(2 * PAGE)
+    assert b.batch_set_v1(keys, idx) == [True, True]
+    same_slot = torch.cat([idx[:PAGE], idx[:PAGE]])
+    assert b.batch_get_v1(keys, same_slot) == [False, False]
+    assert b.batch_get_v1(keys, idx) == [True, True]
+    t = b.totals()
+    assert (t["unavailable"], t["load_failures"], t["loaded"]) == (0, 2, 2)
