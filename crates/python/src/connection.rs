@@ -92,8 +92,11 @@ impl Shared {
             None => {
                 let l = py.detach(|| locals.this_thread(&base))?;
                 if self.is_closed() {
-                    // close() ran while it was made: it must not outlive it.
-                    crate::thread_io::dispose(locals.take_all(), self.pid);
+                    // close() ran while it was made: it must not outlive it
+                    // (and is not dropped here, with the GIL held).
+                    let mut all = locals.take_all();
+                    all.push(l);
+                    crate::thread_io::dispose(all, self.pid);
                     return Err(Error::new(Code::Cancelled, "the store is closed"));
                 }
                 l
