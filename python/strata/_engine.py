@@ -18,6 +18,11 @@ from typing import Any, Dict, Optional, Tuple
 import strata
 from strata.errors import StrataError
 
+# What both connectors count, in blocks (vLLM) or pages (SGLang): looked up
+# and hit, loaded and saved, failed loads and saves, calls skipped while
+# Strata was down.
+STAT_NAMES = ("lookups", "hits", "loaded", "saved", "load_failures", "save_failures", "unavailable")
+
 
 class EngineStore:
     """A lazily connected :class:`strata.Store` with outage tracking.

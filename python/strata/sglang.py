@@ -51,14 +51,12 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
-from strata._engine import EngineStore
+from strata._engine import STAT_NAMES, EngineStore
 from strata.errors import AlreadyExists, StrataError
 
 # Under SGLang's logger tree, so the backend's lines join the server's log.
 logger = logging.getLogger("sglang.srt.mem_cache.storage.strata")
 
-# Page counts the backend keeps since it started (``totals()``).
-STAT_NAMES = ("lookups", "hits", "loaded", "saved", "load_failures", "save_failures", "unavailable")
 
 # Keys of SGLang's own extra config, not ours.
 _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1")

@@ -51,7 +51,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.logger import init_logger
 
-from strata._engine import EngineStore
+from strata._engine import STAT_NAMES, EngineStore
 from strata.errors import AlreadyExists, StrataError
 
 if TYPE_CHECKING:
@@ -66,8 +66,6 @@ if TYPE_CHECKING:
 # Under vLLM's logger, so the connector's lines join the engine's log.
 logger = init_logger("vllm.connector.strata")
 
-# Counters the connector reports through ``get_kv_connector_stats``.
-STAT_NAMES = ("lookups", "hits", "loaded", "saved", "load_failures", "save_failures", "unavailable")
 
 Part = Tuple[int, int]
 
