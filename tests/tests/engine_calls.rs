@@ -66,7 +66,8 @@ async fn parts_round_trip_and_must_add_up() {
     assert_eq!(e.code, Code::InvalidArgument, "{e}");
     assert!(short.iter().all(|&b| b == 7));
     // Batches: one result per item, in order.
-    let items = vec![("p0", refs.clone()), ("p1", vec![&b"ab"[..], &b"cd"[..]])];
+    let p1: [&[u8]; 2] = [b"ab", b"cd"];
+    let items = vec![("p0", refs.as_slice()), ("p1", &p1[..])];
     let r = cl
         .batch_put_parts(&items, &PutOptions::default())
         .await

@@ -11,7 +11,7 @@ use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
 use strata_transport::frame::WriteRecord;
 use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
-use strata_transport::{RemoteRange, Transport, TransportKind};
+use strata_transport::{parts, RemoteRange, Transport, TransportKind};
 
 /// Objects up to this size declare their checksum at PutStart by default
 /// (`ClientConfig::announce_up_to`).
@@ -337,9 +337,17 @@ impl Client {
 
     /// Stores `data` under `key`. Fails with `AlreadyExists` if the key is
     /// present, `NoSpace` when the cluster cannot make room.
-    #[tracing::instrument(name = "strata.put", skip_all, fields(key = key, size = data.len()))]
     pub async fn put(&self, key: &str, data: &[u8], opts: &PutOptions) -> Result<()> {
+        self.put_parts(key, &[data], opts).await
+    }
+
+    /// Stores the concatenation of `parts` under `key` as one object (vLLM
+    /// stores a block from one slice per layer), sent from the parts
+    /// themselves: they are never joined into one buffer.
+    #[tracing::instrument(name = "strata.put", skip_all, fields(key = key, size = parts::total_len(data)))]
+    pub async fn put_parts(&self, key: &str, data: &[&[u8]], opts: &PutOptions) -> Result<()> {
         let opts = &*self.placed(opts).await;
+        let len = parts::total_len(data);
         // Declared at PutStart when small enough (`announce_up_to`);
         // otherwise worked out while the first PutStart is in flight. Kept
         // for retries.
@@ -347,8 +355,8 @@ impl Client {
         let mark = || steps.map(|_| std::time::Instant::now());
         let before_crc = mark();
         let crc = std::sync::OnceLock::new();
-        if data.len() <= self.cfg.announce_up_to {
-            let _ = crc.set(crc32c::crc32c(data));
+        if len <= self.cfg.announce_up_to {
+            let _ = crc.set(parts::crc32c(data));
         }
         let crc_took = before_crc.map(|t| t.elapsed());
         let announced = crc.get().copied();
@@ -364,13 +372,13 @@ impl Client {
             .run(|| async {
                 let req = pb::PutStartRequest {
                     key: key.to_string(),
-                    size: data.len() as u64,
+                    size: len as u64,
                     replica_num: opts.replicas,
                     preferred_segment: opts.preferred_segment,
                     soft_pin: opts.soft_pin,
                     hard_pin: opts.hard_pin,
                     crc32c: announced,
-                    receipts: announced.is_some() && self.receipts_for(key, data.len()),
+                    receipts: announced.is_some() && self.receipts_for(key, len),
                     overwrite: opts.overwrite,
                 };
                 let started = mark();
@@ -380,7 +388,7 @@ impl Client {
                     // The request goes out on its first poll; the checksum
                     // is worked out meanwhile instead of before it.
                     None => {
-                        let (r, c) = tokio::join!(start, async { crc32c::crc32c(data) });
+                        let (r, c) = tokio::join!(start, async { parts::crc32c(data) });
                         let _ = crc.set(c);
                         r
                     }
@@ -392,7 +400,7 @@ impl Client {
                         if e.code == Code::AlreadyExists
                             && unsure.load(std::sync::atomic::Ordering::Relaxed) =>
                     {
-                        return self.same_object(key, data.len() as u64, crc, e).await;
+                        return self.same_object(key, len as u64, crc, e).await;
                     }
                     Err(e) => return Err(e),
                 };
@@ -490,14 +498,15 @@ impl Client {
             && self.transport.records_writes(len)
     }
 
-    /// Writes `data` to every replica; those the master gave a record go
-    /// with it, and their nodes' receipts come back for PutEnd.
+    /// Writes the concatenation of `data` to every replica; those the
+    /// master gave a record go with it, and their nodes' receipts come back
+    /// for PutEnd.
     async fn write_replicas(
         &self,
         key: &str,
         crc32c: u32,
         replicas: &[pb::Replica],
-        data: &[u8],
+        data: &[&[u8]],
     ) -> Result<Vec<pb::PutReceipt>> {
         let ranges: Vec<RemoteRange> = replicas.iter().map(remote_range).collect::<Result<_>>()?;
         if ranges.is_empty() {
@@ -517,12 +526,10 @@ impl Client {
         // Every write settles before the first error is returned: the
         // caller then revokes the put, freeing its ranges, and a one-sided
         // write still in flight could land in their next allocation.
-        let writes = ranges.iter().zip(&records).map(|(r, rec)| async move {
-            match rec {
-                Some(rec) => self.transport.write_recorded(r, data, rec).await,
-                None => self.transport.write(r, 0, data).await.map(|()| None),
-            }
-        });
+        let writes = ranges
+            .iter()
+            .zip(&records)
+            .map(|(r, rec)| self.transport.write_parts(r, data, rec.as_ref()));
         let receipts = futures::future::join_all(writes)
             .await
             .into_iter()
@@ -564,13 +571,13 @@ impl Client {
         };
         if let Some(info) = self.cached(key) {
             let mut buf = sized(info.size as usize)?;
-            if self.read_cached(key, &info, buf.as_mut()).await {
+            if self.read_cached(key, &info, &mut [buf.as_mut()]).await {
                 return Ok(buf);
             }
         }
         let info = self.lookup(key).await?;
         let mut buf = sized(info.size as usize)?;
-        self.read_verified(key, info, buf.as_mut()).await?;
+        self.read_verified(key, info, &mut [buf.as_mut()]).await?;
         Ok(buf)
     }
 
@@ -580,7 +587,7 @@ impl Client {
     pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
         if let Some(info) = self.cached(key) {
             let n = info.size as usize;
-            if buf.len() >= n && self.read_cached(key, &info, &mut buf[..n]).await {
+            if buf.len() >= n && self.read_cached(key, &info, &mut [&mut buf[..n]]).await {
                 return Ok(n);
             }
         }
@@ -592,7 +599,7 @@ impl Client {
                 buf.len()
             )));
         }
-        self.read_verified(key, info, &mut buf[..n]).await?;
+        self.read_verified(key, info, &mut [&mut buf[..n]]).await?;
         Ok(n)
     }
 
@@ -627,7 +634,12 @@ impl Client {
     /// freed the range; other bytes; a dead node) forgets the location,
     /// even when a later replica serves the read, and false sends the
     /// caller to the master, exactly as if nothing had been cached.
-    async fn read_cached(&self, key: &str, info: &pb::GetReplicasResponse, buf: &mut [u8]) -> bool {
+    async fn read_cached(
+        &self,
+        key: &str,
+        info: &pb::GetReplicasResponse,
+        buf: &mut [&mut [u8]],
+    ) -> bool {
         let mut failed = false;
         let mut done = false;
         for r in &info.replicas {
@@ -635,7 +647,7 @@ impl Client {
                 failed = true;
                 continue;
             };
-            match self.transport.read_crc32c(&range, 0, buf).await {
+            match self.transport.read_parts(&range, reborrow(buf)).await {
                 Ok(crc) if crc == info.crc32c => {
                     done = true;
                     break;
@@ -656,9 +668,9 @@ impl Client {
 
     /// Reads `key` into `buf` after a cached location failed: asks the
     /// master, and reads if the object still has `buf`'s size.
-    async fn reread(&self, key: &str, buf: &mut [u8]) -> Result<()> {
+    async fn reread(&self, key: &str, buf: &mut [&mut [u8]]) -> Result<()> {
         let info = self.lookup(key).await?;
-        if info.size != buf.len() as u64 {
+        if info.size != parts::total_len(buf) as u64 {
             return Err(Error::unavailable(format!(
                 "key {key:?} was replaced by an object of another size while being read; read it again"
             )));
@@ -672,7 +684,7 @@ impl Client {
         &self,
         key: &str,
         info: pb::GetReplicasResponse,
-        buf: &mut [u8],
+        buf: &mut [&mut [u8]],
     ) -> Result<()> {
         let r = self.read_replicas(key, info, buf).await;
         if r.is_err() {
@@ -685,14 +697,14 @@ impl Client {
         &self,
         key: &str,
         mut info: pb::GetReplicasResponse,
-        buf: &mut [u8],
+        buf: &mut [&mut [u8]],
     ) -> Result<()> {
         for round in 0..2 {
             let mut last = Error::unavailable(format!("key {key:?} has no readable replica"));
             let mut expired = false;
             for r in &info.replicas {
                 let range = remote_range(r)?;
-                match self.transport.read_crc32c(&range, 0, buf).await {
+                match self.transport.read_parts(&range, reborrow(buf)).await {
                     Ok(crc) if crc == info.crc32c => return Ok(()),
                     Ok(_) => {
                         tracing::warn!(
@@ -718,7 +730,7 @@ impl Client {
             if round == 0 && (expired || last.retryable() || last.code == Code::NotFound) {
                 self.forget(key);
                 info = self.lookup(key).await?;
-                if buf.len() as u64 != info.size {
+                if parts::total_len(buf) as u64 != info.size {
                     return Err(Error::unavailable(format!(
                         "key {key:?} changed while being read"
                     )));
@@ -735,10 +747,24 @@ impl Client {
     /// failover) are put again, with backoff, up to the client's deadline;
     /// one whose PutEnd answer was lost counts as put if the key then holds
     /// its bytes (as for [`Client::put`]).
-    #[tracing::instrument(name = "strata.batch_put", skip_all, fields(items = items.len()))]
     pub async fn batch_put(
         &self,
         items: &[(&str, &[u8])],
+        opts: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        let items: Vec<(&str, &[&[u8]])> = items
+            .iter()
+            .map(|(k, d)| (*k, std::slice::from_ref(d)))
+            .collect();
+        self.batch_put_parts(&items, opts).await
+    }
+
+    /// [`Client::batch_put`] of objects made of parts (each the concatenation
+    /// of its slices, sent from them).
+    #[tracing::instrument(name = "strata.batch_put", skip_all, fields(items = items.len()))]
+    pub async fn batch_put_parts(
+        &self,
+        items: &[(&str, &[&[u8]])],
         opts: &PutOptions,
     ) -> Result<Vec<Result<()>>> {
         let opts = &*self.placed(opts).await;
@@ -754,15 +780,16 @@ impl Client {
             }
             let delay = b.delay(attempt);
             let last_try = attempt + 1 >= b.attempts || t0.elapsed() + delay >= b.deadline;
-            let round: Vec<(&str, &[u8])> = pending.iter().map(|&i| items[i]).collect();
+            let round: Vec<(&str, &[&[u8]])> = pending.iter().map(|&i| items[i]).collect();
             match self.batch_put_round(&round, opts).await {
                 Ok(results) => {
                     for (&i, (r, ended)) in pending.iter().zip(results) {
                         let (key, data) = items[i];
                         let r = match r {
                             Err(e) if e.code == Code::AlreadyExists && unsure[i] => {
-                                let crc = crc32c::crc32c(data);
-                                self.same_object(key, data.len() as u64, crc, e).await
+                                let crc = parts::crc32c(data);
+                                self.same_object(key, parts::total_len(data) as u64, crc, e)
+                                    .await
                             }
                             r => r,
                         };
@@ -805,27 +832,30 @@ impl Client {
     /// as far as PutEnd (a lost answer there leaves the outcome unknown).
     async fn batch_put_round(
         &self,
-        items: &[(&str, &[u8])],
+        items: &[(&str, &[&[u8]])],
         opts: &PutOptions,
     ) -> Result<Vec<(Result<()>, bool)>> {
+        let lens: Vec<usize> = items.iter().map(|(_, d)| parts::total_len(d)).collect();
         // Declared at PutStart where small enough (`announce_up_to`).
         let crcs: Vec<Option<u32>> = items
             .iter()
-            .map(|(_, d)| (d.len() <= self.cfg.announce_up_to).then(|| crc32c::crc32c(d)))
+            .zip(&lens)
+            .map(|((_, d), &n)| (n <= self.cfg.announce_up_to).then(|| parts::crc32c(d)))
             .collect();
         let req = pb::BatchPutStartRequest {
             items: items
                 .iter()
                 .zip(&crcs)
-                .map(|((k, d), crc)| pb::PutStartRequest {
+                .zip(&lens)
+                .map(|(((k, _), crc), &n)| pb::PutStartRequest {
                     key: k.to_string(),
-                    size: d.len() as u64,
+                    size: n as u64,
                     replica_num: opts.replicas,
                     preferred_segment: opts.preferred_segment,
                     soft_pin: opts.soft_pin,
                     hard_pin: opts.hard_pin,
                     crc32c: *crc,
-                    receipts: crc.is_some() && self.receipts_for(k, d.len()),
+                    receipts: crc.is_some() && self.receipts_for(k, n),
                     overwrite: opts.overwrite,
                 })
                 .collect(),
@@ -878,7 +908,7 @@ impl Client {
                     i,
                     pb::PutEndRequest {
                         key: items[i].0.to_string(),
-                        crc32c: crcs[i].unwrap_or_else(|| crc32c::crc32c(items[i].1)),
+                        crc32c: crcs[i].unwrap_or_else(|| parts::crc32c(items[i].1)),
                         receipts: std::mem::take(receipts),
                         generation: *generation,
                     },
@@ -993,9 +1023,9 @@ impl Client {
             }
             bufs.push(Some(b));
         }
-        let slices: Vec<&mut [u8]> = bufs
+        let slices: Vec<Vec<&mut [u8]>> = bufs
             .iter_mut()
-            .map(|b| b.as_mut().map_or(&mut [][..], |b| b.as_mut()))
+            .map(|b| b.as_mut().map_or_else(Vec::new, |b| vec![b.as_mut()]))
             .collect();
         let done = self.batch_read(keys, infos, cached, slices).await;
         Ok(done
@@ -1013,45 +1043,51 @@ impl Client {
         &self,
         items: &mut [(&str, &mut [u8])],
     ) -> Result<Vec<Result<usize>>> {
-        self.batch_get_into_sized(items, false).await
+        let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
+        let bufs = items.iter_mut().map(|(_, b)| vec![&mut **b]).collect();
+        self.batch_get_into_bufs(&keys, bufs, false).await
     }
 
-    /// `batch_get_into`; with `exact`, a buffer of any other size than its
-    /// object's is refused before anything is read into it.
-    pub(crate) async fn batch_get_into_sized(
+    /// Reads each key into its buffers in order (scattered; no intermediate
+    /// copy). With `exact`, buffers of any other size together than their
+    /// object's are refused before anything is read into them; otherwise
+    /// they must be at least that large. Returns each object's size.
+    pub(crate) async fn batch_get_into_bufs(
         &self,
-        items: &mut [(&str, &mut [u8])],
+        keys: &[&str],
+        items: Vec<Vec<&mut [u8]>>,
         exact: bool,
     ) -> Result<Vec<Result<usize>>> {
-        let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
-        let Located { infos, cached } = self.batch_replicas(&keys).await?;
+        if keys.len() != items.len() {
+            return Err(Error::internal("a batch read with more keys than buffers"));
+        }
+        let Located { infos, cached } = self.batch_replicas(keys).await?;
         let mut sizes = Vec::with_capacity(items.len());
         let mut slices = Vec::with_capacity(items.len());
         let mut infos_ok = Vec::with_capacity(items.len());
-        for ((k, buf), info) in items.iter_mut().zip(infos) {
+        for ((k, bufs), info) in keys.iter().zip(items).zip(infos) {
+            let have = parts::total_len(&bufs);
             let info = info.and_then(|info| {
                 let n = info.size as usize;
-                if buf.len() < n {
+                if have < n {
                     return Err(Error::invalid(format!(
-                        "buffer of {} bytes is smaller than object {k:?} of {n} bytes",
-                        buf.len()
+                        "buffer of {have} bytes is smaller than object {k:?} of {n} bytes"
                     )));
                 }
-                if exact && buf.len() != n {
+                if exact && have != n {
                     return Err(Error::invalid(format!(
-                        "object {k:?} holds {n} bytes but its parts hold {}; the parts must \
-                         add up to the object's size",
-                        buf.len()
+                        "object {k:?} holds {n} bytes but its parts hold {have}; the parts \
+                         must add up to the object's size"
                     )));
                 }
                 Ok(info)
             });
             let n = info.as_ref().map_or(0, |i| i.size as usize);
             sizes.push(n);
-            slices.push(&mut buf[..n]);
+            slices.push(parts::truncate(bufs, n));
             infos_ok.push(info);
         }
-        let done = self.batch_read(&keys, infos_ok, &cached, slices).await;
+        let done = self.batch_read(keys, infos_ok, &cached, slices).await;
         Ok(done
             .into_iter()
             .zip(sizes)
@@ -1067,7 +1103,7 @@ impl Client {
         keys: &[&str],
         infos: Vec<Result<pb::GetReplicasResponse>>,
         cached: &[bool],
-        mut bufs: Vec<&mut [u8]>,
+        mut bufs: Vec<Vec<&mut [u8]>>,
     ) -> Vec<Result<()>> {
         let mut pending: Vec<Option<pb::GetReplicasResponse>> = Vec::with_capacity(keys.len());
         let mut out: Vec<Result<()>> = Vec::with_capacity(keys.len());
@@ -1101,14 +1137,14 @@ impl Client {
             }
         }
         if !ranges.is_empty() {
-            let mut slots: Vec<Option<&mut [u8]>> =
-                bufs.iter_mut().map(|b| Some(&mut **b)).collect();
-            let items: Vec<(&RemoteRange, &mut [u8])> = idx
+            let mut slots: Vec<Option<Vec<&mut [u8]>>> =
+                bufs.iter_mut().map(|b| Some(reborrow(b))).collect();
+            let items: Vec<(&RemoteRange, Vec<&mut [u8]>)> = idx
                 .iter()
                 .zip(&ranges)
                 .filter_map(|(&i, r)| slots[i].take().map(|b| (r, b)))
                 .collect();
-            let res = self.transport.read_many(items).await;
+            let res = self.transport.read_many_parts(items).await;
             for (&i, r) in idx.iter().zip(res) {
                 let want = pending[i].as_ref().map(|p| p.crc32c);
                 if matches!((r, want), (Ok(crc), Some(w)) if crc == w) {
@@ -1118,18 +1154,18 @@ impl Client {
         }
         let mut futs = Vec::new();
         let mut which = Vec::new();
-        for ((i, p), buf) in pending.into_iter().enumerate().zip(bufs) {
+        for ((i, p), mut buf) in pending.into_iter().enumerate().zip(bufs) {
             if let Some(info) = p {
                 which.push(i);
                 let key = keys[i];
                 let cached = cached[i];
                 futs.push(async move {
                     if !cached {
-                        self.read_verified(key, info, buf).await
-                    } else if self.read_cached(key, &info, buf).await {
+                        self.read_verified(key, info, &mut buf).await
+                    } else if self.read_cached(key, &info, &mut buf).await {
                         Ok(())
                     } else {
-                        self.reread(key, buf).await
+                        self.reread(key, &mut buf).await
                     }
                 });
             }
@@ -1311,4 +1347,9 @@ impl Client {
     pub fn transport(&self) -> Arc<dyn Transport> {
         self.transport.clone()
     }
+}
+
+/// A new list of the same buffers, for one more read into them.
+fn reborrow<'b>(bufs: &'b mut [&mut [u8]]) -> Vec<&'b mut [u8]> {
+    bufs.iter_mut().map(|b| &mut **b).collect()
 }

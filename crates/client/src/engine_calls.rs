@@ -119,36 +119,6 @@ impl Client {
         }
     }
 
-    /// Stores the concatenation of `parts` under `key` (one object: vLLM
-    /// stores a block from one slice per layer).
-    pub async fn put_parts(&self, key: &str, parts: &[&[u8]], opts: &PutOptions) -> Result<()> {
-        match parts {
-            [one] => self.put(key, one, opts).await,
-            _ => self.put(key, &parts.concat(), opts).await,
-        }
-    }
-
-    /// [`Client::batch_put`] of objects made of parts.
-    pub async fn batch_put_parts(
-        &self,
-        items: &[(&str, Vec<&[u8]>)],
-        opts: &PutOptions,
-    ) -> Result<Vec<Result<()>>> {
-        let joined: Vec<Cow<'_, [u8]>> = items
-            .iter()
-            .map(|(_, parts)| match parts.as_slice() {
-                [one] => Cow::Borrowed(*one),
-                many => Cow::Owned(many.concat()),
-            })
-            .collect();
-        let flat: Vec<(&str, &[u8])> = items
-            .iter()
-            .zip(&joined)
-            .map(|((k, _), d)| (*k, d.as_ref()))
-            .collect();
-        self.batch_put(&flat, opts).await
-    }
-
     /// Reads `key` into `parts` in order: the object must be exactly as long
     /// as the parts together (an object of another size is an error and
     /// leaves the parts untouched). Returns the object's size.
@@ -158,59 +128,19 @@ impl Client {
             .unwrap_or_else(|| Err(Error::internal("a batch of one answered nothing")))
     }
 
-    /// [`Client::batch_get_into`] where each object is scattered over parts.
+    /// [`Client::batch_get_into`] where each object is scattered over parts,
+    /// read straight into them (each object exactly as long as its parts
+    /// together).
     pub async fn batch_get_into_parts(
         &self,
         items: &mut [(&str, &mut [&mut [u8]])],
     ) -> Result<Vec<Result<usize>>> {
-        // Objects of one part are read in place; the others through one
-        // buffer each, scattered once verified.
-        let mut staging: Vec<Option<Vec<u8>>> = items
-            .iter()
-            .map(|(_, parts)| {
-                (parts.len() != 1).then(|| vec![0u8; parts.iter().map(|p| p.len()).sum()])
-            })
+        let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
+        let bufs = items
+            .iter_mut()
+            .map(|(_, parts)| parts.iter_mut().map(|p| &mut **p).collect())
             .collect();
-        let wanted: Vec<usize> = items
-            .iter()
-            .map(|(_, parts)| parts.iter().map(|p| p.len()).sum())
-            .collect();
-        let results = {
-            let mut flat: Vec<(&str, &mut [u8])> = items
-                .iter_mut()
-                .zip(staging.iter_mut())
-                .map(|((k, parts), st)| match st {
-                    Some(buf) => (*k, buf.as_mut_slice()),
-                    None => (*k, &mut *parts[0]),
-                })
-                .collect();
-            // Exact: a single part larger than its object is refused
-            // before the object lands in it.
-            self.batch_get_into_sized(&mut flat, true).await?
-        };
-        Ok(results
-            .into_iter()
-            .zip(items.iter_mut())
-            .zip(staging)
-            .zip(wanted)
-            .map(|(((r, (key, parts)), st), want)| {
-                let n = r?;
-                if n != want {
-                    return Err(Error::invalid(format!(
-                        "object {key:?} holds {n} bytes but its parts hold {want}; \
-                         the parts must add up to the object's size"
-                    )));
-                }
-                if let Some(buf) = st {
-                    let mut at = 0;
-                    for p in parts.iter_mut() {
-                        p.copy_from_slice(&buf[at..at + p.len()]);
-                        at += p.len();
-                    }
-                }
-                Ok(n)
-            })
-            .collect())
+        self.batch_get_into_bufs(&keys, bufs, true).await
     }
 
     /// Removes each key (leased ones only with `force`); one result per key.

@@ -363,10 +363,14 @@ impl Store {
         let (c, on) = self.client(py)?;
         let bufs = pin_parts(&parts, false)?;
         self.run(py, on, async move {
-            let items: Vec<(&str, Vec<&[u8]>)> = keys
+            let slices: Vec<Vec<&[u8]>> = bufs
                 .iter()
-                .zip(&bufs)
-                .map(|(k, p)| (k.as_str(), p.iter().map(Pinned::as_slice).collect()))
+                .map(|p| p.iter().map(Pinned::as_slice).collect())
+                .collect();
+            let items: Vec<(&str, &[&[u8]])> = keys
+                .iter()
+                .zip(&slices)
+                .map(|(k, p)| (k.as_str(), p.as_slice()))
                 .collect();
             c.batch_put_parts(&items, &opts).await.map(Items)
         })

@@ -9,6 +9,7 @@ pub mod checksum;
 pub mod fence;
 pub mod frame;
 pub mod lend;
+pub mod parts;
 pub mod published;
 pub mod region;
 pub mod tcp;
@@ -118,6 +119,88 @@ pub trait Transport: Send + Sync + 'static {
         _record: &'a frame::WriteRecord,
     ) -> BoxFuture<'a, Result<Option<[u8; strata_common::grant::MAC_LEN]>>> {
         Box::pin(async move { self.write(dst, 0, data).await.map(|()| None) })
+    }
+
+    /// Writes the concatenation of `parts` as a whole object into `dst`,
+    /// with its record when given (as [`Transport::write_recorded`] does).
+    /// Transports that can send from several buffers do; the default joins
+    /// the parts first.
+    fn write_parts<'a>(
+        &'a self,
+        dst: &'a RemoteRange,
+        parts: &'a [&'a [u8]],
+        record: Option<&'a frame::WriteRecord>,
+    ) -> BoxFuture<'a, Result<Option<[u8; strata_common::grant::MAC_LEN]>>> {
+        Box::pin(async move {
+            let joined;
+            let data: &[u8] = match parts {
+                [one] => one,
+                _ => {
+                    joined = parts.concat();
+                    &joined
+                }
+            };
+            match record {
+                Some(r) => self.write_recorded(dst, data, r).await,
+                None => self.write(dst, 0, data).await.map(|()| None),
+            }
+        })
+    }
+
+    /// Reads the start of `src` into `parts` in order (as many bytes as they
+    /// hold together) and returns the crc32c of the bytes read. Transports
+    /// that can receive into several buffers do; the default reads into one
+    /// and copies.
+    fn read_parts<'a>(
+        &'a self,
+        src: &'a RemoteRange,
+        mut parts: Vec<&'a mut [u8]>,
+    ) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move {
+            if parts.len() == 1 {
+                let one = parts.pop().expect("one part");
+                return self.read_crc32c(src, 0, one).await;
+            }
+            let mut buf = vec![0u8; parts::total_len(&parts)];
+            let crc = self.read_crc32c(src, 0, &mut buf).await?;
+            parts::scatter(&buf, &mut parts);
+            Ok(crc)
+        })
+    }
+
+    /// [`Transport::read_many`] where each range lands in several buffers
+    /// (see [`Transport::read_parts`]).
+    fn read_many_parts<'a>(
+        &'a self,
+        items: Vec<(&'a RemoteRange, Vec<&'a mut [u8]>)>,
+    ) -> BoxFuture<'a, Vec<Result<u32>>> {
+        Box::pin(async move {
+            let mut joined: Vec<Vec<u8>> = items
+                .iter()
+                .map(|(_, p)| match p.len() {
+                    1 => Vec::new(),
+                    _ => vec![0u8; parts::total_len(p)],
+                })
+                .collect();
+            let mut spread = Vec::with_capacity(items.len());
+            let mut flat = Vec::with_capacity(items.len());
+            for ((r, mut p), j) in items.into_iter().zip(joined.iter_mut()) {
+                if p.len() == 1 {
+                    flat.push((r, p.pop().expect("one part")));
+                    spread.push(Vec::new());
+                } else {
+                    flat.push((r, j.as_mut_slice()));
+                    spread.push(p);
+                }
+            }
+            let res = self.read_many(flat).await;
+            for ((r, j), mut p) in res.iter().zip(&joined).zip(spread) {
+                if r.is_ok() && !p.is_empty() {
+                    parts::scatter(j, &mut p);
+                }
+            }
+            res
+        })
     }
 
     /// Whether a write of `len` bytes can carry a record: the node's own

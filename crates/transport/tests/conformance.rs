@@ -77,6 +77,32 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// The put of `bytes` under `key` into `w`, and the record the master
+    /// signs for it.
+    fn record<'k>(
+        &self,
+        key: &'k str,
+        w: &RemoteRange,
+        bytes: &[u8],
+    ) -> (PutRecord<'k>, WriteRecord) {
+        let put = PutRecord {
+            key,
+            segment_id: w.scope.segment_id,
+            offset: w.scope.offset,
+            length: w.scope.length,
+            generation: w.scope.generation,
+            crc32c: crc32c::crc32c(bytes),
+        };
+        let record = WriteRecord {
+            key: key.into(),
+            crc32c: put.crc32c,
+            mac: self.key.sign_record(&put),
+        };
+        (put, record)
+    }
+}
+
 fn data(seed: u64, len: usize) -> Vec<u8> {
     (0..len as u64)
         .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
@@ -346,6 +372,87 @@ async fn concurrent_transfers(f: Fixture) {
     (f.kill)();
 }
 
+/// Cuts `bytes` at `cuts` (ascending, inside it) into parts.
+fn cut<'a>(bytes: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    for &c in cuts.iter().chain(std::iter::once(&bytes.len())) {
+        out.push(&bytes[at..c]);
+        at = c;
+    }
+    out
+}
+
+/// Objects made of parts (scatter-gather): written from uneven parts (an
+/// empty one too, larger than a chunk in all), read back into another
+/// split, alone or in a batch, with the checksum of the whole; recorded
+/// like a whole buffer; parts past the grant are refused.
+async fn objects_of_parts(f: Fixture) {
+    let len = (5 << 20) + 12_345;
+    let bytes = data(11, len);
+    let w = f.range(0, len as u64, PERM_WRITE | PERM_READ, 1);
+    let parts = cut(&bytes, &[1, 4096, 4096, 65_543, 4 << 20]);
+    assert_eq!(parts.len(), 6);
+    let receipt = f.transport.write_parts(&w, &parts, None).await.unwrap();
+    assert_eq!(receipt, None);
+    let mut back = vec![0u8; len];
+    let crc = f.transport.read_crc32c(&w, 0, &mut back).await.unwrap();
+    assert!(back == bytes, "the parts' concatenation landed");
+    assert_eq!(crc, crc32c::crc32c(&bytes));
+    // Read into another split.
+    let mut into = vec![0u8; len];
+    let (a, rest) = into.split_at_mut(333_333);
+    let (b, c) = rest.split_at_mut(len - 333_333 - 1);
+    let crc = f.transport.read_parts(&w, vec![a, b, c]).await.unwrap();
+    assert!(into == bytes, "read into the parts in order");
+    assert_eq!(crc, crc32c::crc32c(&bytes));
+    // A batch: an object of parts beside a whole one.
+    let small = f.range(8 << 20, 4096, PERM_WRITE | PERM_READ, 2);
+    let other = data(12, 4096);
+    f.transport
+        .write_parts(&small, &[&other[..]], None)
+        .await
+        .unwrap();
+    let mut into = vec![0u8; len];
+    let (a, b) = into.split_at_mut(7);
+    let mut one = vec![0u8; 4096];
+    let got = f
+        .transport
+        .read_many_parts(vec![(&w, vec![a, b]), (&small, vec![&mut one[..]])])
+        .await;
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0], Ok(crc32c::crc32c(&bytes)));
+    assert_eq!(got[1], Ok(crc32c::crc32c(&other)));
+    assert!(into == bytes && one == other);
+    // Parts one byte past the grant: refused, whichever way.
+    let (mut x, mut y) = (vec![0u8; 4096], vec![0u8; 1]);
+    let e = f
+        .transport
+        .read_parts(&small, vec![&mut x[..], &mut y[..]])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument, "{e}");
+    let e = f
+        .transport
+        .write_parts(&small, &[&other[..], &[1u8][..]], None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument, "{e}");
+    // Recorded: the node's receipt for the whole object, as for one buffer.
+    let (put, record) = f.record("prefix/parts", &small, &other);
+    let receipt = f
+        .transport
+        .write_parts(&small, &cut(&other, &[100, 2000]), Some(&record))
+        .await
+        .unwrap();
+    if f.transport.records_writes(other.len()) {
+        assert!(f.key.verify_receipt(&put, &receipt.expect("a receipt")));
+    } else {
+        assert_eq!(receipt, None);
+    }
+    (f.kill)();
+}
+
 /// Objects of 16 MiB go through whole (transports may split them).
 async fn large_objects(f: Fixture) {
     let r = f.range(1 << 20, 16 << 20, PERM_WRITE | PERM_READ, 1);
@@ -522,19 +629,7 @@ async fn leases_held_by_a_connection_die_with_it(f: &Fixture, r: &RemoteRange) {
 async fn recorded_writes(f: Fixture) {
     let w = f.range(0, 4096, PERM_WRITE | PERM_READ, 1);
     let bytes = data(8, 4096);
-    let put = PutRecord {
-        key: "prefix/1",
-        segment_id: w.scope.segment_id,
-        offset: w.scope.offset,
-        length: w.scope.length,
-        generation: w.scope.generation,
-        crc32c: crc32c::crc32c(&bytes),
-    };
-    let record = WriteRecord {
-        key: put.key.into(),
-        crc32c: put.crc32c,
-        mac: f.key.sign_record(&put),
-    };
+    let (put, record) = f.record("prefix/1", &w, &bytes);
     let receipt = f
         .transport
         .write_recorded(&w, &bytes, &record)
@@ -599,6 +694,10 @@ macro_rules! conformance_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn concurrent_transfers() {
                 super::concurrent_transfers($fixture.await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn objects_of_parts() {
+                super::objects_of_parts($fixture.await).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn large_objects() {
@@ -732,6 +831,117 @@ async fn tcp() -> Fixture {
         table: n.table,
         segment: n.segment,
     }
+}
+
+/// Counts allocations of at least [`BIG`] bytes made by threads that opted
+/// in ([`WATCHED`]): how a test sees that a transfer joined its parts.
+struct CountingAlloc;
+
+const BIG: usize = 1 << 20;
+static BIG_ALLOCS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+thread_local! {
+    static WATCHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl CountingAlloc {
+    fn note(size: usize) {
+        if size >= BIG && WATCHED.try_with(|w| w.get()).unwrap_or(false) {
+            BIG_ALLOCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+// SAFETY: forwards to the system allocator; the counting allocates nothing.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        Self::note(l.size());
+        // SAFETY: the caller's contract, passed on.
+        unsafe { std::alloc::System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        Self::note(l.size());
+        // SAFETY: as for alloc.
+        unsafe { std::alloc::System.alloc_zeroed(l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, size: usize) -> *mut u8 {
+        Self::note(size);
+        // SAFETY: as for alloc.
+        unsafe { std::alloc::System.realloc(p, l, size) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        // SAFETY: as for alloc.
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+/// A transport with only the required methods: parts go through the
+/// trait's defaults, which join them.
+struct Joining(Arc<dyn Transport>);
+
+impl Transport for Joining {
+    fn write<'a>(
+        &'a self,
+        dst: &'a RemoteRange,
+        at: u64,
+        data: &'a [u8],
+    ) -> BoxFuture<'a, Result<()>> {
+        self.0.write(dst, at, data)
+    }
+    fn read<'a>(
+        &'a self,
+        src: &'a RemoteRange,
+        at: u64,
+        buf: &'a mut [u8],
+    ) -> BoxFuture<'a, Result<()>> {
+        self.0.read(src, at, buf)
+    }
+    fn name(&self) -> &'static str {
+        "joining"
+    }
+}
+
+/// TCP moves an object of 64 parts straight from and into them: no buffer
+/// of the object's size is made on the client (the trait's defaults, which
+/// join the parts, are seen making them).
+#[test]
+fn tcp_moves_parts_without_joining_them() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let f = rt.block_on(tcp());
+    let len = 8 << 20;
+    let w = f.range(0, len as u64, PERM_WRITE | PERM_READ, 1);
+    let bytes = data(13, len);
+    let parts: Vec<&[u8]> = bytes.chunks(128 << 10).collect();
+    assert_eq!(parts.len(), 64);
+    let mut back = vec![0u8; len];
+    let joining = Joining(f.transport.clone());
+    let mut runs = Vec::new();
+    for t in [&*f.transport, &joining as &dyn Transport] {
+        back.fill(0);
+        let bufs: Vec<&mut [u8]> = back.chunks_mut(256 << 10).collect();
+        let before = BIG_ALLOCS.load(std::sync::atomic::Ordering::Relaxed);
+        let crc = rt.block_on(async {
+            WATCHED.set(true);
+            t.write_parts(&w, &parts, None).await.unwrap();
+            let crc = t.read_parts(&w, bufs).await.unwrap();
+            WATCHED.set(false);
+            crc
+        });
+        assert_eq!(crc, crc32c::crc32c(&bytes));
+        assert!(back == bytes, "{}: read back intact", t.name());
+        runs.push(BIG_ALLOCS.load(std::sync::atomic::Ordering::Relaxed) - before);
+    }
+    assert_eq!(runs[0], 0, "TCP made a buffer of the object's size");
+    assert_eq!(
+        runs[1], 2,
+        "the joining defaults: one buffer to write, one to read"
+    );
+    (f.kill)();
 }
 
 /// A node's segments, and (UCX nodes) a lender that stages their bytes for

@@ -1,9 +1,9 @@
-use super::write_all_vectored;
+use super::write_all_gather;
 use crate::frame::{
     Op, Request, Response, Staged, WriteRecord, FLAG_HELD, MAX_READV_ITEMS, MAX_STAGED_LEN,
     RESP_LEN,
 };
-use crate::{check_sub_range, RemoteRange, Transport};
+use crate::{check_sub_range, parts, RemoteRange, Transport};
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
@@ -132,22 +132,28 @@ impl TcpTransport {
 
 /// One range of a batch read: its index in the caller's list, the range and
 /// the buffer it lands in.
-type BatchItem<'a> = (usize, &'a RemoteRange, &'a mut [u8]);
+type BatchItem<'a> = (usize, &'a RemoteRange, Vec<&'a mut [u8]>);
 
+/// One request's payload: the concatenation of its slices (an object's
+/// parts, or one buffer).
 enum Io<'a> {
-    Out(&'a [u8]),
-    /// Read into the buffer; with `true`, checksum it while it streams in.
-    In(&'a mut [u8], bool),
+    Out(Vec<&'a [u8]>),
+    /// Read into the buffers; with `true`, checksum them as they stream in.
+    In(Vec<&'a mut [u8]>, bool),
     /// Write a put's bytes with its record; the node's receipt (if it keeps
     /// records) lands in the slot.
-    Recorded(&'a [u8], &'a WriteRecord, &'a mut Option<[u8; MAC_LEN]>),
+    Recorded(
+        Vec<&'a [u8]>,
+        &'a WriteRecord,
+        &'a mut Option<[u8; MAC_LEN]>,
+    ),
 }
 
 impl Io<'_> {
     fn len(&self) -> usize {
         match self {
-            Io::Out(b) | Io::Recorded(b, ..) => b.len(),
-            Io::In(b, _) => b.len(),
+            Io::Out(b) | Io::Recorded(b, ..) => parts::total_len(b),
+            Io::In(b, _) => parts::total_len(b),
         }
     }
 }
@@ -168,12 +174,12 @@ impl From<std::io::Error> for Exchange {
 async fn exchange(s: &mut TcpStream, req: &Request, io: Io<'_>) -> Result<u32, Exchange> {
     let hdr = req.encode();
     match &io {
-        Io::Out(data) | Io::Recorded(data, ..) => write_all_vectored(s, &hdr, data).await?,
+        Io::Out(data) | Io::Recorded(data, ..) => write_all_gather(s, &hdr, data).await?,
         Io::In(..) => s.write_all(&hdr).await?,
     }
     match io {
         Io::Out(_) => read_response(s, req, &mut [], false).await,
-        Io::In(buf, with_crc) => read_response(s, req, buf, with_crc).await,
+        Io::In(mut bufs, with_crc) => read_response(s, req, &mut bufs, with_crc).await,
         Io::Recorded(_, _, receipt) => {
             // A node that keeps no records answers with no body.
             let resp = read_head(s, req).await?;
@@ -223,32 +229,32 @@ async fn read_head(s: &mut TcpStream, req: &Request) -> Result<Response, Exchang
     Ok(resp)
 }
 
-/// Reads one response to `req`: for a read, its bytes into `buf` (checksummed
-/// when asked); for a write (`buf` empty), nothing.
+/// Reads one response to `req`: for a read, its bytes into `bufs` in order
+/// (checksummed when asked); for a write (no buffers), nothing.
 async fn read_response(
     s: &mut TcpStream,
     req: &Request,
-    buf: &mut [u8],
+    bufs: &mut [&mut [u8]],
     with_crc: bool,
 ) -> Result<u32, Exchange> {
     let resp = read_head(s, req).await?;
-    if resp.length != buf.len() as u64 {
+    let want = parts::total_len(bufs);
+    if resp.length != want as u64 {
         return Err(Exchange::Io(std::io::Error::other(format!(
-            "data-plane node returned {} bytes, expected {}",
+            "data-plane node returned {} bytes, expected {want}",
             resp.length,
-            buf.len()
         ))));
-    }
-    if !with_crc {
-        s.read_exact(buf).await?;
-        return Ok(0);
     }
     // Checksum each piece as it lands, while the sender keeps filling the
     // socket: the check costs almost no extra time.
     let mut crc = 0;
-    for piece in buf.chunks_mut(CRC_PIECE) {
-        s.read_exact(piece).await?;
-        crc = crc32c::crc32c_append(crc, piece);
+    for buf in bufs.iter_mut() {
+        for piece in buf.chunks_mut(CRC_PIECE) {
+            s.read_exact(piece).await?;
+            if with_crc {
+                crc = crc32c::crc32c_append(crc, piece);
+            }
+        }
     }
     Ok(crc)
 }
@@ -560,12 +566,12 @@ impl TcpTransport {
     }
 
     /// One `ReadV` request per node for all the ranges it holds.
-    async fn read_batch(&self, items: Vec<(&RemoteRange, &mut [u8])>) -> Vec<Result<u32>> {
+    async fn read_batch(&self, items: Vec<(&RemoteRange, Vec<&mut [u8]>)>) -> Vec<Result<u32>> {
         let n = items.len();
         let mut out: Vec<Option<Result<u32>>> = (0..n).map(|_| None).collect();
         let mut by_node: HashMap<String, Vec<BatchItem<'_>>> = HashMap::new();
         for (i, (r, buf)) in items.into_iter().enumerate() {
-            if let Err(e) = check_sub_range(r.len(), 0, buf.len()) {
+            if let Err(e) = check_sub_range(r.len(), 0, parts::total_len(&buf)) {
                 out[i] = Some(Err(e));
                 continue;
             }
@@ -650,7 +656,7 @@ impl TcpTransport {
                 grant: r.scope,
                 mac: r.mac,
                 offset: r.scope.offset,
-                length: buf.len() as u64,
+                length: parts::total_len(buf) as u64,
                 flags: 0,
                 trace: None,
                 record: None,
@@ -679,7 +685,7 @@ impl TcpTransport {
                     grant: top.grant,
                     mac: top.mac,
                     offset: 0,
-                    length: buf.len() as u64,
+                    length: parts::total_len(buf) as u64,
                     flags: 0,
                     trace: None,
                     record: None,
@@ -711,13 +717,45 @@ impl TcpTransport {
         results
     }
 
-    async fn read_in(&self, src: &RemoteRange, at: u64, buf: &mut [u8], crc: bool) -> Result<u32> {
-        check_sub_range(src.len(), at, buf.len())?;
-        let ios = buf
-            .chunks_mut(self.cfg.chunk_bytes.max(1))
+    /// Reads into `bufs` in order from `at` of `src`, in chunks.
+    async fn read_in(
+        &self,
+        src: &RemoteRange,
+        at: u64,
+        bufs: Vec<&mut [u8]>,
+        crc: bool,
+    ) -> Result<u32> {
+        check_sub_range(src.len(), at, parts::total_len(&bufs))?;
+        let ios = parts::chunks_mut(bufs, self.cfg.chunk_bytes)
+            .into_iter()
             .map(|c| Io::In(c, crc))
             .collect();
         self.chunked(src, Op::Read, at, ios).await
+    }
+
+    /// Writes the concatenation of `data` at `at` of `dst`, in chunks; a
+    /// whole object small enough for one request carries its `record`.
+    async fn write_in(
+        &self,
+        dst: &RemoteRange,
+        at: u64,
+        data: &[&[u8]],
+        record: Option<&WriteRecord>,
+    ) -> Result<Option<[u8; MAC_LEN]>> {
+        let len = parts::total_len(data);
+        check_sub_range(dst.len(), at, len)?;
+        let whole = at == 0 && len as u64 == dst.len() && self.records_writes(len);
+        if let Some(record) = record.filter(|_| whole) {
+            let mut receipt = None;
+            let io = vec![Io::Recorded(data.to_vec(), record, &mut receipt)];
+            self.chunked(dst, Op::Write, 0, io).await?;
+            return Ok(receipt);
+        }
+        let ios = parts::chunks(data, self.cfg.chunk_bytes)
+            .into_iter()
+            .map(Io::Out)
+            .collect();
+        self.chunked(dst, Op::Write, at, ios).await.map(|_| None)
     }
 }
 
@@ -728,14 +766,7 @@ impl Transport for TcpTransport {
         at: u64,
         data: &'a [u8],
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
-            check_sub_range(dst.len(), at, data.len())?;
-            let ios = data
-                .chunks(self.cfg.chunk_bytes.max(1))
-                .map(Io::Out)
-                .collect();
-            self.chunked(dst, Op::Write, at, ios).await.map(|_| ())
-        })
+        Box::pin(async move { self.write_in(dst, at, &[data], None).await.map(|_| ()) })
     }
 
     fn write_recorded<'a>(
@@ -744,15 +775,31 @@ impl Transport for TcpTransport {
         data: &'a [u8],
         record: &'a WriteRecord,
     ) -> BoxFuture<'a, Result<Option<[u8; MAC_LEN]>>> {
-        Box::pin(async move {
-            if data.len() as u64 != dst.len() || !self.records_writes(data.len()) {
-                return self.write(dst, 0, data).await.map(|()| None);
-            }
-            let mut receipt = None;
-            let io = vec![Io::Recorded(data, record, &mut receipt)];
-            self.chunked(dst, Op::Write, 0, io).await?;
-            Ok(receipt)
-        })
+        Box::pin(async move { self.write_in(dst, 0, &[data], Some(record)).await })
+    }
+
+    fn write_parts<'a>(
+        &'a self,
+        dst: &'a RemoteRange,
+        parts: &'a [&'a [u8]],
+        record: Option<&'a WriteRecord>,
+    ) -> BoxFuture<'a, Result<Option<[u8; MAC_LEN]>>> {
+        Box::pin(self.write_in(dst, 0, parts, record))
+    }
+
+    fn read_parts<'a>(
+        &'a self,
+        src: &'a RemoteRange,
+        parts: Vec<&'a mut [u8]>,
+    ) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(self.read_in(src, 0, parts, true))
+    }
+
+    fn read_many_parts<'a>(
+        &'a self,
+        items: Vec<(&'a RemoteRange, Vec<&'a mut [u8]>)>,
+    ) -> BoxFuture<'a, Vec<Result<u32>>> {
+        Box::pin(self.read_batch(items))
     }
 
     /// One request carries a record: a write no larger than a chunk.
@@ -766,7 +813,7 @@ impl Transport for TcpTransport {
         at: u64,
         buf: &'a mut [u8],
     ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move { self.read_in(src, at, buf, false).await.map(|_| ()) })
+        Box::pin(async move { self.read_in(src, at, vec![buf], false).await.map(|_| ()) })
     }
 
     fn read_crc32c<'a>(
@@ -775,14 +822,14 @@ impl Transport for TcpTransport {
         at: u64,
         buf: &'a mut [u8],
     ) -> BoxFuture<'a, Result<u32>> {
-        Box::pin(self.read_in(src, at, buf, true))
+        Box::pin(self.read_in(src, at, vec![buf], true))
     }
 
     fn read_many<'a>(
         &'a self,
         items: Vec<(&'a RemoteRange, &'a mut [u8])>,
     ) -> BoxFuture<'a, Vec<Result<u32>>> {
-        Box::pin(self.read_batch(items))
+        Box::pin(self.read_batch(items.into_iter().map(|(r, buf)| (r, vec![buf])).collect()))
     }
 
     fn name(&self) -> &'static str {
