@@ -71,7 +71,7 @@ impl Master {
     pub(crate) fn evict_with(&self, want: u64, urgent: bool) -> Evicted {
         let mut out = Evicted::default();
         let mut evicted = 0u64;
-        let wants_ssd = self.policy.on_evict() || self.policy.on_put_end();
+        let wants_ssd = self.ssd.policy().on_evict() || self.ssd.policy().on_put_end();
         for _ in 0..MAX_SCANS {
             let now = unix_ms();
             let victims = self.oldest_evictable(SCAN_BATCH, now);
@@ -85,11 +85,7 @@ impl Master {
                 }
                 // Queued for its copy (eager, reads:N, or an earlier pass)?
                 // Checked before the shard lock (never held with the queue's).
-                let queued = self.queue.lock().make_urgent_if(&key, urgent);
-                if queued == Some(true) {
-                    self.metrics.urgent_offloads.inc();
-                    self.owner_work.notify_waiters();
-                }
+                let queued = self.ssd.urge(&key, urgent, &self.metrics);
                 // Re-check under the lock: a reader may have leased it meanwhile.
                 let fate = {
                     let mut s = self.objects.shard(&key);
@@ -120,7 +116,7 @@ impl Master {
                 };
                 match fate {
                     Fate::Free(o, why) => {
-                        self.admission.victim_undecided(&key, o.size);
+                        self.ssd.admission().victim_undecided(&key, o.size);
                         out.freed += o.release();
                         evicted += 1;
                         progressed = true;
@@ -130,7 +126,7 @@ impl Master {
                         }
                     }
                     Fate::Offload(size) => {
-                        let why = if !self.admission.admit(&key, size) {
+                        let why = if !self.ssd.admission().admit(&key, size) {
                             Some(DropReason::Admission)
                         } else if !self.enqueue_offload(&key, size) {
                             Some(DropReason::NoOwner)
@@ -139,11 +135,8 @@ impl Master {
                         };
                         match why {
                             None => {
-                                if urgent
-                                    && self.queue.lock().make_urgent_if(&key, true) == Some(true)
-                                {
-                                    self.metrics.urgent_offloads.inc();
-                                    self.owner_work.notify_waiters();
+                                if urgent {
+                                    self.ssd.urge(&key, true, &self.metrics);
                                 }
                                 out.pending +=
                                     self.objects.shard(&key).get(&key).map_or(0, alloc_bytes);
@@ -271,9 +264,9 @@ impl Master {
             return 0;
         }
         let target = cap * (hw - self.cfg.eviction_ratio).max(0.0);
-        if self.policy.on_evict() {
+        if self.ssd.policy().on_evict() {
             let (capacity, used) = self.ssd_tier_usage();
-            self.admission.observe_tier(capacity, used);
+            self.ssd.admission().observe_tier(capacity, used);
         }
         self.evict_with((allocated - target).max(0.0) as u64, false)
             .freed

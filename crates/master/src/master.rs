@@ -9,10 +9,7 @@ use crate::durable::{DurableKv, FileKv, MemKv};
 use crate::grants::TermKeys;
 use crate::metrics::MasterMetrics;
 use crate::objects::{ObjState, Object, ObjectTable, SsdReplica};
-use crate::offload::admission::AdmissionFilter;
-use crate::offload::owners::OwnerRegistry;
-use crate::offload::policy::{self, AdmissionPolicy};
-use crate::offload::queue::OffloadQueue;
+use crate::offload::SsdTier;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -54,23 +51,12 @@ pub struct Master {
     /// In-flight puts in deadline order (the timeout is constant, so FIFO).
     pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
     pub(crate) evict_wakeup: tokio::sync::Notify,
-    /// Urgent offloads appeared: long-polling owner heartbeats answer at
-    /// once.
-    pub(crate) owner_work: tokio::sync::Notify,
     /// Puts waiting for DRAM (`--put-wait`).
     pub(crate) space: crate::backpressure::PutWaiters,
     pub metrics: MasterMetrics,
-    pub(crate) owners: OwnerRegistry,
-    pub(crate) queue: Mutex<OffloadQueue>,
-    pub(crate) policy: Box<dyn AdmissionPolicy>,
-    /// `on-evict`: which DRAM victims the SSD tier takes.
-    pub(crate) admission: AdmissionFilter,
-    /// Per owner: SSD copies it should forget (removed keys, stale copies),
-    /// delivered with its next heartbeats.
-    /// Removals SSD owners must apply (`offload/removal.rs`).
-    pub(crate) drops: crate::offload::removal::Drops,
-    /// SSD hits waiting to be copied back into DRAM (`--promote-on-hit`).
-    pub(crate) promotions: Mutex<crate::offload::promotion::Promotions>,
+    /// The SSD tier: owners, offload queue, admission, removals,
+    /// promotions (`offload/`).
+    pub(crate) ssd: SsdTier,
     /// Removed objects whose SSD copies must never be adopted again.
     pub(crate) tombstones: crate::tombstones::Tombstones,
     /// Versions an overwrite replaced, kept for their readers.
@@ -175,17 +161,12 @@ impl Master {
         };
         metrics.keys.set(0);
         metrics.term.set(term as i64);
-        let policy = policy::from_config(cfg.offload_policy)?;
-        let admission = AdmissionFilter::new(
-            policy.on_evict() && cfg.ssd_admission == crate::config::SsdAdmission::Auto,
-            metrics.admission.clone(),
-        );
+        let ssd = SsdTier::new(&cfg, kv.clone(), &metrics, term)?;
         let members = if restarted {
             crate::members::Members::load(kv.as_ref()).await?
         } else {
             Default::default()
         };
-        let owners = OwnerRegistry::new(kv.clone(), cfg.node_ttl.as_millis() as u64);
         Ok(Arc::new(Master {
             cfg,
             keys,
@@ -200,14 +181,8 @@ impl Master {
             pending_puts: Mutex::new(VecDeque::new()),
             evict_wakeup: tokio::sync::Notify::new(),
             space: Default::default(),
-            owner_work: tokio::sync::Notify::new(),
             metrics,
-            owners,
-            queue: Mutex::new(OffloadQueue::new(5, 500)),
-            policy,
-            admission,
-            drops: crate::offload::removal::Drops::new(term),
-            promotions: Mutex::new(Default::default()),
+            ssd,
             tombstones,
             retired: Default::default(),
         }))
@@ -221,7 +196,7 @@ impl Master {
     /// lets the reader stage it for a one-sided read (rdma callers only:
     /// the window's remote key opens all of it).
     fn ssd_view(&self, r: &SsdReplica, expires: u64, now: u64, stage: bool) -> Option<pb::Replica> {
-        let (addr, handle, key) = self.owners.endpoint(r.owner_id, now)?;
+        let (addr, handle, key) = self.ssd.owners().endpoint(r.owner_id, now)?;
         let perm = if stage {
             PERM_SSD_READ | PERM_STAGE
         } else {
@@ -614,7 +589,7 @@ impl Master {
         }
         // Copies in flight (pinned, so not among the victims scanned) free
         // DRAM too once they land.
-        let (_, assigned) = self.queue.lock().counts();
+        let (_, assigned) = self.ssd.queue_counts();
         if pending > 0 || assigned > 0 {
             return Ok(Placement::Wait(pending));
         }
@@ -661,7 +636,7 @@ impl Master {
     /// The retryable error of a put that found DRAM held by objects still
     /// being copied to SSD.
     pub(crate) fn no_space_waiting(&self, size: u64, pending: u64) -> Error {
-        let (queued, assigned) = self.queue.lock().counts();
+        let (queued, assigned) = self.ssd.queue_counts();
         Error::new(
             Code::NoSpace,
             format!(
@@ -694,7 +669,7 @@ impl Master {
             let mut shard = self.objects.shard(key);
             let Some(obj) = shard.get_mut(key) else {
                 drop(shard);
-                self.admission.lookup_miss(key);
+                self.ssd.admission().lookup_miss(key);
                 self.metrics.lookups.with_label_values(&["miss"]).inc();
                 return Err(self.absent(key));
             };
@@ -730,7 +705,7 @@ impl Master {
         if !replicas.is_empty() {
             self.admit_on_read(key, size, u32::from(reads), !ssd.is_empty());
         } else {
-            self.admission.lookup_miss(key);
+            self.ssd.admission().lookup_miss(key);
             if let Some(r) = ssd.first() {
                 self.maybe_promote(key, r.owner_id);
             }
@@ -1057,7 +1032,8 @@ impl Master {
             evictions: self.metrics.evictions.get(),
             segment_info: info,
             owners: self
-                .owners
+                .ssd
+                .owners()
                 .snapshot()
                 .into_iter()
                 .map(|(o, live)| pb::OwnerInfo {
@@ -1082,7 +1058,7 @@ impl Master {
         m.capacity_bytes.set(self.capacity_bytes() as i64);
         m.allocated_bytes.set(self.allocated_bytes() as i64);
         m.nodes.set(self.cluster.nodes.read().len() as i64);
-        let owners = self.owners.snapshot();
+        let owners = self.ssd.owners().snapshot();
         let live = owners.iter().filter(|(_, live)| *live).count();
         m.ssd_owners.with_label_values(&["live"]).set(live as i64);
         m.ssd_owners
@@ -1243,7 +1219,8 @@ impl Master {
         req: pb::RegisterOwnerRequest,
     ) -> Result<pb::RegisterOwnerResponse> {
         let (owner_id, epoch) = self
-            .owners
+            .ssd
+            .owners()
             .register(
                 &req,
                 |addr| async move { self.cluster.pinger.ping(&addr).await },
@@ -1255,10 +1232,10 @@ impl Master {
         let key = self
             .keys
             .owner_key(owner_id, &ProofHash::of(&req.instance_proof)?);
-        self.owners.set_key(owner_id, epoch, key.clone());
+        self.ssd.owners().set_key(owner_id, epoch, key.clone());
         // Whatever the previous incarnation held goes back to the queue, and
         // its SSD replicas wait for the new incarnation's verified inventory.
-        let released = self.queue.lock().release_owner(owner_id, unix_ms());
+        let released = self.ssd.release_owner(owner_id, unix_ms());
         for t in &released {
             self.unpin(&t.key);
         }
@@ -1276,7 +1253,7 @@ impl Master {
         &self,
         req: &pb::OwnerHeartbeatRequest,
     ) -> Result<pb::OwnerHeartbeatResponse> {
-        self.owners.heartbeat(req)?;
+        self.ssd.owners().heartbeat(req)?;
         let tasks = match req.max_tasks {
             0 => Vec::new(),
             n => self.take_tasks(req.owner_id, req.epoch, (n as usize).min(10_000)),
@@ -1286,7 +1263,7 @@ impl Master {
         } else {
             Vec::new()
         };
-        let (drops, drops_through) = self.drops.take(req);
+        let (drops, drops_through) = self.ssd.take_drops(req);
         Ok(pb::OwnerHeartbeatResponse {
             tasks,
             drops,

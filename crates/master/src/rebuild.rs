@@ -130,7 +130,7 @@ impl Master {
     pub fn registered(&self, m: &Member) -> bool {
         match m {
             Member::Node(id) => self.cluster.nodes.read().contains_key(id),
-            Member::Owner(id) => self.owners.registered(*id),
+            Member::Owner(id) => self.ssd.owners().registered(*id),
         }
     }
 

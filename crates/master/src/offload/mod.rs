@@ -2,6 +2,7 @@
 //! identity, the offload task queue, and SSD replicas.
 
 pub mod admission;
+mod describe;
 pub mod owners;
 pub mod policy;
 pub(crate) mod promotion;
@@ -10,24 +11,119 @@ pub(crate) mod removal;
 #[cfg(test)]
 mod tests;
 
+use crate::config::{MasterConfig, SsdAdmission};
+use crate::durable::DurableKv;
 use crate::eviction::DropReason;
 use crate::master::Master;
+use crate::metrics::MasterMetrics;
 use crate::objects::SsdReplica;
+use admission::AdmissionFilter;
+use owners::OwnerRegistry;
+use parking_lot::Mutex;
+use policy::AdmissionPolicy;
+use queue::OffloadQueue;
+use std::sync::Arc;
 use strata_common::grant::PERM_READ;
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
+
+/// The SSD tier as the master keeps it: its owners (SSD agents), the
+/// offload queue, the admission policy and filter, the removals owners must
+/// apply and the promotions back to DRAM. The fields are private to
+/// `offload/`; the rest of the master goes through the methods below.
+pub(crate) struct SsdTier {
+    owners: OwnerRegistry,
+    queue: Mutex<OffloadQueue>,
+    policy: Box<dyn AdmissionPolicy>,
+    /// `on-evict`: which DRAM victims the SSD tier takes.
+    admission: AdmissionFilter,
+    /// Per owner: SSD copies it should forget (removed keys, stale
+    /// copies), delivered with its next heartbeats (`removal.rs`).
+    drops: removal::Drops,
+    /// SSD hits waiting to be copied back into DRAM (`--promote-on-hit`).
+    promotions: Mutex<promotion::Promotions>,
+    /// Urgent offloads appeared: long-polling owner heartbeats answer at
+    /// once.
+    owner_work: tokio::sync::Notify,
+}
+
+impl SsdTier {
+    pub(crate) fn new(
+        cfg: &MasterConfig,
+        kv: Arc<dyn DurableKv>,
+        metrics: &MasterMetrics,
+        term: u64,
+    ) -> Result<SsdTier> {
+        let policy = policy::from_config(cfg.offload_policy)?;
+        let admission = AdmissionFilter::new(
+            policy.on_evict() && cfg.ssd_admission == SsdAdmission::Auto,
+            metrics.admission.clone(),
+        );
+        Ok(SsdTier {
+            owners: OwnerRegistry::new(kv, cfg.node_ttl.as_millis() as u64),
+            queue: Mutex::new(OffloadQueue::new(5, 500)),
+            policy,
+            admission,
+            drops: removal::Drops::new(term),
+            promotions: Mutex::new(Default::default()),
+            owner_work: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// The SSD agents (their own state and locks).
+    pub(crate) fn owners(&self) -> &OwnerRegistry {
+        &self.owners
+    }
+
+    /// Which objects go to SSD, and when (`--offload-policy`).
+    pub(crate) fn policy(&self) -> &dyn AdmissionPolicy {
+        self.policy.as_ref()
+    }
+
+    /// The `on-evict` admission filter (its own state and locks).
+    pub(crate) fn admission(&self) -> &AdmissionFilter {
+        &self.admission
+    }
+
+    /// Whether `key` is queued for its copy (`None`: not queued); with
+    /// `urgent`, its task is made urgent, and owners waiting for work hear
+    /// of it when it just became so (`Some(true)`).
+    pub(crate) fn urge(&self, key: &str, urgent: bool, metrics: &MasterMetrics) -> Option<bool> {
+        let queued = self.queue.lock().make_urgent_if(key, urgent);
+        if queued == Some(true) {
+            metrics.urgent_offloads.inc();
+            self.owner_work.notify_waiters();
+        }
+        queued
+    }
+
+    /// (queued, assigned) offload tasks.
+    pub(crate) fn queue_counts(&self) -> (usize, usize) {
+        self.queue.lock().counts()
+    }
+
+    /// Takes back every task `owner` held (its new incarnation registered).
+    pub(crate) fn release_owner(&self, owner: u64, now_ms: u64) -> Vec<queue::Task> {
+        self.queue.lock().release_owner(owner, now_ms)
+    }
+
+    /// The removals to send with `req`'s answer, and through which one.
+    pub(crate) fn take_drops(&self, req: &pb::OwnerHeartbeatRequest) -> (Vec<pb::SsdObject>, u64) {
+        self.drops.take(req)
+    }
+}
 
 impl Master {
     /// Queues `key` for offload unless it is queued already or no owner has
     /// room. Returns whether it is (now) queued.
     pub(crate) fn enqueue_offload(&self, key: &str, size: u64) -> bool {
         let now = unix_ms();
-        let mut q = self.queue.lock();
+        let mut q = self.ssd.queue.lock();
         if q.has_key(key) {
             return true;
         }
-        let Some(owner) = self.owners.pick_owner(size, now, &q) else {
+        let Some(owner) = self.ssd.owners.pick_owner(size, now, &q) else {
             return false;
         };
         q.enqueue(key, owner, size, now);
@@ -49,7 +145,7 @@ impl Master {
         let wait = std::time::Duration::from_millis(req.wait_ms.into()).min(cap);
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let notified = self.owner_work.notified();
+            let notified = self.ssd.owner_work.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let r = self.owner_heartbeat(req)?;
@@ -68,7 +164,7 @@ impl Master {
 
     /// `eager`: queue every committed object.
     pub(crate) fn admit_on_put_end(&self, key: &str, size: u64) {
-        if self.policy.on_put_end() {
+        if self.ssd.policy.on_put_end() {
             self.enqueue_offload(key, size);
         }
     }
@@ -79,7 +175,7 @@ impl Master {
         if on_ssd {
             return;
         }
-        if let Some(n) = self.policy.reads_to_admit() {
+        if let Some(n) = self.ssd.policy.reads_to_admit() {
             if reads >= n {
                 self.enqueue_offload(key, size);
             }
@@ -91,7 +187,7 @@ impl Master {
     pub(crate) fn take_tasks(&self, owner: u64, epoch: u64, max: usize) -> Vec<pb::OffloadTask> {
         let now = unix_ms();
         let ttl = self.cfg.offload_task_ttl.as_millis() as u64;
-        let taken = self.queue.lock().take(owner, epoch, max, now, ttl);
+        let taken = self.ssd.queue.lock().take(owner, epoch, max, now, ttl);
         let mut out = Vec::with_capacity(taken.len());
         for t in taken {
             let deadline = match t.state {
@@ -113,7 +209,7 @@ impl Master {
             };
             match source {
                 Some((r, size, crc)) => {
-                    self.queue.lock().note_source(t.id, size, crc);
+                    self.ssd.queue.lock().note_source(t.id, size, crc);
                     out.push(pb::OffloadTask {
                         task_id: t.id,
                         key: t.key.clone(),
@@ -125,7 +221,7 @@ impl Master {
                 }
                 None => {
                     // Removed or lost before it could be copied: nothing to pin.
-                    self.queue.lock().drop_task(t.id);
+                    self.ssd.queue.lock().drop_task(t.id);
                     self.metrics
                         .offload_results
                         .with_label_values(&["source_gone"])
@@ -144,7 +240,8 @@ impl Master {
     }
 
     pub async fn report_offload(&self, req: pb::ReportOffloadRequest) -> Result<()> {
-        self.owners
+        self.ssd
+            .owners
             .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         let now = unix_ms();
         // Failures are logged once per report (a full disk fails a whole
@@ -155,7 +252,7 @@ impl Master {
             // Retrying cannot help: the owner is full, or the object's own
             // bytes fail its checksum.
             let final_failure = r.code == Code::NoSpace as u32 || r.code == Code::Corrupted as u32;
-            let res = self.queue.lock().report_with(
+            let res = self.ssd.queue.lock().report_with(
                 req.owner_id,
                 req.epoch,
                 r.task_id,
@@ -318,7 +415,8 @@ impl Master {
     }
 
     pub async fn report_inventory(&self, req: pb::ReportInventoryRequest) -> Result<u64> {
-        self.owners
+        self.ssd
+            .owners
             .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         let mut adopted = 0;
         for o in req.objects {
@@ -352,7 +450,7 @@ impl Master {
 
     /// Expires tasks whose deadline passed; their sources are unpinned.
     pub fn expire_offload_tasks(&self, now_ms: u64) -> usize {
-        let expired = self.queue.lock().expire(now_ms);
+        let expired = self.ssd.queue.lock().expire(now_ms);
         for t in &expired {
             self.unpin(&t.key);
             self.metrics
@@ -372,13 +470,14 @@ impl Master {
     /// moved.
     pub fn reassign_orphaned_tasks(&self, now_ms: u64) -> usize {
         let live: std::collections::HashSet<u64> = self
+            .ssd
             .owners
             .live_usage(now_ms)
             .into_iter()
             .map(|(id, _, _)| id)
             .collect();
         let orphans: Vec<queue::Task> = {
-            let mut q = self.queue.lock();
+            let mut q = self.ssd.queue.lock();
             let gone: Vec<u64> = q
                 .owners_with_queued()
                 .into_iter()
@@ -468,15 +567,15 @@ impl Master {
 
     /// Capacity of the live SSD owners, and the bytes used or queued there.
     pub(crate) fn ssd_tier_usage(&self) -> (u64, u64) {
-        let usage = self.owners.live_usage(unix_ms());
-        let q = self.queue.lock();
+        let usage = self.ssd.owners.live_usage(unix_ms());
+        let q = self.ssd.queue.lock();
         usage.iter().fold((0, 0), |(c, u), &(id, cap, used)| {
             (c + cap, u + used + q.pending_bytes(id))
         })
     }
 
     pub(crate) fn refresh_offload_gauges(&self) {
-        let (queued, assigned) = self.queue.lock().counts();
+        let (queued, assigned) = self.ssd.queue.lock().counts();
         self.metrics
             .offload_tasks
             .with_label_values(&["queued"])
@@ -489,7 +588,7 @@ impl Master {
 
     /// (queued, assigned) offload tasks.
     pub fn queue_counts(&self) -> (usize, usize) {
-        self.queue.lock().counts()
+        self.ssd.queue_counts()
     }
 
     /// Pins currently held on objects (0 when no offload is in flight).

@@ -48,7 +48,7 @@ impl Master {
         if !self.cfg.promote_on_hit {
             return;
         }
-        let mut p = self.promotions.lock();
+        let mut p = self.ssd.promotions.lock();
         if p.keys.contains(key) {
             return;
         }
@@ -73,7 +73,7 @@ impl Master {
     /// Hands `owner` its next promotions, each with a DRAM range to fill.
     pub(crate) fn take_promotions(&self, owner: u64) -> Vec<pb::PromoteTask> {
         let keys: Vec<String> = {
-            let mut p = self.promotions.lock();
+            let mut p = self.ssd.promotions.lock();
             let Some(q) = p.queued.get_mut(&owner) else {
                 return Vec::new();
             };
@@ -104,12 +104,12 @@ impl Master {
                         "stale"
                     };
                     self.metrics.promotions.with_label_values(&[why]).inc();
-                    self.promotions.lock().keys.remove(&key);
+                    self.ssd.promotions.lock().keys.remove(&key);
                     continue;
                 }
             };
             let dest = replicas[0].view(size, PERM_WRITE, deadline, false);
-            let mut p = self.promotions.lock();
+            let mut p = self.ssd.promotions.lock();
             p.next_id += 1;
             let task_id = p.next_id;
             p.in_flight.insert(
@@ -138,11 +138,12 @@ impl Master {
     }
 
     pub async fn report_promotion(&self, req: pb::ReportPromotionRequest) -> Result<()> {
-        self.owners
+        self.ssd
+            .owners
             .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         for r in req.results {
             let Some(f) = ({
-                let mut p = self.promotions.lock();
+                let mut p = self.ssd.promotions.lock();
                 let f = p
                     .in_flight
                     .remove_entry(&r.task_id)
@@ -206,7 +207,7 @@ impl Master {
     /// Frees the ranges of promotions not reported in time.
     pub fn expire_promotions(&self, now_ms: u64) {
         let expired: Vec<InFlight> = {
-            let mut p = self.promotions.lock();
+            let mut p = self.ssd.promotions.lock();
             let ids: Vec<u64> = p
                 .in_flight
                 .iter()
@@ -230,7 +231,7 @@ impl Master {
 
     /// (queued, in flight) promotions.
     pub fn promotion_counts(&self) -> (usize, usize) {
-        let p = self.promotions.lock();
+        let p = self.ssd.promotions.lock();
         (p.queued_len, p.in_flight.len())
     }
 }

@@ -124,16 +124,17 @@ impl Master {
         if ssd.is_empty() {
             return Unsynced::default();
         }
-        let unsynced = self.drops.queue(key, ssd);
+        let unsynced = self.ssd.drops.queue(key, ssd);
         // A long-polling owner learns of it at once.
-        self.owner_work.notify_waiters();
+        self.ssd.owner_work.notify_waiters();
         unsynced
     }
 
     /// Forgets every SSD replica in `bucket_ids` of the owner (which deletes
     /// them next). Objects left with no replica at all disappear.
     pub fn evict_buckets(&self, req: &pb::EvictBucketsRequest) -> Result<pb::EvictBucketsResponse> {
-        self.owners
+        self.ssd
+            .owners
             .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         let doomed: HashSet<u64> = req.bucket_ids.iter().copied().collect();
         let (mut dropped, mut gone) = (0u64, 0i64);

@@ -36,7 +36,7 @@ async fn register(m: &Master, handle: &str) -> pb::RegisterOwnerResponse {
 }
 
 fn queued_keys(m: &Master) -> Vec<String> {
-    let mut v: Vec<String> = m.queue.lock().tasks().map(|t| t.key.clone()).collect();
+    let mut v: Vec<String> = m.ssd.queue.lock().tasks().map(|t| t.key.clone()).collect();
     v.sort();
     v
 }
@@ -186,7 +186,7 @@ async fn on_evict_offloads_victims_before_freeing_and_drops_what_ssd_cannot_take
     }
     assert!(m2.evict_to_watermark() > 0);
     assert!(m2.objects.len() < 12);
-    assert!(m2.queue.lock().tasks().next().is_none());
+    assert!(m2.ssd.queue.lock().tasks().next().is_none());
 }
 
 #[tokio::test]
@@ -386,8 +386,8 @@ async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
         "a relocation never revives a removed key"
     );
     let drops = m
-        .drops
-        .take(&pb::OwnerHeartbeatRequest {
+        .ssd
+        .take_drops(&pb::OwnerHeartbeatRequest {
             owner_id: owner,
             ..Default::default()
         })
@@ -480,13 +480,16 @@ async fn tasks_of_an_owner_that_went_away_move_to_a_live_one_or_are_dropped() {
     for i in 0..4 {
         put(&m, &format!("k{i}"), 4096);
     }
-    assert!(m.queue.lock().tasks().all(|t| t.owner == a));
+    assert!(m.ssd.queue.lock().tasks().all(|t| t.owner == a));
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let b = register(&m, "b/nvme0").await.owner_id;
     assert_eq!(m.reassign_orphaned_tasks(strata_common::time::unix_ms()), 4);
     assert_eq!(queued_keys(&m), vec!["k0", "k1", "k2", "k3"]);
-    assert!(m.queue.lock().tasks().all(|t| t.owner == b), "moved to b");
-    assert_eq!(m.queue.lock().pending_bytes(a), 0);
+    assert!(
+        m.ssd.queue.lock().tasks().all(|t| t.owner == b),
+        "moved to b"
+    );
+    assert_eq!(m.ssd.queue.lock().pending_bytes(a), 0);
 
     // No live owner at all: dropped; on-evict victims leave DRAM.
     let m = master_with(1, 1 << 20, |c| {
