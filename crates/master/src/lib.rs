@@ -11,7 +11,6 @@ pub mod election;
 pub mod eviction;
 pub mod grants;
 pub mod master;
-pub mod members;
 pub mod metrics;
 pub mod objects;
 pub mod offload;
@@ -29,6 +28,7 @@ pub use master::Master;
 use crate::durable::{DurableKv, EtcdKv};
 use crate::election::{Election, EtcdElection, MemElection};
 use crate::metrics::MasterMetrics;
+use crate::rebuild::members::Member;
 use crate::serving::Serving;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -312,9 +312,9 @@ async fn housekeeping(m: Arc<Master>, shutdown: CancellationToken) {
         // expired, and members that did not come back to this master in
         // time. (An SSD owner that stops heartbeating keeps its entry and
         // may resume, so it is forgotten only in the second way.)
-        let lost = dead.into_iter().map(members::Member::Node);
+        let lost = dead.into_iter().map(Member::Node);
         for who in lost.chain(m.lost_members()) {
-            if let Err(e) = members::forget(m.kv.as_ref(), &who).await {
+            if let Err(e) = rebuild::members::forget(m.kv.as_ref(), &who).await {
                 tracing::warn!(member = %who, error = %e, "could not forget a lost member durably");
                 continue;
             }

@@ -10,9 +10,10 @@ use crate::grants::TermKeys;
 use crate::metrics::MasterMetrics;
 use crate::objects::{ObjState, Object, ObjectTable, SsdReplica};
 use crate::offload::SsdTier;
+use crate::rebuild::RebuildGate;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use strata_common::auth::ProofHash;
@@ -38,15 +39,8 @@ pub struct Master {
     /// Store nodes, their segments, and what is handed out to them.
     pub(crate) cluster: Cluster,
     next_put_id: AtomicU64,
-    /// When this master started: nodes registering within the rebuild
-    /// window report the objects they hold (`rebuild.rs`).
-    pub(crate) started: Instant,
-    /// It found its durable state from an earlier run.
-    pub(crate) restarted: bool,
-    /// The members it waits for before taking writes (when restarted).
-    pub(crate) members: crate::members::Members,
-    /// `lost_members` answered once.
-    pub(crate) members_lost_taken: AtomicBool,
+    /// The rebuild of this term's metadata from its members (`rebuild/`).
+    pub(crate) gate: RebuildGate,
     pub(crate) kv: Arc<dyn DurableKv>,
     /// In-flight puts in deadline order (the timeout is constant, so FIFO).
     pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
@@ -162,21 +156,14 @@ impl Master {
         metrics.keys.set(0);
         metrics.term.set(term as i64);
         let ssd = SsdTier::new(&cfg, kv.clone(), &metrics, term)?;
-        let members = if restarted {
-            crate::members::Members::load(kv.as_ref()).await?
-        } else {
-            Default::default()
-        };
+        let gate = RebuildGate::load(kv.as_ref(), restarted, cfg.node_ttl).await?;
         Ok(Arc::new(Master {
             cfg,
             keys,
             objects: ObjectTable::default(),
             cluster: Cluster::new(),
             next_put_id: AtomicU64::new(1),
-            started: Instant::now(),
-            restarted,
-            members,
-            members_lost_taken: AtomicBool::new(false),
+            gate,
             kv,
             pending_puts: Mutex::new(VecDeque::new()),
             evict_wakeup: tokio::sync::Notify::new(),
@@ -1144,8 +1131,8 @@ impl Master {
         self.cluster.nodes.write().insert(req.node_id.clone(), node);
         if req.held_objects == 0 || !self.rebuilding() {
             // Nothing to report: this node is accounted for.
-            self.members
-                .reported(crate::members::Member::Node(req.node_id.clone()));
+            self.gate
+                .reported(crate::rebuild::members::Member::Node(req.node_id.clone()));
         }
         tracing::info!(
             node = req.node_id,
@@ -1227,7 +1214,7 @@ impl Master {
             )
             .await?;
         // Before the owner hears back: a later master waits for its inventory.
-        self.remember(crate::members::Member::Owner(owner_id))
+        self.remember(crate::rebuild::members::Member::Owner(owner_id))
             .await?;
         let key = self
             .keys

@@ -2,7 +2,7 @@
 //! and maps errors to statuses (through `strata_common::Error`).
 
 use crate::master::{Master, PutSpec};
-use crate::members::Member;
+use crate::rebuild::members::Member;
 use std::sync::Arc;
 use std::time::Instant;
 use strata_common::auth::{Role, Roles};

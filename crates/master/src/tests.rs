@@ -594,7 +594,7 @@ async fn a_restarted_master_takes_writes_only_after_its_nodes_reported() {
     let first = master_with(1, 1 << 20, ttl(Duration::from_secs(60)));
     assert!(first.accepting_writes(), "nothing to wait for");
     first
-        .remember(crate::members::Member::Node("n0".into()))
+        .remember(crate::rebuild::members::Member::Node("n0".into()))
         .await
         .unwrap();
     first.put_start(spec("a", 100, 1)).unwrap();

@@ -441,8 +441,8 @@ impl Master {
         }
         if !req.relocation {
             // A restarted master waits for this before calling keys absent.
-            self.members
-                .reported(crate::members::Member::Owner(req.owner_id));
+            self.gate
+                .reported(crate::rebuild::members::Member::Owner(req.owner_id));
         }
         tracing::info!(owner = req.owner_id, adopted, "SSD inventory adopted");
         Ok(adopted)

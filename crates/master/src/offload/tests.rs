@@ -740,7 +740,7 @@ async fn reads_served_from_client_caches_count_towards_admission_but_extend_no_l
 /// that registered but has not reported yet is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_master_waits_for_its_ssd_owners_before_calling_keys_absent() {
-    use crate::members::Member;
+    use crate::rebuild::members::Member;
     use strata_common::Code;
     let dir = tempfile::tempdir().unwrap();
     let cfg = |ttl: std::time::Duration| {
@@ -797,7 +797,7 @@ async fn a_restarted_master_waits_for_its_ssd_owners_before_calling_keys_absent(
         Code::NotReady,
         "h/1 still to report"
     );
-    assert_eq!(again.members.missing(), vec![Member::Owner(other)]);
+    assert_eq!(again.gate.missing(), vec![Member::Owner(other)]);
     let r1 = register(&again, "h/1").await;
     again
         .report_inventory(inventory(other, r1.epoch, vec![]))

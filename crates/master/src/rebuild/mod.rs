@@ -3,15 +3,20 @@
 //! node that registers while the master is young reports them and the master
 //! adopts what is consistent (its exact range free, no other version of the
 //! key, not removed). What it refuses the node forgets: never wrong bytes,
-//! at worst an object less.
+//! at worst an object less. [`RebuildGate`] holds the term's rebuild: when
+//! it started, whether a master ran before it, and which members
+//! (`members.rs`) it waits for before taking writes.
+
+pub mod members;
 
 use crate::cluster::allocator::{aligned_len, ALIGN};
 use crate::cluster::Replica;
+use crate::durable::DurableKv;
 use crate::master::{validate_key, Master};
-use crate::members::Member;
 use crate::objects::Object;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+use members::{Member, Members};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 
@@ -53,35 +58,69 @@ impl Refusal {
     }
 }
 
-impl Master {
+/// A term's rebuild from its members: nodes registering within the
+/// window report the objects they hold, and a restarted master (or a new
+/// leader) takes writes once every member it remembers reported, or after
+/// a bound. Its state is private to `rebuild/`.
+pub(crate) struct RebuildGate {
+    /// When this term's master started.
+    started: Instant,
+    /// It found its durable state from an earlier run.
+    restarted: bool,
+    /// The members it waits for before taking writes (when restarted).
+    members: Members,
+    /// `lost_members` answered once.
+    lost_taken: AtomicBool,
+    /// `--node-ttl`: the window is twice it, the gate's bound it.
+    node_ttl: Duration,
+}
+
+impl RebuildGate {
+    /// The gate of a term; a `restarted` one loads the members to wait for.
+    pub(crate) async fn load(
+        kv: &dyn DurableKv,
+        restarted: bool,
+        node_ttl: Duration,
+    ) -> Result<RebuildGate> {
+        let members = if restarted {
+            Members::load(kv).await?
+        } else {
+            Default::default()
+        };
+        Ok(RebuildGate {
+            started: Instant::now(),
+            restarted,
+            members,
+            lost_taken: AtomicBool::new(false),
+            node_ttl,
+        })
+    }
+
     /// Whether a node registering now should report what it holds.
     pub(crate) fn rebuilding(&self) -> bool {
-        self.started.elapsed() < window(self.cfg.node_ttl)
+        self.started.elapsed() < window(self.node_ttl)
     }
 
     /// Longest a restarted master waits for the members it remembers: a
     /// live one heartbeats well within `--node-ttl`, so one that has not
     /// come back by then is lost (and forgotten, `lost_members`).
-    fn gate_bound(&self) -> Duration {
-        self.cfg.node_ttl
+    fn bound(&self) -> Duration {
+        self.node_ttl
     }
 
-    /// Whether puts are taken (and `/ready` says so): a restarted master
-    /// (or a new leader) waits until every member it remembers re-registered
-    /// and reported what it holds, since a put before that could take a
-    /// range a not-yet-reported object holds, and a get would call a key
-    /// an SSD owner has not reported yet "not found".
-    pub fn accepting_writes(&self) -> bool {
+    /// Whether puts are taken (see [`Master::accepting_writes`]).
+    pub(crate) fn open(&self) -> bool {
         !self.restarted
             || self.members.missing().is_empty()
-            || self.started.elapsed() >= self.gate_bound()
+            || self.started.elapsed() >= self.bound()
     }
 
-    pub(crate) fn check_accepting_writes(&self) -> Result<()> {
-        if self.accepting_writes() {
+    /// Why writes wait, when they do.
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.open() {
             return Ok(());
         }
-        let left = self.gate_bound().saturating_sub(self.started.elapsed());
+        let left = self.bound().saturating_sub(self.started.elapsed());
         let missing = self.members.missing();
         let first = missing
             .first()
@@ -97,17 +136,60 @@ impl Master {
         ))
     }
 
+    /// `m` reported what it holds (or has nothing to report).
+    pub(crate) fn reported(&self, m: Member) {
+        self.members.reported(m);
+    }
+
+    /// The remembered members that have not reported yet (tests).
+    #[cfg(test)]
+    pub(crate) fn missing(&self) -> Vec<Member> {
+        self.members.missing()
+    }
+
+    /// The remembered members that did not come back within the bound
+    /// and are not `registered`, once; empty before the bound.
+    fn take_lost(&self, registered: impl Fn(&Member) -> bool) -> Vec<Member> {
+        if !self.restarted
+            || self.started.elapsed() < self.bound()
+            || self.lost_taken.swap(true, Ordering::Relaxed)
+        {
+            return Vec::new();
+        }
+        let mut lost = self.members.missing();
+        lost.retain(|m| !registered(m));
+        lost
+    }
+}
+
+impl Master {
+    /// Whether a node registering now should report what it holds.
+    pub(crate) fn rebuilding(&self) -> bool {
+        self.gate.rebuilding()
+    }
+
+    /// Whether puts are taken (and `/ready` says so): a restarted master
+    /// (or a new leader) waits until every member it remembers re-registered
+    /// and reported what it holds, since a put before that could take a
+    /// range a not-yet-reported object holds, and a get would call a key
+    /// an SSD owner has not reported yet "not found".
+    pub fn accepting_writes(&self) -> bool {
+        self.gate.open()
+    }
+
+    pub(crate) fn check_accepting_writes(&self) -> Result<()> {
+        self.gate.check_open()
+    }
+
     /// Remembers a registered member durably, so a later master waits for
     /// it. A registration whose member is not remembered fails (retryably):
     /// a later master would not wait for its report.
     pub async fn remember(&self, m: Member) -> Result<()> {
-        crate::members::remember(self.kv.as_ref(), &m)
-            .await
-            .map_err(|e| {
-                Error::unavailable(format!(
-                    "could not record {m} in the durable state ({e}); retry"
-                ))
-            })
+        members::remember(self.kv.as_ref(), &m).await.map_err(|e| {
+            Error::unavailable(format!(
+                "could not record {m} in the durable state ({e}); retry"
+            ))
+        })
     }
 
     /// The remembered members that did not come back within the gate's
@@ -115,15 +197,7 @@ impl Master {
     /// does not wait for them either). Empty before the bound. One that
     /// registered and is still reporting is not lost.
     pub fn lost_members(&self) -> Vec<Member> {
-        if !self.restarted
-            || self.started.elapsed() < self.gate_bound()
-            || self.members_lost_taken.swap(true, Ordering::Relaxed)
-        {
-            return Vec::new();
-        }
-        let mut lost = self.members.missing();
-        lost.retain(|m| !self.registered(m));
-        lost
+        self.gate.take_lost(|m| self.registered(m))
     }
 
     /// Whether `m` registered with this master.
@@ -218,7 +292,7 @@ impl Master {
                 .inc();
         }
         if req.last {
-            self.members.reported(Member::Node(req.node_id.clone()));
+            self.gate.reported(Member::Node(req.node_id.clone()));
         }
         tracing::info!(
             node = req.node_id,
