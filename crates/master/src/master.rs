@@ -575,9 +575,10 @@ impl Master {
             }
         }
         // Copies in flight (pinned, so not among the victims scanned) free
-        // DRAM too once they land.
+        // DRAM too once they land, and so do versions an overwrite replaced
+        // once their readers' leases end (housekeeping frees them).
         let (_, assigned) = self.ssd.queue_counts();
-        if pending > 0 || assigned > 0 {
+        if pending > 0 || assigned > 0 || self.retired.bytes() > 0 {
             return Ok(Placement::Wait(pending));
         }
         Err(Error::new(
@@ -621,15 +622,17 @@ impl Master {
     }
 
     /// The retryable error of a put that found DRAM held by objects still
-    /// being copied to SSD.
+    /// being copied to SSD, or by replaced versions still being read.
     pub(crate) fn no_space_waiting(&self, size: u64, pending: u64) -> Error {
         let (queued, assigned) = self.ssd.queue_counts();
+        let retired = self.retired.bytes();
         Error::new(
             Code::NoSpace,
             format!(
                 "no DRAM for {size} bytes within --put-wait ({:?}): {} bytes are waiting for \
                  their SSD copies ({queued} queued, {assigned} being copied; the SSD tier is \
-                 behind); retry, raise --put-wait (STRATA_PUT_WAIT) or add DRAM",
+                 behind) and {retired} bytes hold versions an overwrite replaced until their \
+                 readers' leases end; retry, raise --put-wait (STRATA_PUT_WAIT) or add DRAM",
                 self.cfg.put_wait, pending
             ),
         )

@@ -19,6 +19,11 @@ impl Retired {
         bytes(&v)
     }
 
+    /// The DRAM bytes kept now.
+    pub fn bytes(&self) -> u64 {
+        bytes(&self.versions.lock())
+    }
+
     /// Takes out the versions due at `now_ms`; returns them and the DRAM
     /// bytes still kept.
     pub fn take_due(&self, now_ms: u64) -> (Vec<Object>, u64) {

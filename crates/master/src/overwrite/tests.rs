@@ -284,3 +284,57 @@ fn a_late_put_end_never_ends_another_writers_put() {
     end(&m, "k", 2, other).unwrap();
     assert_eq!(committed(&m, "k"), (100, 2));
 }
+
+/// DRAM a replaced version holds for a reader's lease frees when the lease
+/// ends: a put that needs it waits for it (`--put-wait`) instead of being
+/// refused, and one that no waiting can serve is still refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_waits_for_a_replaced_version_its_reader_still_holds() {
+    let m = master_with(1, 1 << 20, |c| c.put_wait = Duration::from_secs(10));
+    let size = 400 << 10;
+    put(&m, "k", size, 1);
+    let lease_until = m.get_replicas("k").unwrap().lease_until_unix_ms;
+    // The new version is pinned: eviction can free nothing.
+    let pinned = PutSpec {
+        hard_pin: true,
+        ..overwrite("k", size)
+    };
+    let g = m.put_start(pinned).unwrap()[0]
+        .grant
+        .as_ref()
+        .unwrap()
+        .generation;
+    end(&m, "k", 2, g).unwrap();
+    assert_eq!(m.metrics.retired_bytes.get(), aligned(size) as i64);
+    let waiting = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let pinned = PutSpec {
+                hard_pin: true,
+                ..spec("other", size, 1)
+            };
+            m.put_start_waiting(pinned, deadline).await
+        })
+    };
+    assert!(
+        crate::tests::wait_for(|| m.space.waiting() == 1).await,
+        "the put waits for the replaced version"
+    );
+    assert!(!waiting.is_finished());
+    assert_eq!(m.free_retired(lease_until), 1);
+    let placed = waiting.await.unwrap().unwrap();
+    assert_eq!(placed.len(), 1);
+    m.put_end("other", 3).unwrap();
+    // Nothing left to wait for: refused at once, not after --put-wait.
+    let t0 = Instant::now();
+    let e = m
+        .put_start_waiting(
+            spec("third", size, 1),
+            Instant::now() + Duration::from_secs(10),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::NoSpace, "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
