@@ -1,0 +1,484 @@
+//! The read side of [`Client`]: gets (single, batched, into the caller's
+//! buffers or parts), the location cache, lookups at the master and
+//! checksum-verified reads that fall back replica by replica.
+
+use super::{Client, Tier, Tiered};
+use futures::StreamExt;
+use std::sync::Arc;
+use strata_common::{Code, Error, Result};
+use strata_proto as pb;
+use strata_transport::{parts, remote_range, RemoteRange};
+
+/// A batch's replicas, per key, and which came from the location cache.
+struct Located {
+    infos: Vec<Result<pb::GetReplicasResponse>>,
+    cached: Vec<bool>,
+}
+
+impl Client {
+    /// Reads `key` into a new buffer, verifying its checksum.
+    #[tracing::instrument(name = "strata.get", skip_all, fields(key = key))]
+    pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
+        self.get_with(key, |n| Ok(vec![0u8; n])).await
+    }
+
+    /// Reads `key` into a buffer that `alloc` makes once the object's size
+    /// is known (`alloc(size)` must give exactly `size` bytes): for callers
+    /// that own their memory (the Python client reads straight into a new
+    /// `bytes`). `alloc` may be called again if the object is replaced by
+    /// one of another size meanwhile.
+    pub async fn get_with<B: AsMut<[u8]>>(
+        &self,
+        key: &str,
+        mut alloc: impl FnMut(usize) -> Result<B>,
+    ) -> Result<B> {
+        let mut sized = |n: usize| -> Result<B> {
+            let mut b = alloc(n)?;
+            if b.as_mut().len() != n {
+                return Err(Error::internal("a buffer of the wrong size was made"));
+            }
+            Ok(b)
+        };
+        if let Some(info) = self.cached(key) {
+            let mut buf = sized(info.size as usize)?;
+            if self.read_cached(key, &info, &mut [buf.as_mut()]).await {
+                return Ok(buf);
+            }
+        }
+        let info = self.lookup(key).await?;
+        let mut buf = sized(info.size as usize)?;
+        self.read_verified(key, info, &mut [buf.as_mut()]).await?;
+        Ok(buf)
+    }
+
+    /// Reads `key` into the caller's buffer (no intermediate copy) and returns
+    /// the object's size. The buffer must be at least that large.
+    #[tracing::instrument(name = "strata.get", skip_all, fields(key = key))]
+    pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
+        if let Some(info) = self.cached(key) {
+            let n = info.size as usize;
+            if buf.len() >= n && self.read_cached(key, &info, &mut [&mut buf[..n]]).await {
+                return Ok(n);
+            }
+        }
+        let info = self.lookup(key).await?;
+        let n = info.size as usize;
+        if buf.len() < n {
+            return Err(Error::invalid(format!(
+                "buffer of {} bytes is smaller than object {key:?} of {n} bytes",
+                buf.len()
+            )));
+        }
+        self.read_verified(key, info, &mut [&mut buf[..n]]).await?;
+        Ok(n)
+    }
+
+    /// `key`'s replicas from the location cache, if a lease still covers
+    /// them.
+    fn cached(&self, key: &str) -> Option<Arc<pb::GetReplicasResponse>> {
+        self.locations.as_ref().and_then(|l| l.get(key))
+    }
+
+    /// Asks the master where `key`'s bytes are (and caches the answer).
+    async fn lookup(&self, key: &str) -> Result<pb::GetReplicasResponse> {
+        self.cfg
+            .backoff
+            .run(|| async {
+                let asked = std::time::Instant::now();
+                let info = self.lookups.get(key).await?;
+                if let Some(l) = &self.locations {
+                    l.insert(key, &info, asked);
+                }
+                Ok(info)
+            })
+            .await
+    }
+
+    pub(super) fn forget(&self, key: &str) {
+        if let Some(l) = &self.locations {
+            l.forget(key);
+        }
+    }
+
+    /// One pass over cached replicas. Any failure (refused: the master
+    /// freed the range; other bytes; a dead node) forgets the location,
+    /// even when a later replica serves the read, and false sends the
+    /// caller to the master, exactly as if nothing had been cached.
+    async fn read_cached(
+        &self,
+        key: &str,
+        info: &pb::GetReplicasResponse,
+        buf: &mut [&mut [u8]],
+    ) -> bool {
+        let mut failed = false;
+        let mut done = false;
+        for r in &info.replicas {
+            let Ok(range) = remote_range(r) else {
+                failed = true;
+                continue;
+            };
+            match self.transport.read_parts(&range, reborrow(buf)).await {
+                Ok(crc) if crc == info.crc32c => {
+                    done = true;
+                    break;
+                }
+                Ok(_) | Err(_) => failed = true,
+            }
+        }
+        if let Some(l) = &self.locations {
+            if failed {
+                l.forget(key);
+            }
+            if done {
+                l.hit(key);
+            }
+        }
+        done
+    }
+
+    /// Reads `key` into `buf` after a cached location failed: asks the
+    /// master, and reads if the object still has `buf`'s size.
+    async fn reread(&self, key: &str, buf: &mut [&mut [u8]]) -> Result<()> {
+        let info = self.lookup(key).await?;
+        if info.size != parts::total_len(buf) as u64 {
+            return Err(Error::unavailable(format!(
+                "key {key:?} was replaced by an object of another size while being read; read it again"
+            )));
+        }
+        self.read_verified(key, info, buf).await
+    }
+
+    /// Tries each replica in turn; a replica that fails or returns bytes with
+    /// the wrong checksum is skipped. If every grant expired, asks again once.
+    async fn read_verified(
+        &self,
+        key: &str,
+        info: pb::GetReplicasResponse,
+        buf: &mut [&mut [u8]],
+    ) -> Result<()> {
+        let r = self.read_replicas(key, info, buf).await;
+        if r.is_err() {
+            self.forget(key);
+        }
+        r
+    }
+
+    async fn read_replicas(
+        &self,
+        key: &str,
+        mut info: pb::GetReplicasResponse,
+        buf: &mut [&mut [u8]],
+    ) -> Result<()> {
+        for round in 0..2 {
+            let mut last = Error::unavailable(format!("key {key:?} has no readable replica"));
+            let mut expired = false;
+            for r in &info.replicas {
+                let range = remote_range(r)?;
+                match self.transport.read_parts(&range, reborrow(buf)).await {
+                    Ok(crc) if crc == info.crc32c => return Ok(()),
+                    Ok(_) => {
+                        tracing::warn!(
+                            key,
+                            node = r.node_id,
+                            "replica failed its checksum; trying another"
+                        );
+                        last = Error::new(
+                            Code::Corrupted,
+                            format!("replica of {key:?} on {} failed its checksum", r.node_id),
+                        );
+                    }
+                    Err(e) => {
+                        tracing::debug!(key, node = r.node_id, error = %e, "replica read failed");
+                        expired |=
+                            e.code == Code::PermissionDenied && e.message.contains("expired");
+                        last = e;
+                    }
+                }
+            }
+            // A replica that vanished (its SSD bucket was evicted) or expired:
+            // ask the master again, once.
+            if round == 0 && (expired || last.retryable() || last.code == Code::NotFound) {
+                self.forget(key);
+                info = self.lookup(key).await?;
+                if parts::total_len(buf) as u64 != info.size {
+                    return Err(Error::unavailable(format!(
+                        "key {key:?} changed while being read"
+                    )));
+                }
+                continue;
+            }
+            return Err(last);
+        }
+        Err(Error::unavailable(format!("key {key:?} could not be read")))
+    }
+
+    /// Gets many objects with one GetReplicas round trip.
+    pub async fn batch_get(&self, keys: &[&str]) -> Result<Vec<Result<Vec<u8>>>> {
+        Ok(self
+            .batch_get_tiered(keys)
+            .await?
+            .into_iter()
+            .map(|r| r.map(|(b, _)| b))
+            .collect())
+    }
+
+    /// Like [`Client::batch_get`], also saying which tier served each object
+    /// (DRAM when it had a memory replica, else SSD): for benchmarks and
+    /// engines that account cache hits per tier.
+    #[tracing::instrument(name = "strata.batch_get", skip_all, fields(items = keys.len()))]
+    pub async fn batch_get_tiered(&self, keys: &[&str]) -> Result<Vec<Result<Tiered>>> {
+        let Located { infos, cached } = self.batch_replicas(keys).await?;
+        let tiers: Vec<Tier> = infos
+            .iter()
+            .map(|i| match i {
+                Ok(i)
+                    if i.replicas
+                        .iter()
+                        .any(|r| r.kind == pb::ReplicaKind::Memory as i32) =>
+                {
+                    Tier::Memory
+                }
+                _ => Tier::Ssd,
+            })
+            .collect();
+        let got = self
+            .batch_read_new(keys, infos, &cached, |n| Ok(vec![0u8; n]))
+            .await?;
+        Ok(got
+            .into_iter()
+            .zip(tiers)
+            .map(|(r, t)| r.map(|b| (b, t)))
+            .collect())
+    }
+
+    /// [`Client::batch_get`] into buffers that `alloc` makes once each
+    /// object's size is known (`alloc(size)` gives exactly `size` bytes): the
+    /// Python client reads straight into new `bytes` objects.
+    pub async fn batch_get_with<B: AsMut<[u8]>>(
+        &self,
+        keys: &[&str],
+        alloc: impl FnMut(usize) -> Result<B>,
+    ) -> Result<Vec<Result<B>>> {
+        let Located { infos, cached } = self.batch_replicas(keys).await?;
+        self.batch_read_new(keys, infos, &cached, alloc).await
+    }
+
+    /// Reads a located batch into buffers made by `alloc`.
+    async fn batch_read_new<B: AsMut<[u8]>>(
+        &self,
+        keys: &[&str],
+        infos: Vec<Result<pb::GetReplicasResponse>>,
+        cached: &[bool],
+        mut alloc: impl FnMut(usize) -> Result<B>,
+    ) -> Result<Vec<Result<B>>> {
+        let mut bufs: Vec<Option<B>> = Vec::with_capacity(infos.len());
+        for i in &infos {
+            let n = i.as_ref().map_or(0, |i| i.size as usize);
+            let mut b = alloc(n)?;
+            if b.as_mut().len() != n {
+                return Err(Error::internal("a buffer of the wrong size was made"));
+            }
+            bufs.push(Some(b));
+        }
+        let slices: Vec<Vec<&mut [u8]>> = bufs
+            .iter_mut()
+            .map(|b| b.as_mut().map_or_else(Vec::new, |b| vec![b.as_mut()]))
+            .collect();
+        let done = self.batch_read(keys, infos, cached, slices).await;
+        Ok(done
+            .into_iter()
+            .zip(bufs)
+            .map(|(r, b)| r.and_then(|_| b.ok_or_else(|| Error::internal("buffer taken twice"))))
+            .collect())
+    }
+
+    /// Like [`Client::batch_get`] into the caller's buffers (one per key, each
+    /// at least the object's size): no allocation, no intermediate copy.
+    /// Returns each object's size.
+    #[tracing::instrument(name = "strata.batch_get", skip_all, fields(items = items.len()))]
+    pub async fn batch_get_into(
+        &self,
+        items: &mut [(&str, &mut [u8])],
+    ) -> Result<Vec<Result<usize>>> {
+        let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
+        let bufs = items.iter_mut().map(|(_, b)| vec![&mut **b]).collect();
+        self.batch_get_into_bufs(&keys, bufs, false).await
+    }
+
+    /// Reads each key into its buffers in order (scattered; no intermediate
+    /// copy). With `exact`, buffers of any other size together than their
+    /// object's are refused before anything is read into them; otherwise
+    /// they must be at least that large. Returns each object's size.
+    pub(crate) async fn batch_get_into_bufs(
+        &self,
+        keys: &[&str],
+        items: Vec<Vec<&mut [u8]>>,
+        exact: bool,
+    ) -> Result<Vec<Result<usize>>> {
+        if keys.len() != items.len() {
+            return Err(Error::internal("a batch read with more keys than buffers"));
+        }
+        let Located { infos, cached } = self.batch_replicas(keys).await?;
+        let mut sizes = Vec::with_capacity(items.len());
+        let mut slices = Vec::with_capacity(items.len());
+        let mut infos_ok = Vec::with_capacity(items.len());
+        for ((k, bufs), info) in keys.iter().zip(items).zip(infos) {
+            let have = parts::total_len(&bufs);
+            let info = info.and_then(|info| {
+                let n = info.size as usize;
+                if have < n {
+                    return Err(Error::invalid(format!(
+                        "buffer of {have} bytes is smaller than object {k:?} of {n} bytes"
+                    )));
+                }
+                if exact && have != n {
+                    return Err(Error::invalid(format!(
+                        "object {k:?} holds {n} bytes but its parts hold {have}; the parts \
+                         must add up to the object's size"
+                    )));
+                }
+                Ok(info)
+            });
+            let n = info.as_ref().map_or(0, |i| i.size as usize);
+            sizes.push(n);
+            slices.push(parts::truncate(bufs, n));
+            infos_ok.push(info);
+        }
+        let done = self.batch_read(keys, infos_ok, &cached, slices).await;
+        Ok(done
+            .into_iter()
+            .zip(sizes)
+            .map(|(r, n)| r.map(|_| n))
+            .collect())
+    }
+
+    /// Reads a batch into `bufs` (each exactly the object's size). Objects
+    /// held only on SSD are read with one request per SSD agent; the rest,
+    /// and any batched read that failed, go replica by replica.
+    async fn batch_read(
+        &self,
+        keys: &[&str],
+        infos: Vec<Result<pb::GetReplicasResponse>>,
+        cached: &[bool],
+        mut bufs: Vec<Vec<&mut [u8]>>,
+    ) -> Vec<Result<()>> {
+        let mut pending: Vec<Option<pb::GetReplicasResponse>> = Vec::with_capacity(keys.len());
+        let mut out: Vec<Result<()>> = Vec::with_capacity(keys.len());
+        for info in infos {
+            match info {
+                Ok(i) => {
+                    pending.push(Some(i));
+                    out.push(Ok(()));
+                }
+                Err(e) => {
+                    pending.push(None);
+                    out.push(Err(e));
+                }
+            }
+        }
+        // SSD-only objects: one batched request per agent.
+        let ssd_only = |i: &pb::GetReplicasResponse| {
+            !i.replicas.is_empty()
+                && i.replicas
+                    .iter()
+                    .all(|r| r.kind == pb::ReplicaKind::Ssd as i32)
+        };
+        let mut ranges = Vec::new();
+        let mut idx = Vec::new();
+        for (i, p) in pending.iter().enumerate() {
+            if let Some(info) = p.as_ref().filter(|i| ssd_only(i)) {
+                if let Ok(r) = remote_range(&info.replicas[0]) {
+                    ranges.push(r);
+                    idx.push(i);
+                }
+            }
+        }
+        if !ranges.is_empty() {
+            let mut slots: Vec<Option<Vec<&mut [u8]>>> =
+                bufs.iter_mut().map(|b| Some(reborrow(b))).collect();
+            let items: Vec<(&RemoteRange, Vec<&mut [u8]>)> = idx
+                .iter()
+                .zip(&ranges)
+                .filter_map(|(&i, r)| slots[i].take().map(|b| (r, b)))
+                .collect();
+            let res = self.transport.read_many_parts(items).await;
+            for (&i, r) in idx.iter().zip(res) {
+                let want = pending[i].as_ref().map(|p| p.crc32c);
+                if matches!((r, want), (Ok(crc), Some(w)) if crc == w) {
+                    pending[i] = None; // done
+                }
+            }
+        }
+        let mut futs = Vec::new();
+        let mut which = Vec::new();
+        for ((i, p), mut buf) in pending.into_iter().enumerate().zip(bufs) {
+            if let Some(info) = p {
+                which.push(i);
+                let key = keys[i];
+                let cached = cached[i];
+                futs.push(async move {
+                    if !cached {
+                        self.read_verified(key, info, &mut buf).await
+                    } else if self.read_cached(key, &info, &mut buf).await {
+                        Ok(())
+                    } else {
+                        self.reread(key, &mut buf).await
+                    }
+                });
+            }
+        }
+        let rest: Vec<Result<()>> = futures::stream::iter(futs)
+            .buffered(self.cfg.batch_concurrency.max(1))
+            .collect()
+            .await;
+        for (i, r) in which.into_iter().zip(rest) {
+            out[i] = r;
+        }
+        out
+    }
+
+    /// Where each key's bytes are, and whether that came from the location
+    /// cache: one BatchGetReplicas for the keys it does not hold.
+    async fn batch_replicas(&self, keys: &[&str]) -> Result<Located> {
+        let mut infos: Vec<Option<Result<pb::GetReplicasResponse>>> = keys
+            .iter()
+            .map(|k| {
+                let hit = self.cached(k)?;
+                Some(Ok((*hit).clone()))
+            })
+            .collect();
+        let cached: Vec<bool> = infos.iter().map(Option::is_some).collect();
+        let missing: Vec<&str> = keys
+            .iter()
+            .zip(&cached)
+            .filter(|(_, &c)| !c)
+            .map(|(k, _)| *k)
+            .collect();
+        if !missing.is_empty() {
+            let asked = std::time::Instant::now();
+            let ask = missing.iter().map(|k| k.to_string()).collect();
+            let mut res = crate::lookups::batch_get(&mut self.m(), ask)
+                .await?
+                .into_iter();
+            for (slot, key) in infos.iter_mut().zip(keys).filter(|(s, _)| s.is_none()) {
+                let info = res.next().expect("one answer per missing key");
+                if let (Ok(i), Some(l)) = (&info, &self.locations) {
+                    l.insert(key, i, asked);
+                }
+                *slot = Some(info);
+            }
+        }
+        Ok(Located {
+            infos: infos
+                .into_iter()
+                .map(|i| i.expect("filled above"))
+                .collect(),
+            cached,
+        })
+    }
+}
+
+/// A new list of the same buffers, for one more read into them.
+fn reborrow<'b>(bufs: &'b mut [&mut [u8]]) -> Vec<&'b mut [u8]> {
+    bufs.iter_mut().map(|b| &mut **b).collect()
+}

@@ -1,0 +1,472 @@
+//! The write side of [`Client`]: puts (single, batched, of parts), their
+//! PutStart / PutEnd round trips, replica writes with records and
+//! receipts, and the retries of an ambiguous PutEnd.
+
+use super::{Client, PutOptions};
+use crate::status::from_status;
+use futures::StreamExt;
+use strata_common::{Code, Error, Result};
+use strata_proto as pb;
+use strata_transport::frame::WriteRecord;
+use strata_transport::{parts, remote_range, RemoteRange};
+
+/// The version a PutStart granted (its first replica's generation), which
+/// an overwrite's PutEnd and revoke name.
+fn version_of(replicas: &[pb::Replica]) -> Option<u64> {
+    replicas.first()?.grant.as_ref().map(|g| g.generation)
+}
+
+impl Client {
+    /// PutStart, quickly where the master allows (the request goes out on
+    /// the first poll either way).
+    async fn put_start(&self, req: pb::PutStartRequest) -> Result<pb::PutStartResponse> {
+        if let Some(q) = &self.quick {
+            if let Some(r) = q.put_start(&req).await {
+                return r;
+            }
+        }
+        self.m()
+            .put_start(req)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(Error::from)
+    }
+
+    /// PutEnd, quickly where the master allows.
+    async fn put_end(&self, req: pb::PutEndRequest) -> Result<pb::PutEndResponse> {
+        if let Some(q) = &self.quick {
+            if let Some(r) = q.put_end(&req).await {
+                return r;
+            }
+        }
+        self.m()
+            .put_end(req)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(Error::from)
+    }
+
+    /// Stores `data` under `key`. Fails with `AlreadyExists` if the key is
+    /// present, `NoSpace` when the cluster cannot make room.
+    pub async fn put(&self, key: &str, data: &[u8], opts: &PutOptions) -> Result<()> {
+        self.put_parts(key, &[data], opts).await
+    }
+
+    /// Stores the concatenation of `parts` under `key` as one object (vLLM
+    /// stores a block from one slice per layer), sent from the parts
+    /// themselves: they are never joined into one buffer.
+    #[tracing::instrument(name = "strata.put", skip_all, fields(key = key, size = parts::total_len(data)))]
+    pub async fn put_parts(&self, key: &str, data: &[&[u8]], opts: &PutOptions) -> Result<()> {
+        let opts = &*self.placed(opts).await;
+        let len = parts::total_len(data);
+        // Declared at PutStart when small enough (`announce_up_to`);
+        // otherwise worked out while the first PutStart is in flight. Kept
+        // for retries.
+        let steps = self.steps.as_deref();
+        let mark = || steps.map(|_| std::time::Instant::now());
+        let before_crc = mark();
+        let crc = std::sync::OnceLock::new();
+        if len <= self.cfg.announce_up_to {
+            let _ = crc.set(parts::crc32c(data));
+        }
+        let crc_took = before_crc.map(|t| t.elapsed());
+        let announced = crc.get().copied();
+        let crc = &crc;
+        // A PutEnd whose answer was lost (the master died or lost its
+        // leadership) may have committed: a retry that then finds the key
+        // checks whether it holds these very bytes.
+        let unsure = std::sync::atomic::AtomicBool::new(false);
+        let unsure = &unsure;
+        let r = self
+            .cfg
+            .backoff
+            .run(|| async {
+                let req = pb::PutStartRequest {
+                    key: key.to_string(),
+                    size: len as u64,
+                    replica_num: opts.replicas,
+                    preferred_segment: opts.preferred_segment,
+                    soft_pin: opts.soft_pin,
+                    hard_pin: opts.hard_pin,
+                    crc32c: announced,
+                    receipts: announced.is_some() && self.receipts_for(key, len),
+                    overwrite: opts.overwrite,
+                };
+                let started = mark();
+                let start = self.put_start(req);
+                let start = match crc.get() {
+                    Some(_) => start.await,
+                    // The request goes out on its first poll; the checksum
+                    // is worked out meanwhile instead of before it.
+                    None => {
+                        let (r, c) = tokio::join!(start, async { parts::crc32c(data) });
+                        let _ = crc.set(c);
+                        r
+                    }
+                };
+                let crc = *crc.get().expect("set by the first attempt");
+                let replicas = match start {
+                    Ok(r) => r.replicas,
+                    Err(e)
+                        if e.code == Code::AlreadyExists
+                            && unsure.load(std::sync::atomic::Ordering::Relaxed) =>
+                    {
+                        return self.same_object(key, len as u64, crc, e).await;
+                    }
+                    Err(e) => return Err(e),
+                };
+                // Every put names its version at PutEnd and revoke, so a late
+                // or repeated call never ends another writer's put of the
+                // key (an overwrite's is found by it, too).
+                let generation = version_of(&replicas);
+                let put_started = mark();
+                let written = self.write_replicas(key, crc, &replicas, data).await;
+                let wrote = mark();
+                let receipts = match written {
+                    Ok(r) => r,
+                    Err(e) => {
+                        self.revoke(key, generation).await;
+                        // A grant refused by its node came from a leader that
+                        // was deposed meanwhile (the node re-registered with a
+                        // newer term's key): a new grant will do.
+                        return Err(if e.code == Code::PermissionDenied {
+                            e.retry_later()
+                        } else {
+                            e
+                        });
+                    }
+                };
+                let end = self
+                    .put_end(pb::PutEndRequest {
+                        key: key.to_string(),
+                        crc32c: crc,
+                        receipts,
+                        generation,
+                    })
+                    .await;
+                if let (Some(s), Some(crc), Some(a), Some(b), Some(c), Some(d)) =
+                    (steps, crc_took, started, put_started, wrote, mark())
+                {
+                    s.record(crc, [a, b, c, d]);
+                }
+                if end.as_ref().is_err_and(|e| e.retryable()) {
+                    unsure.store(true, std::sync::atomic::Ordering::Relaxed);
+                    if opts.overwrite {
+                        // The retry starts a new version: this one, if its
+                        // PutEnd never arrived, must not hold the key
+                        // (NotReady) until --put-timeout. A version that
+                        // did commit is not touched by a revoke.
+                        self.revoke(key, generation).await;
+                    }
+                }
+                end.map(|_| ())
+            })
+            .await;
+        if opts.overwrite {
+            // This client's cached location of the replaced version (its
+            // next read asks the master, so it reads its own write).
+            self.forget(key);
+        }
+        r
+    }
+
+    /// Revokes this client's put of `key` (an overwrite's by its
+    /// `generation`), best effort: what is not revoked, --put-timeout
+    /// reclaims.
+    async fn revoke(&self, key: &str, generation: Option<u64>) {
+        let _ = self
+            .m()
+            .put_revoke(pb::PutRevokeRequest {
+                key: key.to_string(),
+                generation,
+            })
+            .await;
+    }
+
+    /// After an ambiguous PutEnd: the key exists; is it our put?
+    async fn same_object(&self, key: &str, size: u64, crc: u32, exists: Error) -> Result<()> {
+        // One call: the put's own backoff retries (not a second one inside).
+        let r = self
+            .m()
+            .get_replicas(pb::GetReplicasRequest {
+                key: key.to_string(),
+            })
+            .await
+            .map_err(Error::from)?
+            .into_inner();
+        if r.size == size && r.crc32c == crc {
+            Ok(())
+        } else {
+            Err(exists)
+        }
+    }
+
+    /// Whether a put of `len` bytes under `key` can ask for its nodes'
+    /// receipts (`ClientConfig::put_receipts`).
+    fn receipts_for(&self, key: &str, len: usize) -> bool {
+        self.cfg.put_receipts
+            && key.len() <= strata_transport::frame::MAX_RECORD_KEY
+            && self.transport.records_writes(len)
+    }
+
+    /// Writes the concatenation of `data` to every replica; those the
+    /// master gave a record go with it, and their nodes' receipts come back
+    /// for PutEnd.
+    async fn write_replicas(
+        &self,
+        key: &str,
+        crc32c: u32,
+        replicas: &[pb::Replica],
+        data: &[&[u8]],
+    ) -> Result<Vec<pb::PutReceipt>> {
+        let ranges: Vec<RemoteRange> = replicas.iter().map(remote_range).collect::<Result<_>>()?;
+        if ranges.is_empty() {
+            return Err(Error::internal("master granted no replica"));
+        }
+        let records: Vec<Option<WriteRecord>> = replicas
+            .iter()
+            .map(|r| {
+                let mac = r.record.as_slice().try_into().ok()?;
+                Some(WriteRecord {
+                    key: key.to_string(),
+                    crc32c,
+                    mac,
+                })
+            })
+            .collect();
+        // Every write settles before the first error is returned: the
+        // caller then revokes the put, freeing its ranges, and a one-sided
+        // write still in flight could land in their next allocation.
+        let writes = ranges
+            .iter()
+            .zip(&records)
+            .map(|(r, rec)| self.transport.write_parts(r, data, rec.as_ref()));
+        let receipts = futures::future::join_all(writes)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ranges
+            .iter()
+            .zip(receipts)
+            .filter_map(|(r, receipt)| {
+                Some(pb::PutReceipt {
+                    segment_id: r.scope.segment_id,
+                    mac: receipt?.to_vec(),
+                })
+            })
+            .collect())
+    }
+
+    /// Puts many objects with one PutStart and one PutEnd round trip.
+    /// Returns one result per item, in order. Items that fail retryably (a
+    /// failover) are put again, with backoff, up to the client's deadline;
+    /// one whose PutEnd answer was lost counts as put if the key then holds
+    /// its bytes (as for [`Client::put`]).
+    pub async fn batch_put(
+        &self,
+        items: &[(&str, &[u8])],
+        opts: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        let items: Vec<(&str, &[&[u8]])> = items
+            .iter()
+            .map(|(k, d)| (*k, std::slice::from_ref(d)))
+            .collect();
+        self.batch_put_parts(&items, opts).await
+    }
+
+    /// [`Client::batch_put`] of objects made of parts (each the concatenation
+    /// of its slices, sent from them).
+    #[tracing::instrument(name = "strata.batch_put", skip_all, fields(items = items.len()))]
+    pub async fn batch_put_parts(
+        &self,
+        items: &[(&str, &[&[u8]])],
+        opts: &PutOptions,
+    ) -> Result<Vec<Result<()>>> {
+        let opts = &*self.placed(opts).await;
+        let b = self.cfg.backoff;
+        let t0 = tokio::time::Instant::now();
+        let mut out: Vec<Option<Result<()>>> = vec![None; items.len()];
+        // Per item: a PutEnd whose outcome is unknown.
+        let mut unsure = vec![false; items.len()];
+        for attempt in 0..b.attempts.max(1) {
+            let pending: Vec<usize> = (0..items.len()).filter(|&i| out[i].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            let delay = b.delay(attempt);
+            let last_try = attempt + 1 >= b.attempts || t0.elapsed() + delay >= b.deadline;
+            let round: Vec<(&str, &[&[u8]])> = pending.iter().map(|&i| items[i]).collect();
+            match self.batch_put_round(&round, opts).await {
+                Ok(results) => {
+                    for (&i, (r, ended)) in pending.iter().zip(results) {
+                        let (key, data) = items[i];
+                        let r = match r {
+                            Err(e) if e.code == Code::AlreadyExists && unsure[i] => {
+                                let crc = parts::crc32c(data);
+                                self.same_object(key, parts::total_len(data) as u64, crc, e)
+                                    .await
+                            }
+                            r => r,
+                        };
+                        out[i] = match r {
+                            Err(e) if e.retryable() && !last_try => {
+                                unsure[i] |= ended;
+                                None
+                            }
+                            r => Some(r),
+                        };
+                    }
+                }
+                // Nothing of this round started (the batch PutStart failed).
+                Err(e) if e.retryable() && !last_try => {}
+                // The first attempt: nothing of the batch happened.
+                Err(e) if attempt == 0 => return Err(e),
+                Err(e) => {
+                    for &i in &pending {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+            if out.iter().any(Option::is_none) {
+                tracing::debug!(attempt, "retrying part of a batch put");
+                tokio::time::sleep(delay).await;
+            }
+        }
+        if opts.overwrite {
+            for (key, _) in items {
+                self.forget(key);
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::unavailable("batch put gave up retrying"))))
+            .collect())
+    }
+
+    /// One attempt at a batch put: per item, its result and whether it got
+    /// as far as PutEnd (a lost answer there leaves the outcome unknown).
+    async fn batch_put_round(
+        &self,
+        items: &[(&str, &[&[u8]])],
+        opts: &PutOptions,
+    ) -> Result<Vec<(Result<()>, bool)>> {
+        let lens: Vec<usize> = items.iter().map(|(_, d)| parts::total_len(d)).collect();
+        // Declared at PutStart where small enough (`announce_up_to`).
+        let crcs: Vec<Option<u32>> = items
+            .iter()
+            .zip(&lens)
+            .map(|((_, d), &n)| (n <= self.cfg.announce_up_to).then(|| parts::crc32c(d)))
+            .collect();
+        let req = pb::BatchPutStartRequest {
+            items: items
+                .iter()
+                .zip(&crcs)
+                .zip(&lens)
+                .map(|(((k, _), crc), &n)| pb::PutStartRequest {
+                    key: k.to_string(),
+                    size: n as u64,
+                    replica_num: opts.replicas,
+                    preferred_segment: opts.preferred_segment,
+                    soft_pin: opts.soft_pin,
+                    hard_pin: opts.hard_pin,
+                    crc32c: *crc,
+                    receipts: crc.is_some() && self.receipts_for(k, n),
+                    overwrite: opts.overwrite,
+                })
+                .collect(),
+        };
+        let started = self
+            .m()
+            .batch_put_start(req)
+            .await
+            .map_err(Error::from)?
+            .into_inner()
+            .results;
+        if started.len() != items.len() {
+            return Err(Error::internal(
+                "master answered a batch with the wrong count",
+            ));
+        }
+        let mut futs = Vec::with_capacity(items.len());
+        for (((key, data), st), crc) in items.iter().zip(started).zip(&crcs) {
+            futs.push(async move {
+                // Whether this put started: only ours may be revoked (a
+                // refused PutStart may be another writer's key in flight).
+                if let Err(e) = from_status(st.status) {
+                    return (Err(e), false, None);
+                }
+                let generation = version_of(&st.replicas);
+                // Records come only with a declared checksum.
+                let crc = crc.unwrap_or_default();
+                let w = self
+                    .write_replicas(key, crc, &st.replicas, data)
+                    .await
+                    .map_err(|e| match e.code {
+                        // A grant from a leader deposed meanwhile: a new
+                        // grant will do (as for a single put).
+                        Code::PermissionDenied => e.retry_later(),
+                        _ => e,
+                    });
+                (w, true, generation)
+            });
+        }
+        type Written = (Result<Vec<pb::PutReceipt>>, bool, Option<u64>);
+        let mut writes: Vec<Written> = futures::stream::iter(futs)
+            .buffered(self.cfg.batch_concurrency.max(1))
+            .collect()
+            .await;
+        let mut ends = Vec::new();
+        let mut revokes = pb::BatchPutRevokeRequest::default();
+        for (i, (w, started, generation)) in writes.iter_mut().enumerate() {
+            match w {
+                Ok(receipts) => ends.push((
+                    i,
+                    pb::PutEndRequest {
+                        key: items[i].0.to_string(),
+                        crc32c: crcs[i].unwrap_or_else(|| parts::crc32c(items[i].1)),
+                        receipts: std::mem::take(receipts),
+                        generation: *generation,
+                    },
+                )),
+                Err(_) if *started => {
+                    revokes.keys.push(items[i].0.to_string());
+                    revokes.generations.push(generation.unwrap_or(0));
+                }
+                Err(_) => {}
+            }
+        }
+        let mut out: Vec<(Result<()>, bool)> = writes
+            .into_iter()
+            .map(|(w, _, _)| (w.map(|_| ()), false))
+            .collect();
+        if !revokes.keys.is_empty() {
+            let _ = self.m().batch_put_revoke(revokes).await;
+        }
+        if !ends.is_empty() {
+            let (idx, reqs): (Vec<usize>, Vec<pb::PutEndRequest>) = ends.into_iter().unzip();
+            let res = self
+                .m()
+                .batch_put_end(pb::BatchPutEndRequest { items: reqs })
+                .await
+                .map_err(Error::from)
+                .map(|r| r.into_inner().results);
+            for (k, i) in idx.into_iter().enumerate() {
+                out[i] = match &res {
+                    Ok(res) => (
+                        res.get(k).cloned().map_or_else(
+                            || {
+                                Err(Error::internal(
+                                    "master answered a batch with the wrong count",
+                                ))
+                            },
+                            |st| from_status(Some(st)),
+                        ),
+                        true,
+                    ),
+                    Err(e) => (Err(e.clone()), true),
+                };
+            }
+        }
+        Ok(out)
+    }
+}
