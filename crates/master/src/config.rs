@@ -294,8 +294,9 @@ pub struct MasterArgs {
     /// A PutStart not ended within this time is reclaimed [default: 30s]
     #[arg(long, env = "STRATA_PUT_TIMEOUT")]
     pub put_timeout: Option<HumanDuration>,
-    /// How long a put waits for DRAM while victims are copied to SSD
-    /// before failing with a retryable no_space; 0 = never wait [default: 5s]
+    /// How long a put waits for DRAM while victims are copied to SSD (or
+    /// versions an overwrite replaced are still leased by readers) before
+    /// failing with a retryable no_space; 0 = never wait [default: 5s]
     #[arg(long, env = "STRATA_PUT_WAIT")]
     pub put_wait: Option<HumanDuration>,
     /// Fill ratio that triggers eviction [default: 0.9]
