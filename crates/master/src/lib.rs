@@ -21,6 +21,7 @@ pub mod service;
 pub mod serving;
 pub mod sync;
 pub mod tombstones;
+mod writes;
 
 pub use config::{MasterArgs, MasterConfig};
 pub use master::Master;

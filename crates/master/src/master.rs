@@ -11,9 +11,8 @@ use crate::metrics::MasterMetrics;
 use crate::objects::{ObjState, Object, ObjectTable, SsdReplica};
 use crate::offload::SsdTier;
 use crate::rebuild::RebuildGate;
-use parking_lot::Mutex;
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::writes::Writes;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use strata_common::auth::ProofHash;
@@ -38,12 +37,11 @@ pub struct Master {
     pub(crate) objects: ObjectTable,
     /// Store nodes, their segments, and what is handed out to them.
     pub(crate) cluster: Cluster,
-    next_put_id: AtomicU64,
     /// The rebuild of this term's metadata from its members (`rebuild/`).
     pub(crate) gate: RebuildGate,
     pub(crate) kv: Arc<dyn DurableKv>,
-    /// In-flight puts in deadline order (the timeout is constant, so FIFO).
-    pending_puts: Mutex<VecDeque<(Instant, String, u64)>>,
+    /// Puts in flight and their deadlines (`writes.rs`).
+    writes: Writes,
     pub(crate) evict_wakeup: tokio::sync::Notify,
     /// Puts waiting for DRAM (`--put-wait`).
     pub(crate) space: crate::backpressure::PutWaiters,
@@ -162,10 +160,9 @@ impl Master {
             keys,
             objects: ObjectTable::default(),
             cluster: Cluster::new(),
-            next_put_id: AtomicU64::new(1),
             gate,
             kv,
-            pending_puts: Mutex::new(VecDeque::new()),
+            writes: Writes::new(),
             evict_wakeup: tokio::sync::Notify::new(),
             space: Default::default(),
             metrics,
@@ -266,7 +263,7 @@ impl Master {
         spec: PutSpec,
         replicas: Vec<Replica>,
     ) -> Result<Vec<pb::Replica>> {
-        let put_id = self.next_put_id.fetch_add(1, Ordering::Relaxed);
+        let put_id = self.writes.next_id();
         let deadline = Instant::now() + self.cfg.put_timeout;
         let now = unix_ms();
         let expires = now + self.cfg.put_timeout.as_millis() as u64;
@@ -340,9 +337,7 @@ impl Master {
             }
         }
         self.metrics.keys.inc();
-        self.pending_puts
-            .lock()
-            .push_back((deadline, spec.key, put_id));
+        self.writes.track(deadline, spec.key, put_id);
         if self.over_high_watermark() {
             self.evict_wakeup.notify_one();
         }
@@ -965,15 +960,9 @@ impl Master {
     /// Reclaims puts whose deadline passed without PutEnd. Returns how many.
     pub fn reclaim_expired_puts(&self, now: Instant) -> usize {
         let mut n = 0;
-        loop {
-            let next = {
-                let mut q = self.pending_puts.lock();
-                match q.front() {
-                    Some((d, _, _)) if *d <= now => q.pop_front(),
-                    _ => None,
-                }
-            };
-            let Some((_, key, put_id)) = next else { break };
+        // The queue's lock is taken and released inside next_expired: never
+        // held with the shard's.
+        while let Some((key, put_id)) = self.writes.next_expired(now) {
             let obj = {
                 let mut shard = self.objects.shard(&key);
                 let ours = |o: &Object| matches!(o.state(), ObjState::Processing { put_id: p, .. } if p == put_id);
