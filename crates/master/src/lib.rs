@@ -2,19 +2,18 @@
 //! segment allocation, leases, eviction and store-node liveness.
 
 pub mod admin;
-pub mod backpressure;
 pub mod cluster;
 pub mod commit_sync;
 pub mod config;
 pub mod durable;
 pub mod election;
-pub mod eviction;
 pub mod grants;
 pub mod master;
 pub mod metrics;
 pub mod objects;
 pub mod offload;
 pub mod overwrite;
+pub mod pressure;
 mod quick_calls;
 pub mod rebuild;
 pub mod service;
@@ -336,7 +335,7 @@ async fn evictor(m: Arc<Master>, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = m.evict_wakeup.notified() => {}
+            _ = m.pressure.evictor_wanted() => {}
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
         let m2 = m.clone();

@@ -10,6 +10,7 @@ use crate::grants::TermKeys;
 use crate::metrics::MasterMetrics;
 use crate::objects::{ObjState, Object, ObjectTable, SsdReplica};
 use crate::offload::SsdTier;
+use crate::pressure::Pressure;
 use crate::rebuild::RebuildGate;
 use crate::writes::Writes;
 use std::sync::atomic::Ordering;
@@ -42,9 +43,9 @@ pub struct Master {
     pub(crate) kv: Arc<dyn DurableKv>,
     /// Puts in flight and their deadlines (`writes.rs`).
     writes: Writes,
-    pub(crate) evict_wakeup: tokio::sync::Notify,
-    /// Puts waiting for DRAM (`--put-wait`).
-    pub(crate) space: crate::backpressure::PutWaiters,
+    /// DRAM pressure: puts waiting for room, the evictor's wake-up
+    /// (`pressure/`).
+    pub(crate) pressure: Pressure,
     pub metrics: MasterMetrics,
     /// The SSD tier: owners, offload queue, admission, removals,
     /// promotions (`offload/`).
@@ -163,8 +164,7 @@ impl Master {
             gate,
             kv,
             writes: Writes::new(),
-            evict_wakeup: tokio::sync::Notify::new(),
-            space: Default::default(),
+            pressure: Default::default(),
             metrics,
             ssd,
             tombstones,
@@ -227,7 +227,7 @@ impl Master {
     // ---------------- put ----------------
 
     /// Starts a put without waiting for DRAM (in-process callers and unit
-    /// tests; the RPCs wait, see `crate::backpressure`).
+    /// tests; the RPCs wait, see `crate::pressure::backpressure`).
     pub fn put_start(&self, spec: PutSpec) -> Result<Vec<pb::Replica>> {
         self.check_put(&spec)?;
         let replicas = self.allocate(spec.size, spec.replica_num, spec.preferred_segment)?;
@@ -308,7 +308,7 @@ impl Master {
                 for r in replicas {
                     r.seg.free(r.offset, r.alloc_len);
                 }
-                self.space.notify();
+                self.pressure.space_freed();
                 return Err(e);
             }
             let mut obj = Object::processing(spec.size, replicas, put_id, deadline, now);
@@ -339,7 +339,7 @@ impl Master {
         self.metrics.keys.inc();
         self.writes.track(deadline, spec.key, put_id);
         if self.over_high_watermark() {
-            self.evict_wakeup.notify_one();
+            self.pressure.wake_evictor();
         }
         Ok(views)
     }
@@ -521,7 +521,7 @@ impl Master {
         self.metrics.keys.dec();
         self.forget_ssd(key, o.ssd());
         let (_, unsynced) = o.release_unsynced();
-        self.space.notify();
+        self.pressure.space_freed();
         Ok(unsynced)
     }
 
@@ -858,7 +858,7 @@ impl Master {
             self.tombstone(&[(key, &o)]);
             let mut unsynced = self.forget_ssd(key, o.ssd());
             unsynced.extend(o.release_unsynced().1);
-            self.space.notify();
+            self.pressure.space_freed();
             return Ok(unsynced);
         }
         Ok(Default::default())
@@ -912,7 +912,7 @@ impl Master {
                 o.release();
             }
         }
-        self.space.notify();
+        self.pressure.space_freed();
         (removed, skipped)
     }
 
@@ -982,7 +982,7 @@ impl Master {
             }
         }
         if n > 0 {
-            self.space.notify();
+            self.pressure.space_freed();
         }
         n
     }

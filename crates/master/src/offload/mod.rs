@@ -13,10 +13,10 @@ mod tests;
 
 use crate::config::{MasterConfig, SsdAdmission};
 use crate::durable::DurableKv;
-use crate::eviction::DropReason;
 use crate::master::Master;
 use crate::metrics::MasterMetrics;
 use crate::objects::SsdReplica;
+use crate::pressure::eviction::DropReason;
 use admission::AdmissionFilter;
 use owners::OwnerRegistry;
 use parking_lot::Mutex;
@@ -361,7 +361,7 @@ impl Master {
         }
         self.refresh_offload_gauges();
         // Copies landed (or failed for good): a waiting put looks again.
-        self.space.notify();
+        self.pressure.space_freed();
         Ok(())
     }
 

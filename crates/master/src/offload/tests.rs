@@ -214,7 +214,7 @@ async fn a_put_that_needs_room_queues_its_victims_first_and_drops_none() {
             })
         };
         assert!(
-            crate::tests::wait_for(|| m.space.waiting() == 1).await,
+            crate::tests::wait_for(|| m.pressure.waiting() == 1).await,
             "the put waits"
         );
         assert!(m.metrics.urgent_offloads.get() >= 1, "{policy:?}");
@@ -249,7 +249,7 @@ async fn a_put_whose_wait_runs_out_fails_retryably_and_leaks_nothing() {
     assert_eq!(e.code, strata_common::Code::NoSpace);
     assert!(e.retryable() && e.message.contains("--put-wait"), "{e}");
     assert_eq!(m.metrics.put_wait_timeouts.get(), 1);
-    assert_eq!(m.space.waiting(), 0);
+    assert_eq!(m.pressure.waiting(), 0);
     assert_eq!(m.metrics.put_waiters.get(), 0);
     assert_eq!(m.allocated_bytes(), allocated, "no allocation left behind");
     assert!(!m.exists("new").unwrap());
@@ -263,7 +263,7 @@ async fn a_put_whose_wait_runs_out_fails_retryably_and_leaks_nothing() {
             .await
             .is_err()
     );
-    assert_eq!(m.space.waiting(), 0);
+    assert_eq!(m.pressure.waiting(), 0);
     assert_eq!(m.allocated_bytes(), allocated);
 }
 
@@ -288,7 +288,7 @@ async fn waiting_puts_get_their_room_in_arrival_order() {
             order.lock().push(i);
         }));
         // Each joins the queue before the next arrives.
-        assert!(crate::tests::wait_for(|| m.space.waiting() == i + 1).await);
+        assert!(crate::tests::wait_for(|| m.pressure.waiting() == i + 1).await);
     }
     // Copies land one at a time (bounded: 16 victims, at most 2,000 rounds).
     for _ in 0..2000 {
@@ -614,12 +614,12 @@ async fn a_waiting_put_answers_at_shutdown() {
                 .await
         })
     };
-    assert!(crate::tests::wait_for(|| m.space.waiting() == 1).await);
+    assert!(crate::tests::wait_for(|| m.pressure.waiting() == 1).await);
     m.stop_waiting();
     let e = waiting.await.unwrap().unwrap_err();
     assert_eq!(e.code, strata_common::Code::Unavailable, "{e}");
     assert!(e.retryable());
-    assert_eq!(m.space.waiting(), 0);
+    assert_eq!(m.pressure.waiting(), 0);
     assert_eq!(m.allocated_bytes(), allocated);
 }
 

@@ -93,7 +93,7 @@ impl Master {
             .take_overwrite_if(key, |o| o.is_version(generation))?;
         self.metrics.keys.dec();
         let (_, unsynced) = o.release_unsynced();
-        self.space.notify();
+        self.pressure.space_freed();
         Some(unsynced)
     }
 
@@ -120,7 +120,7 @@ impl Master {
         }
         if until <= now {
             old.release();
-            self.space.notify();
+            self.pressure.space_freed();
         } else {
             let kept = self.retired.keep(until, old);
             self.metrics.retired_bytes.set(kept as i64);
@@ -138,7 +138,7 @@ impl Master {
             o.release();
         }
         if n > 0 {
-            self.space.notify();
+            self.pressure.space_freed();
         }
         n
     }

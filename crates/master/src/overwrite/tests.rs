@@ -318,7 +318,7 @@ async fn a_put_waits_for_a_replaced_version_its_reader_still_holds() {
         })
     };
     assert!(
-        crate::tests::wait_for(|| m.space.waiting() == 1).await,
+        crate::tests::wait_for(|| m.pressure.waiting() == 1).await,
         "the put waits for the replaced version"
     );
     assert!(!waiting.is_finished());

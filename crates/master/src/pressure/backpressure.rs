@@ -66,13 +66,13 @@ impl Master {
     /// Shutting down: waiting puts (and later ones) fail at once with a
     /// retryable `unavailable` instead of holding up the drain.
     pub fn stop_waiting(&self) {
-        self.space.closed.cancel();
+        self.pressure.waiters.closed.cancel();
     }
 
     /// Fires when the term ends (shutdown or step-down): every wait and
     /// long poll answers at once.
     pub(crate) fn closing(&self) -> &tokio_util::sync::CancellationToken {
-        &self.space.closed
+        &self.pressure.waiters.closed
     }
 
     /// Starts a put, waiting until `deadline` for DRAM that copies to SSD
@@ -104,7 +104,7 @@ impl Master {
     ) -> (Vec<Result<Vec<pb::Replica>>>, Vec<PutSpec>) {
         let mut done = Vec::with_capacity(specs.len());
         let mut specs = specs.into_iter();
-        while self.space.waiting() == 0 {
+        while self.pressure.waiting() == 0 {
             let Some(spec) = specs.next() else { break };
             let placed = self.check_put(&spec).and_then(|()| {
                 self.allocate_once(spec.size, spec.replica_num, spec.preferred_segment, false)
@@ -130,7 +130,7 @@ impl Master {
         // Nobody waits ahead of this put: try at once.
         let mut pending = 0;
         let will_wait = !self.cfg.put_wait.is_zero();
-        if self.space.waiting() == 0 {
+        if self.pressure.waiting() == 0 {
             match self.allocate_once(size, n, preferred, will_wait)? {
                 Placement::Placed(r) => return Ok(r),
                 Placement::Wait(p) => pending = p,
@@ -141,7 +141,7 @@ impl Master {
             return Err(self.no_space_waiting(size, pending));
         }
         let t0 = Instant::now();
-        let _waiting = self.space.enter(&self.metrics);
+        let _waiting = self.pressure.waiters.enter(&self.metrics);
         let closed = || {
             Err(strata_common::Error::unavailable(
                 "the master is shutting down; retry against its successor",
@@ -149,14 +149,14 @@ impl Master {
         };
         let placed: Result<Option<Vec<Replica>>> = async {
             let turn = tokio::select! {
-                t = tokio::time::timeout_at(deadline.into(), self.space.turn.lock()) => t,
-                _ = self.space.closed.cancelled() => return closed(),
+                t = tokio::time::timeout_at(deadline.into(), self.pressure.waiters.turn.lock()) => t,
+                _ = self.pressure.waiters.closed.cancelled() => return closed(),
             };
             let Ok(_turn) = turn else {
                 return Ok(None);
             };
             loop {
-                let notified = self.space.wake.notified();
+                let notified = self.pressure.waiters.wake.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
                 match self.allocate_once(size, n, preferred, true)? {
@@ -171,7 +171,7 @@ impl Master {
                 tokio::select! {
                     _ = notified => {}
                     _ = tokio::time::sleep_until(recheck.into()) => {}
-                    _ = self.space.closed.cancelled() => return closed(),
+                    _ = self.pressure.waiters.closed.cancelled() => return closed(),
                 }
             }
         }
