@@ -330,12 +330,12 @@ async fn a_loop_larger_than_the_tiers_makes_the_ssd_keep_what_it_holds() {
             SsdAdmission::Auto => {
                 assert_eq!(mode, 1.0, "switched to keeping");
                 assert!(refused > 100, "refused {refused}");
-                // The mechanism, not a rate: keeping serves a fixed share
-                // of each pass where admitting all serves nothing (below).
-                // An oracle pinning 100 of the 300 keys serves 100; 80 is
-                // measured on a quiet machine and one fewer under load, so
-                // how close it comes is `strata bench scan`'s to report.
-                assert!(served >= 50, "SSD served {served} of 300 (oracle 100)");
+                // The mechanism, not a rate at its edge: keeping serves a
+                // fixed share of each pass where admitting all serves
+                // nothing (below). An oracle pinning 100 of the 300 keys
+                // serves 100; 80 is measured on a quiet machine and 79
+                // under load, so the bound leaves room for load only.
+                assert!(served >= 70, "SSD served {served} of 300 (oracle 100)");
             }
             SsdAdmission::All => {
                 assert_eq!(mode, 0.0);

@@ -571,9 +571,12 @@ impl Master {
         }
         // Copies in flight (pinned, so not among the victims scanned) free
         // DRAM too once they land, and so do versions an overwrite replaced
-        // once their readers' leases end (housekeeping frees them).
+        // once their readers' leases end (housekeeping frees them): those
+        // due within --put-wait are worth waiting for.
         let (_, assigned) = self.ssd.queue_counts();
-        if pending > 0 || assigned > 0 || self.retired.bytes() > 0 {
+        let wait_ms = self.cfg.put_wait.as_millis() as u64;
+        let retiring = self.retired.bytes_due_by(unix_ms().saturating_add(wait_ms));
+        if pending > 0 || assigned > 0 || retiring > 0 {
             return Ok(Placement::Wait(pending));
         }
         Err(Error::new(

@@ -24,6 +24,17 @@ impl Retired {
         bytes(&self.versions.lock())
     }
 
+    /// The DRAM bytes of the versions due by `until_ms` (a put waiting
+    /// until then may get them).
+    pub fn bytes_due_by(&self, until_ms: u64) -> u64 {
+        let v = self.versions.lock();
+        v.iter()
+            .filter(|(until, _)| *until <= until_ms)
+            .flat_map(|(_, o)| o.replicas())
+            .map(|r| r.alloc_len)
+            .sum()
+    }
+
     /// Takes out the versions due at `now_ms`; returns them and the DRAM
     /// bytes still kept.
     pub fn take_due(&self, now_ms: u64) -> (Vec<Object>, u64) {
