@@ -123,9 +123,7 @@ impl Client {
     /// as the parts together (an object of another size is an error and
     /// leaves the parts untouched). Returns the object's size.
     pub async fn get_into_parts(&self, key: &str, parts: &mut [&mut [u8]]) -> Result<usize> {
-        let mut r = self.batch_get_into_parts(&mut [(key, parts)]).await?;
-        r.pop()
-            .unwrap_or_else(|| Err(Error::internal("a batch of one answered nothing")))
+        self.get_into_exact(key, parts).await
     }
 
     /// [`Client::batch_get_into`] where each object is scattered over parts,

@@ -163,6 +163,44 @@ class Native(Driver):
         self.s.remove_prefix(prefix, force=True)
 
 
+class Parts(Driver):
+    """The native API with each object made of ``n`` parts (views of one
+    registered buffer): the way the vLLM connector moves a block, one slice
+    per layer."""
+
+    name = "python parts"
+
+    def __init__(self, store: Any, n: int) -> None:
+        self.s = store
+        self.n = n
+
+    def views(self, b: np.ndarray) -> List[np.ndarray]:
+        step = max(1, b.nbytes // self.n)
+        cuts = list(range(0, b.nbytes, step))[: self.n] + [b.nbytes]
+        return [b[lo:hi] for lo, hi in zip(cuts, cuts[1:])]
+
+    def put(self, keys, bufs):
+        if len(keys) == 1:
+            self.s.put_parts(keys[0], self.views(bufs[0]))
+        else:
+            res = self.s.batch_put_from_parts(keys, [self.views(b) for b in bufs])
+            bad = [r for r in res if r is not None]
+            if bad:
+                raise bad[0]
+
+    def get(self, keys, bufs):
+        if len(keys) == 1:
+            self.s.get_into_parts(keys[0], self.views(bufs[0]))
+        else:
+            res = self.s.batch_get_into_parts(keys, [self.views(b) for b in bufs])
+            bad = [r for r in res if not isinstance(r, int)]
+            if bad:
+                raise bad[0]
+
+    def clear(self, prefix):
+        self.s.remove_prefix(prefix, force=True)
+
+
 class Mooncake(Driver):
     """The ``MooncakeDistributedStore`` API (the drop-in or the seed system)."""
 
@@ -362,6 +400,13 @@ def report(rows: List[Row], out: Any) -> None:
         p99 = r.pct(0.99)
         out.write(f"{r.system:<16} {r.op:<10} {fmt_size(r.size):>8} {r.threads:>3} {r.ops_per_s:>10.0f} "
                   f"{r.gbps:>7.3f} {r.pct(0.5):>8.3f} {p99:>8.3f}  {vr:>7}  {vs:>7}\n")
+    parts = [r for r in rows if r.system == "python parts"]
+    if parts:
+        out.write("objects of parts against the same objects in one buffer (python parts / python native):\n")
+    for r in parts:
+        one = by.get(("python native", r.op, r.size, r.threads))
+        if one and one.ops_per_s:
+            out.write(f"  {r.op:<10} {fmt_size(r.size):>8} {r.threads:>3} thr  {r.ops_per_s / one.ops_per_s:5.2f}x\n")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -376,6 +421,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--threads", default="1,4")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--bytes", default="512MiB", help="bytes moved per phase (at most 20000 objects)")
+    ap.add_argument("--parts", type=int, default=32,
+                    help="also move each object as this many parts (vLLM's one slice per layer); 0: skip")
     ap.add_argument("--no-rust", action="store_true", help="skip the Rust client's rows")
     ap.add_argument("--seed", action="store_true", help="also run the seed system (its wheel must be installed)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -394,6 +441,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         master = a.master or stack.enter_context(strata_cluster(bin_dir, a.node_capacity))
         store = stack.enter_context(strata.Store.connect(master, token_file=a.token_file))
         rows += bench_driver(Native(store), sizes, threads, a.batch, per_phase, progress)
+        if a.parts > 0:
+            rows += bench_driver(Parts(store, a.parts), sizes, threads, a.batch, per_phase, progress)
         if a.token_file:
             os.environ["STRATA_TOKEN_FILE"] = a.token_file
         mc = MooncakeDistributedStore()

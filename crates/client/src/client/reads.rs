@@ -73,6 +73,28 @@ impl Client {
         Ok(n)
     }
 
+    /// Reads `key` into `parts` in order, which must add up to the
+    /// object's size exactly (another size is refused before anything is
+    /// read): one lookup, as for [`Client::get_into`], not a batch's.
+    pub(crate) async fn get_into_exact(&self, key: &str, parts: &mut [&mut [u8]]) -> Result<usize> {
+        let have = parts::total_len(parts);
+        if let Some(info) = self.cached(key) {
+            if info.size as usize == have && self.read_cached(key, &info, parts).await {
+                return Ok(have);
+            }
+        }
+        let info = self.lookup(key).await?;
+        let n = info.size as usize;
+        if have != n {
+            return Err(Error::invalid(format!(
+                "object {key:?} holds {n} bytes but its parts hold {have}; the parts must add \
+                 up to the object's size"
+            )));
+        }
+        self.read_verified(key, info, parts).await?;
+        Ok(n)
+    }
+
     /// `key`'s replicas from the location cache, if a lease still covers
     /// them.
     fn cached(&self, key: &str) -> Option<Arc<pb::GetReplicasResponse>> {

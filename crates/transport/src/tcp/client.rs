@@ -245,6 +245,9 @@ async fn read_response(
             resp.length,
         ))));
     }
+    if bufs.len() > 1 {
+        return Ok(read_vectored_exact(s, bufs, with_crc).await?);
+    }
     // Checksum each piece as it lands, while the sender keeps filling the
     // socket: the check costs almost no extra time.
     let mut crc = 0;
@@ -258,6 +261,60 @@ async fn read_response(
     }
     Ok(crc)
 }
+
+/// Fills `bufs` in order from `s` with vectored reads (one syscall takes
+/// whatever arrived, across many small parts), checksumming what lands.
+async fn read_vectored_exact(
+    s: &mut TcpStream,
+    bufs: &mut [&mut [u8]],
+    with_crc: bool,
+) -> std::io::Result<u32> {
+    let mut crc = 0;
+    // The next byte to fill: part `i`, offset `off`.
+    let (mut i, mut off) = (0, 0);
+    loop {
+        while i < bufs.len() && off == bufs[i].len() {
+            i += 1;
+            off = 0;
+        }
+        if i == bufs.len() {
+            return Ok(crc);
+        }
+        s.readable().await?;
+        let got = {
+            let (head, rest) = bufs[i..].split_first_mut().expect("a part left");
+            let mut slices = Vec::with_capacity(rest.len().min(MAX_READ_SLICES) + 1);
+            slices.push(std::io::IoSliceMut::new(&mut head[off..]));
+            slices.extend(
+                rest.iter_mut()
+                    .take(MAX_READ_SLICES)
+                    .map(|b| std::io::IoSliceMut::new(b)),
+            );
+            s.try_read_vectored(&mut slices)
+        };
+        let mut n = match got {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        };
+        while n > 0 {
+            let take = n.min(bufs[i].len() - off);
+            if with_crc {
+                crc = crc32c::crc32c_append(crc, &bufs[i][off..off + take]);
+            }
+            off += take;
+            n -= take;
+            if off == bufs[i].len() {
+                i += 1;
+                off = 0;
+            }
+        }
+    }
+}
+
+/// Parts handed to one vectored read beyond the current one.
+const MAX_READ_SLICES: usize = 63;
 
 /// A lease from [`TcpTransport::stage_held`] and the connection it lives
 /// on: dropped unreturned, the connection closes and the node takes the
