@@ -119,13 +119,6 @@ impl Client {
         }
     }
 
-    /// Reads `key` into `parts` in order: the object must be exactly as long
-    /// as the parts together (an object of another size is an error and
-    /// leaves the parts untouched). Returns the object's size.
-    pub async fn get_into_parts(&self, key: &str, parts: &mut [&mut [u8]]) -> Result<usize> {
-        self.get_into_exact(key, parts).await
-    }
-
     /// [`Client::batch_get_into`] where each object is scattered over parts,
     /// read straight into them (each object exactly as long as its parts
     /// together).

@@ -73,10 +73,11 @@ impl Client {
         Ok(n)
     }
 
-    /// Reads `key` into `parts` in order, which must add up to the
-    /// object's size exactly (another size is refused before anything is
-    /// read): one lookup, as for [`Client::get_into`], not a batch's.
-    pub(crate) async fn get_into_exact(&self, key: &str, parts: &mut [&mut [u8]]) -> Result<usize> {
+    /// Reads `key` into `parts` in order: the object must be exactly as long
+    /// as the parts together (an object of another size is an error and
+    /// leaves the parts untouched). Returns the object's size. One lookup,
+    /// as for [`Client::get_into`].
+    pub async fn get_into_parts(&self, key: &str, parts: &mut [&mut [u8]]) -> Result<usize> {
         let have = parts::total_len(parts);
         if let Some(info) = self.cached(key) {
             if info.size as usize == have && self.read_cached(key, &info, parts).await {

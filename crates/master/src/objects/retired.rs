@@ -16,23 +16,23 @@ impl Retired {
     pub fn keep(&self, until_ms: u64, o: Object) -> u64 {
         let mut v = self.versions.lock();
         v.push((until_ms, o));
-        bytes(&v)
+        bytes(v.iter())
     }
 
     /// The DRAM bytes kept now.
     pub fn bytes(&self) -> u64 {
-        bytes(&self.versions.lock())
+        bytes(self.versions.lock().iter())
     }
 
     /// The DRAM bytes of the versions due by `until_ms` (a put waiting
     /// until then may get them).
     pub fn bytes_due_by(&self, until_ms: u64) -> u64 {
-        let v = self.versions.lock();
-        v.iter()
-            .filter(|(until, _)| *until <= until_ms)
-            .flat_map(|(_, o)| o.replicas())
-            .map(|r| r.alloc_len)
-            .sum()
+        bytes(
+            self.versions
+                .lock()
+                .iter()
+                .filter(|(until, _)| *until <= until_ms),
+        )
     }
 
     /// Takes out the versions due at `now_ms`; returns them and the DRAM
@@ -40,19 +40,16 @@ impl Retired {
     pub fn take_due(&self, now_ms: u64) -> (Vec<Object>, u64) {
         let mut v = self.versions.lock();
         if v.iter().all(|(until, _)| *until > now_ms) {
-            return (Vec::new(), bytes(&v));
+            return (Vec::new(), bytes(v.iter()));
         }
         let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *v)
             .into_iter()
             .partition(|(until, _)| *until <= now_ms);
         *v = kept;
-        (due.into_iter().map(|(_, o)| o).collect(), bytes(&v))
+        (due.into_iter().map(|(_, o)| o).collect(), bytes(v.iter()))
     }
 }
 
-fn bytes(v: &[(u64, Object)]) -> u64 {
-    v.iter()
-        .flat_map(|(_, o)| o.replicas())
-        .map(|r| r.alloc_len)
-        .sum()
+fn bytes<'a>(v: impl Iterator<Item = &'a (u64, Object)>) -> u64 {
+    v.flat_map(|(_, o)| o.replicas()).map(|r| r.alloc_len).sum()
 }

@@ -16,10 +16,28 @@ use tokio::io::AsyncWriteExt;
 /// case, no copy of the body into a frame buffer).
 pub(crate) async fn write_all_vectored<W: AsyncWriteExt + Unpin>(
     w: &mut W,
-    head: &[u8],
-    body: &[u8],
+    mut head: &[u8],
+    mut body: &[u8],
 ) -> io::Result<()> {
-    write_all_gather(w, head, &[body]).await
+    // No allocation: every response of the servers goes through here.
+    while !head.is_empty() || !body.is_empty() {
+        let n = if head.is_empty() {
+            w.write(body).await?
+        } else {
+            w.write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
+                .await?
+        };
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        if n >= head.len() {
+            body = &body[n - head.len()..];
+            head = &[];
+        } else {
+            head = &head[n..];
+        }
+    }
+    Ok(())
 }
 
 /// Slices handed to one vectored write (well under any IOV_MAX).
@@ -32,6 +50,9 @@ pub(crate) async fn write_all_gather<W: AsyncWriteExt + Unpin>(
     head: &[u8],
     body: &[&[u8]],
 ) -> io::Result<()> {
+    if let [one] = body {
+        return write_all_vectored(w, head, one).await;
+    }
     // What is left to write, in order; the first slice may be partly sent.
     let mut rest: Vec<&[u8]> = std::iter::once(head)
         .chain(body.iter().copied())
