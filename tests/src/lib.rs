@@ -3,7 +3,7 @@
 pub mod load;
 pub mod procs;
 
-pub use strata_client::{ClusterBuilder, LocalCluster};
+pub use strata_cli::{ClusterBuilder, LocalCluster};
 
 /// Master setting for tests that expect every put to reach the SSD tier:
 /// `--offload-policy eager` (the default, `on-evict`, offloads only what

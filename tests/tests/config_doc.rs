@@ -95,7 +95,7 @@ fn generate() -> String {
         let _ = writeln!(out, "\n## `{name}`\n");
         table(&cmd, &mut out);
     }
-    let cli = strata_client::cli::Cli::command();
+    let cli = strata_cli::Cli::command();
     out.push_str("\n## `strata` (CLI)\n\nGlobal options (before or after the subcommand):\n\n");
     table(&cli, &mut out);
     for sub in cli.get_subcommands() {

@@ -3,7 +3,8 @@
 //! master revoked (forced remove, replaced object) is never served.
 
 use std::time::{Duration, Instant};
-use strata_client::{Client, ClusterBuilder, Code, LocalCluster, PutOptions};
+use strata_client::{Client, Code, PutOptions};
+use strata_tests::{ClusterBuilder, LocalCluster};
 
 fn dram_lookups(c: &LocalCluster) -> u64 {
     c.master.metrics.lookups.with_label_values(&["dram"]).get()

@@ -8,10 +8,11 @@
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use strata_client::{ClusterBuilder, PutOptions};
+use strata_client::PutOptions;
 use strata_master::config::OffloadPolicy;
 use strata_tests::payload;
 use strata_tests::procs::{free_port, Proc};
+use strata_tests::ClusterBuilder;
 
 const EMPTY_OK: &str = "(Empty on a healthy cluster.)";
 

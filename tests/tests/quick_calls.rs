@@ -6,9 +6,10 @@
 //! that does not take quick heartbeats.
 
 use prost::Message;
-use strata_client::{Client, ClusterBuilder, Code, LocalCluster, PutOptions};
+use strata_client::{Client, Code, PutOptions};
 use strata_common::quick_wire::{self as wire, Op};
 use strata_proto as pb;
+use strata_tests::{ClusterBuilder, LocalCluster};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

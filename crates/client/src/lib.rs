@@ -1,5 +1,6 @@
-//! The Strata client library that inference engines embed, and the code
-//! behind the `strata` CLI.
+//! The Strata client library that inference engines (and the Python wheel)
+//! embed. The `strata` CLI, `strata up` and the benchmarks live in
+//! `strata-cli`, so this crate pulls in no server.
 //!
 //! ```no_run
 //! # async fn demo() -> strata_common::Result<()> {
@@ -10,12 +11,8 @@
 //! # Ok(()) }
 //! ```
 
-#[cfg(feature = "cli")]
-pub mod cli;
 mod client;
 mod engine_calls;
-#[cfg(feature = "cli")]
-pub mod local;
 mod locations;
 mod lookups;
 mod placement;
@@ -26,8 +23,6 @@ mod status;
 mod ucx;
 
 pub use client::{remote_range, Client, ClientConfig, PutOptions, Tier};
-#[cfg(feature = "cli")]
-pub use local::{ClusterBuilder, LocalCluster};
 pub use retry::Backoff;
 pub use strata_common::{Code, Error, Result};
 pub use strata_transport::TransportKind;

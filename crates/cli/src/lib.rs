@@ -3,8 +3,13 @@
 //! other failure.
 
 mod bench;
+pub mod local;
 mod objects;
 mod up;
+
+pub use local::{ClusterBuilder, LocalCluster};
+// The client library's names, as the commands spell them.
+use strata_client::{put_steps, Client, ClientConfig, Code, PutOptions, Tier, TransportKind};
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

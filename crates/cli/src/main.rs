@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    strata_client::cli::main()
+    strata_cli::main()
 }
