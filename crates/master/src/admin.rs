@@ -129,25 +129,6 @@ impl Master {
     }
 
     pub fn describe_nodes(&self) -> serde_json::Value {
-        let now = unix_ms();
-        let nodes = self.cluster.nodes.read();
-        let mut v: Vec<serde_json::Value> = nodes
-            .values()
-            .map(|n| {
-                let last = n
-                    .last_heartbeat_ms
-                    .load(std::sync::atomic::Ordering::Relaxed);
-                json!({
-                    "node": n.node_id,
-                    "data_addr": n.data_addr,
-                    "incarnation": n.incarnation,
-                    "segments": n.segment_ids,
-                    "last_heartbeat_ms_ago": now.saturating_sub(last),
-                    "object_log_backlog": n.log_backlog(),
-                })
-            })
-            .collect();
-        v.sort_by(|a, b| a["node"].as_str().cmp(&b["node"].as_str()));
-        json!({ "nodes": v })
+        self.cluster.describe_nodes()
     }
 }

@@ -186,6 +186,18 @@ impl MasterConfig {
         }
     }
 
+    /// How often members heartbeat (a quarter of `--node-ttl`, 20 ms to 2 s).
+    pub(crate) fn heartbeat_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_millis((self.node_ttl.as_millis() as u64 / 4).clamp(20, 2000))
+    }
+
+    /// Longest a PutEnd waits for its nodes: a node that does not answer
+    /// within two heartbeat intervals is failing anyway (its objects go
+    /// with it), and the put stays committed in this master.
+    pub(crate) fn sync_wait(&self) -> std::time::Duration {
+        (self.node_ttl / 2).min(std::time::Duration::from_secs(2))
+    }
+
     /// Checks the settings; says how calls are guarded (protected mode).
     pub fn validate(&self) -> Result<strata_common::auth::Protection> {
         strata_common::auth::check_advertise("--listen", self.listen, self.advertise.as_deref())?;

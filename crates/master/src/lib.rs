@@ -3,16 +3,15 @@
 
 pub mod admin;
 pub mod cluster;
-pub mod commit_sync;
 pub mod config;
 pub mod durable;
 pub mod election;
 pub mod grants;
 pub mod master;
 pub mod metrics;
+mod model;
 pub mod objects;
 pub mod offload;
-pub mod overwrite;
 pub mod pressure;
 mod quick_calls;
 pub mod rebuild;

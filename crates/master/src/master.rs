@@ -2,30 +2,29 @@
 //! tested directly and served by any front end.
 
 use crate::cluster::allocator::aligned_len;
+use crate::cluster::Cluster;
 use crate::cluster::Replica;
-use crate::cluster::{Cluster, NodeEntry, SegmentEntry};
 use crate::config::MasterConfig;
 use crate::durable::{DurableKv, FileKv, MemKv};
 use crate::grants::TermKeys;
 use crate::metrics::MasterMetrics;
-use crate::objects::{ObjState, Object, ObjectTable, SsdReplica};
+use crate::model::Model;
+pub use crate::objects::{validate_key, MAX_KEY_LEN, MAX_REPLICAS};
+use crate::objects::{Object, ObjectTable, SsdReplica};
 use crate::offload::SsdTier;
 use crate::pressure::Pressure;
 use crate::rebuild::RebuildGate;
-use crate::writes::Writes;
-use std::sync::atomic::Ordering;
+use crate::sync::Unsynced;
+pub use crate::writes::PutSpec;
+use crate::writes::{PutEnd, Writes};
 use std::sync::Arc;
 use std::time::Instant;
 use strata_common::auth::ProofHash;
-use strata_common::grant::{
-    node_member, ssd_segment_id, GrantScope, PERM_READ, PERM_SSD_READ, PERM_STAGE, PERM_WRITE,
-};
+use strata_common::grant::{ssd_segment_id, GrantScope, PERM_READ, PERM_SSD_READ, PERM_STAGE};
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 
-pub const MAX_KEY_LEN: usize = 4096;
-pub const MAX_REPLICAS: u32 = 16;
 /// Removal tombstones kept at most (the oldest are forgotten beyond it).
 const MAX_TOMBSTONES: usize = 4 << 20;
 /// Rounds of "evict, then try again" a PutStart makes before giving up.
@@ -61,53 +60,6 @@ pub(crate) enum Placement {
     Placed(Vec<Replica>),
     /// Nothing fits now; this many DRAM bytes free once copies to SSD land.
     Wait(u64),
-}
-
-/// What PutStart/PutEnd callers ask for.
-#[derive(Debug, Clone, Default)]
-pub struct PutSpec {
-    pub key: String,
-    pub size: u64,
-    pub replica_num: u32,
-    pub preferred_segment: Option<u64>,
-    pub soft_pin: bool,
-    pub hard_pin: bool,
-    /// The checksum the client declared at PutStart, if any.
-    pub crc32c: Option<u32>,
-    /// With the checksum: the client's writes carry records and PutEnd
-    /// brings the nodes' receipts (`PutStartRequest.receipts`).
-    pub receipts: bool,
-    /// Replace a committed key atomically (`overwrite.rs`).
-    pub overwrite: bool,
-}
-
-impl From<pb::PutStartRequest> for PutSpec {
-    fn from(r: pb::PutStartRequest) -> Self {
-        PutSpec {
-            key: r.key,
-            size: r.size,
-            replica_num: r.replica_num,
-            preferred_segment: r.preferred_segment,
-            soft_pin: r.soft_pin,
-            hard_pin: r.hard_pin,
-            crc32c: r.crc32c,
-            receipts: r.receipts,
-            overwrite: r.overwrite,
-        }
-    }
-}
-
-pub fn validate_key(key: &str) -> Result<()> {
-    if key.is_empty() {
-        return Err(Error::invalid("key must not be empty"));
-    }
-    if key.len() > MAX_KEY_LEN {
-        return Err(Error::invalid(format!(
-            "key of {} bytes is longer than the limit of {MAX_KEY_LEN}",
-            key.len()
-        )));
-    }
-    Ok(())
 }
 
 impl Master {
@@ -236,122 +188,22 @@ impl Master {
 
     pub(crate) fn check_put(&self, spec: &PutSpec) -> Result<()> {
         self.check_accepting_writes()?;
-        validate_key(&spec.key)?;
-        if spec.size == 0 {
-            return Err(Error::invalid("object size must be positive"));
-        }
-        if spec.replica_num == 0 || spec.replica_num > MAX_REPLICAS {
-            return Err(Error::invalid(format!(
-                "replica_num must be between 1 and {MAX_REPLICAS}, got {}",
-                spec.replica_num
-            )));
-        }
-        if spec.overwrite {
-            match self.overwrite_refusal(&self.objects.shard(&spec.key), &spec.key) {
-                Some(e) => Err(e),
-                None => Ok(()),
-            }
-        } else {
-            self.check_absent(&spec.key)
-        }
+        self.writes.check(self.model(), spec)
     }
 
-    /// Records a put whose space is allocated; frees it if the put lost a
-    /// race meanwhile.
+    /// Records a put whose space is allocated (`Writes::start`).
     pub(crate) fn start_put(
         &self,
         spec: PutSpec,
         replicas: Vec<Replica>,
     ) -> Result<Vec<pb::Replica>> {
-        let put_id = self.writes.next_id();
-        let deadline = Instant::now() + self.cfg.put_timeout;
-        let now = unix_ms();
-        let expires = now + self.cfg.put_timeout.as_millis() as u64;
-        // Nodes that record puts from their writes get the put's record
-        // (signed with their key) through the client instead of an
-        // announcement.
-        let views = replicas
-            .iter()
-            .map(|r| {
-                let mut v = r.view(spec.size, PERM_WRITE, expires, false);
-                let recorded = r.seg.node.records_from_write(spec.receipts);
-                if let Some(crc32c) = spec.crc32c.filter(|_| recorded) {
-                    let put = crate::commit_sync::put_record(&spec.key, r, spec.size, crc32c);
-                    v.record = r.seg.node.grant_key.sign_record(&put).to_vec();
-                }
-                v
-            })
-            .collect();
-        {
-            let mut shard = self.objects.shard(&spec.key);
-            // Lost a race with another PutStart of the same key, or with the
-            // loss of a node (checked under the shard lock, which the node
-            // reaper takes after unmounting, so no dead replica slips in).
-            let refused = if spec.overwrite {
-                self.overwrite_refusal(&shard, &spec.key)
-            } else if shard.contains_key(&spec.key) || shard.overwrite(&spec.key).is_some() {
-                Some(already_exists(&spec.key, false))
-            } else {
-                None
-            };
-            let refused = if refused.is_some() {
-                refused
-            } else if replicas.iter().any(|r| !r.seg.is_mounted()) {
-                Some(Error::unavailable(
-                    "a chosen store node just left the cluster; retry",
-                ))
-            } else {
-                None
-            };
-            if let Some(e) = refused {
-                drop(shard);
-                for r in replicas {
-                    r.seg.free(r.offset, r.alloc_len);
-                }
-                self.pressure.space_freed();
-                return Err(e);
-            }
-            let mut obj = Object::processing(spec.size, replicas, put_id, deadline, now);
-            obj.soft_pin = spec.soft_pin;
-            obj.hard_pin = spec.hard_pin;
-            if let Some(crc) = spec.crc32c {
-                // Under the shard lock, so no free of this put (revoke,
-                // reclaim) can reach a node's log before its announcement.
-                // Kept even when every node records the put from its write
-                // instead (no entry to wait for): a revoke then waits for
-                // its frees, or a node could report the put it recorded.
-                obj.set_announced(crate::commit_sync::announce(
-                    &spec.key,
-                    spec.size,
-                    crc,
-                    obj.replicas(),
-                    spec.receipts,
-                ));
-            }
-            // An overwrite of a committed key is written beside it; of an
-            // absent key (never there, or removed meanwhile) it is a put.
-            if spec.overwrite && shard.contains_key(&spec.key) {
-                shard.insert_overwrite(&spec.key, obj);
-            } else {
-                shard.insert(&spec.key, obj);
-            }
-        }
-        self.metrics.keys.inc();
-        self.writes.track(deadline, spec.key, put_id);
+        let views = self
+            .writes
+            .start(self.model(), &self.pressure, spec, replicas)?;
         if self.over_high_watermark() {
             self.pressure.wake_evictor();
         }
         Ok(views)
-    }
-
-    fn check_absent(&self, key: &str) -> Result<()> {
-        let shard = self.objects.shard(key);
-        match shard.get(key) {
-            Some(o) => Err(already_exists(key, o.is_complete())),
-            // Removed while an overwrite of it is being written.
-            None if shard.overwrite(key).is_some() => Err(already_exists(key, false)),
-            None => Ok(()),
-        }
     }
 
     pub fn put_end(&self, key: &str, crc32c: u32) -> Result<()> {
@@ -359,14 +211,14 @@ impl Master {
     }
 
     /// Commits a put; the commit reaches its nodes' records with their next
-    /// heartbeat (`commit_sync.rs` waits for that), except on nodes whose
+    /// heartbeat (`crate::sync` waits for that), except on nodes whose
     /// receipt shows they recorded the put already.
     pub(crate) fn put_end_unsynced(
         &self,
         key: &str,
         crc32c: u32,
         receipts: &[pb::PutReceipt],
-    ) -> Result<crate::sync::Unsynced> {
+    ) -> Result<Unsynced> {
         self.put_end_of(key, crc32c, receipts, None)
     }
 
@@ -378,97 +230,20 @@ impl Master {
         crc32c: u32,
         receipts: &[pb::PutReceipt],
         generation: Option<u64>,
-    ) -> Result<crate::sync::Unsynced> {
-        if receipts.len() > MAX_REPLICAS as usize {
-            return Err(Error::invalid(format!(
-                "{} receipts for one put; a put has at most {MAX_REPLICAS} replicas",
-                receipts.len()
-            )));
-        }
-        let (unsynced, admit) = match generation {
-            Some(g) => self.commit_version(key, crc32c, receipts, g)?,
-            None => self.commit(key, crc32c, receipts)?,
+    ) -> Result<Unsynced> {
+        let end = PutEnd {
+            key,
+            crc32c,
+            receipts,
+            generation,
         };
+        let (unsynced, admit) = self
+            .writes
+            .commit(self.model(), &self.ssd, &self.pressure, end)?;
         if let Some(size) = admit {
             self.admit_on_put_end(key, size);
         }
         Ok(unsynced)
-    }
-
-    /// Commits `key`: what its nodes must apply, and the size to offer the
-    /// offload policy (`None` when the object is not DRAM-only).
-    fn commit(
-        &self,
-        key: &str,
-        crc32c: u32,
-        receipts: &[pb::PutReceipt],
-    ) -> Result<(crate::sync::Unsynced, Option<u64>)> {
-        validate_key(key)?;
-        let mut shard = self.objects.shard(key);
-        let obj = shard.get_mut(key).ok_or_else(|| no_put_in_progress(key))?;
-        self.commit_object(key, obj, crc32c, receipts)
-    }
-
-    /// Commits `obj`, the object of `key` (or the new version an overwrite
-    /// is about to swap in), under its shard's lock.
-    pub(crate) fn commit_object(
-        &self,
-        key: &str,
-        obj: &mut Object,
-        crc32c: u32,
-        receipts: &[pb::PutReceipt],
-    ) -> Result<(crate::sync::Unsynced, Option<u64>)> {
-        // These very bytes committed already: a put a restarted master
-        // adopted from its nodes (announced, bytes whole) before its PutEnd
-        // came. Answered once its nodes have its commit in their records:
-        // logged again below (a node keeps one record per range), woken,
-        // and waited for.
-        let already = obj.is_complete();
-        if already && obj.crc32c != crc32c {
-            return Err(Error::new(
-                Code::AlreadyExists,
-                format!("key {key:?} is already committed (with another checksum)"),
-            ));
-        }
-        // A node that holds the announcement of these very bytes reports
-        // them to a rebuilding master on its own: that entry is what this
-        // PutEnd waits for (usually applied while the bytes were written).
-        let announced: Vec<(u64, u64)> = match obj.take_announced() {
-            Some(a) if a.crc32c == crc32c => a.seqs,
-            _ => Vec::new(),
-        };
-        if !already {
-            obj.crc32c = crc32c;
-            obj.complete();
-            obj.last_access_ms = unix_ms();
-        }
-        let mut unsynced = crate::sync::Unsynced::default();
-        for r in obj.replicas() {
-            let pending = announced
-                .iter()
-                .find(|(seg, _)| *seg == r.seg.id)
-                .map(|&(_, pending)| pending);
-            let receipted = self.receipted(key, r, obj.size, crc32c, receipts);
-            // Nobody waits for the commit of an announced or recorded put:
-            // it reaches the node with its next entry (or heartbeat).
-            let seq = r.seg.node.log_object(
-                pb::object_log_entry::Op::Commit,
-                pending.is_none() && !receipted,
-                key,
-                r.seg.id,
-                r.offset,
-                obj.size,
-                crc32c,
-                r.generation,
-            );
-            if !receipted {
-                unsynced.push(r.seg.node.acks.clone(), pending.unwrap_or(seq));
-            }
-        }
-        // A first PutEnd always offers it; an adopted object (the rebuild
-        // queues no offload) only while it is in DRAM alone.
-        let dram_only = !obj.replicas().is_empty() && obj.ssd().is_empty();
-        Ok((unsynced, (!already || dram_only).then_some(obj.size)))
     }
 
     pub fn put_revoke(&self, key: &str) -> Result<()> {
@@ -476,53 +251,45 @@ impl Master {
     }
 
     /// Revokes a put; an announced one's frees must reach its nodes before
-    /// the revoke is answered (`commit_sync.rs`), or a rebuilding master
-    /// could adopt the revoked bytes from a node that wrote them whole.
-    pub(crate) fn put_revoke_unsynced(&self, key: &str) -> Result<crate::sync::Unsynced> {
+    /// the revoke is answered (`Writes::revoke`).
+    pub(crate) fn put_revoke_unsynced(&self, key: &str) -> Result<Unsynced> {
         self.put_revoke_of(key, None)
     }
 
     /// `put_revoke_unsynced` of the put whose first replica has
     /// `generation` (an overwrite's revoke names its version so).
-    pub(crate) fn put_revoke_of(
-        &self,
-        key: &str,
-        generation: Option<u64>,
-    ) -> Result<crate::sync::Unsynced> {
-        validate_key(key)?;
-        if let Some(g) = generation {
-            if let Some(u) = self.revoke_overwrite(key, g) {
-                return Ok(u);
-            }
-        }
-        let obj = {
-            let mut shard = self.objects.shard(key);
-            match shard.get(key) {
-                None => {
-                    return Err(Error::not_found(format!(
-                        "no put in progress for key {key:?}"
-                    )))
-                }
-                Some(o) if o.is_complete() => {
-                    return Err(Error::invalid(format!(
-                        "key {key:?} is already committed; use remove instead of revoke"
-                    )))
-                }
-                // Another writer's put of the key: not this revoke's.
-                Some(o) if generation.is_some_and(|g| !o.is_version(g)) => {
-                    return Err(no_put_in_progress(key))
-                }
-                Some(_) => shard.remove(key),
-            }
-        };
-        let Some(o) = obj else {
-            return Ok(Default::default());
-        };
-        self.metrics.keys.dec();
-        self.forget_ssd(key, o.ssd());
-        let (_, unsynced) = o.release_unsynced();
-        self.pressure.space_freed();
-        Ok(unsynced)
+    pub(crate) fn put_revoke_of(&self, key: &str, generation: Option<u64>) -> Result<Unsynced> {
+        self.writes
+            .revoke(self.model(), &self.ssd, &self.pressure, key, generation)
+    }
+
+    /// Frees the versions an overwrite replaced whose readers are done
+    /// (housekeeping). Returns how many.
+    pub fn free_retired(&self, now_ms: u64) -> usize {
+        self.writes
+            .free_retired(self.model(), &self.pressure, now_ms)
+    }
+
+    /// Waits until every node acknowledged its commits. A node that does
+    /// not within the bound, or a term that ends meanwhile, makes the
+    /// answer a retryable error rather than an acknowledgement the next
+    /// master might not honour: the client's retry finds the key (if a node
+    /// has it) and checks it holds its bytes.
+    pub(crate) async fn await_synced(&self, u: Unsynced, what: &str) -> Result<()> {
+        let deadline = Instant::now() + self.cfg.sync_wait();
+        u.wait(
+            deadline,
+            self.closing(),
+            &self.metrics.unsynced_commits,
+            what,
+        )
+        .await
+    }
+
+    /// `r`'s answer once its members applied what it logged (`await_synced`).
+    pub(crate) async fn when_synced<T>(&self, r: Result<(T, Unsynced)>, what: &str) -> Result<T> {
+        let (answer, u) = r?;
+        self.await_synced(u, what).await.map(|()| answer)
     }
 
     /// Places `n` replicas on distinct segments (at least one), evicting when
@@ -592,14 +359,7 @@ impl Master {
 
     /// Refuses what no eviction can make room for.
     fn check_fits(&self, size: u64, len: u64) -> Result<()> {
-        let largest = self
-            .cluster
-            .segments
-            .read()
-            .values()
-            .filter(|s| s.is_mounted())
-            .map(|s| s.capacity)
-            .max();
+        let largest = self.cluster.largest_capacity();
         match largest {
             // A young master's nodes may still be registering: retry.
             None if self.rebuilding() => Err(Error::new(
@@ -825,7 +585,7 @@ impl Master {
     /// heartbeat, and the caller waits for that as a PutEnd does (a master
     /// that dies right after must not leave the removed object in the
     /// records its successor rebuilds from).
-    pub(crate) fn remove_unsynced(&self, key: &str, force: bool) -> Result<crate::sync::Unsynced> {
+    pub(crate) fn remove_unsynced(&self, key: &str, force: bool) -> Result<Unsynced> {
         validate_key(key)?;
         let now = unix_ms();
         let obj = {
@@ -858,29 +618,13 @@ impl Master {
         };
         if let Some(o) = obj {
             self.metrics.keys.dec();
-            self.tombstone(&[(key, &o)]);
-            let mut unsynced = self.forget_ssd(key, o.ssd());
+            self.model().tombstone(&[(key, &o)]);
+            let mut unsynced = self.ssd.forget(key, o.ssd());
             unsynced.extend(o.release_unsynced().1);
             self.pressure.space_freed();
             return Ok(unsynced);
         }
         Ok(Default::default())
-    }
-
-    /// Records durable tombstones for removed objects that may have SSD
-    /// copies somewhere (`tombstones.rs`).
-    pub(crate) fn tombstone(&self, removed: &[(&str, &Object)]) {
-        let t: Vec<(String, u64, u32)> = removed
-            .iter()
-            .filter(|(_, o)| o.is_complete() && (o.offloaded || !o.ssd().is_empty()))
-            .map(|(k, o)| (k.to_string(), o.size, o.crc32c))
-            .collect();
-        if let Err(e) = self.tombstones.record(&t) {
-            // The removal stands; a copy on an unreachable owner may come
-            // back at a restart. Loud, because it needs the disk fixed.
-            tracing::error!(error = %e, keys = t.len(), "cannot persist removal tombstones");
-            self.metrics.tombstone_failures.inc();
-        }
     }
 
     /// Removes every committed object; leased ones are skipped unless `force`.
@@ -909,9 +653,9 @@ impl Master {
             removed += victims.len() as u64;
             self.metrics.keys.sub(victims.len() as i64);
             let refs: Vec<(&str, &Object)> = victims.iter().map(|(k, o)| (k.as_str(), o)).collect();
-            self.tombstone(&refs);
+            self.model().tombstone(&refs);
             for (k, o) in victims {
-                self.forget_ssd(&k, o.ssd());
+                self.ssd.forget(&k, o.ssd());
                 o.release();
             }
         }
@@ -962,36 +706,12 @@ impl Master {
 
     /// Reclaims puts whose deadline passed without PutEnd. Returns how many.
     pub fn reclaim_expired_puts(&self, now: Instant) -> usize {
-        let mut n = 0;
-        // The queue's lock is taken and released inside next_expired: never
-        // held with the shard's.
-        while let Some((key, put_id)) = self.writes.next_expired(now) {
-            let obj = {
-                let mut shard = self.objects.shard(&key);
-                let ours = |o: &Object| matches!(o.state(), ObjState::Processing { put_id: p, .. } if p == put_id);
-                if shard.get(&key).is_some_and(ours) {
-                    shard.remove(&key)
-                } else {
-                    // An overwrite's new version (the committed one stays).
-                    shard.take_overwrite_if(&key, ours)
-                }
-            };
-            if let Some(o) = obj {
-                tracing::info!(key, "reclaimed a put that was never ended");
-                self.metrics.keys.dec();
-                self.metrics.reclaimed_puts.inc();
-                o.release();
-                n += 1;
-            }
-        }
-        if n > 0 {
-            self.pressure.space_freed();
-        }
-        n
+        self.writes
+            .reclaim_expired(self.model(), &self.pressure, now)
     }
 
     pub fn stat(&self) -> pb::StatResponse {
-        let segs: Vec<Arc<SegmentEntry>> = self.cluster.segments.read().values().cloned().collect();
+        let segs = self.cluster.segments();
         let mut info: Vec<pb::SegmentInfo> = segs
             .iter()
             .map(|s| pb::SegmentInfo {
@@ -1009,7 +729,7 @@ impl Master {
             keys: self.objects.len() as u64,
             capacity_bytes: info.iter().map(|s| s.capacity_bytes).sum(),
             allocated_bytes: info.iter().map(|s| s.allocated_bytes).sum(),
-            nodes: self.cluster.nodes.read().len() as u32,
+            nodes: self.cluster.node_count() as u32,
             segments: info.len() as u32,
             evictions: self.metrics.evictions.get(),
             segment_info: info,
@@ -1039,14 +759,14 @@ impl Master {
         let m = &self.metrics;
         m.capacity_bytes.set(self.capacity_bytes() as i64);
         m.allocated_bytes.set(self.allocated_bytes() as i64);
-        m.nodes.set(self.cluster.nodes.read().len() as i64);
+        m.nodes.set(self.cluster.node_count() as i64);
         let owners = self.ssd.owners().snapshot();
         let live = owners.iter().filter(|(_, live)| *live).count();
         m.ssd_owners.with_label_values(&["live"]).set(live as i64);
         m.ssd_owners
             .with_label_values(&["gone"])
             .set((owners.len() - live) as i64);
-        m.segments.set(self.cluster.segments.read().len() as i64);
+        m.segments.set(self.cluster.segment_count() as i64);
         m.keys.set(self.objects.len() as i64);
         m.tombstones.set(self.tombstones.len() as i64);
     }
@@ -1054,92 +774,16 @@ impl Master {
     // ---------------- nodes ----------------
 
     pub fn register_node(&self, req: pb::RegisterNodeRequest) -> Result<pb::RegisterNodeResponse> {
-        if req.node_id.is_empty() || req.node_id.len() > 256 {
-            return Err(Error::invalid("node_id must be 1 to 256 bytes"));
-        }
-        if req.data_addr.parse::<std::net::SocketAddr>().is_err() {
-            return Err(Error::invalid(format!(
-                "data_addr {:?} is not HOST:PORT with a numeric host",
-                req.data_addr
-            )));
-        }
-        if req.segments.is_empty()
-            || req
-                .segments
-                .iter()
-                .any(|s| s.size < crate::cluster::allocator::ALIGN)
-        {
-            return Err(Error::invalid(
-                "a node must register at least one segment of at least 64 bytes",
-            ));
-        }
-        let proof = ProofHash::of(&req.instance_proof)?;
-        let worker: Arc<[u8]> = req.ucx_worker.as_slice().into();
-        let process = crate::cluster::ucx_routes::node_process(&worker, req.ucx_process.as_ref())?;
-        let routes = req
-            .segments
-            .iter()
-            .map(|s| crate::cluster::ucx_routes::UcxRoute::of(&worker, process.as_ref(), s))
-            .collect::<Result<Vec<_>>>()?;
-        // A node that registers again (restart, lost registration) starts
-        // clean: whatever the master knew of its old incarnation goes.
-        // (`check_node_takeover` refused first if another live process
-        // holds the id.)
-        if self.cluster.nodes.read().contains_key(&req.node_id) {
-            self.drop_node(&req.node_id, "re-registered");
-        }
-        let incarnation = self
-            .cluster
-            .next_incarnation
-            .fetch_add(1, Ordering::Relaxed);
-        let ids: Vec<u64> = req
-            .segments
-            .iter()
-            .map(|_| self.cluster.next_segment_id.fetch_add(1, Ordering::Relaxed))
-            .collect();
-        let grant_key = self.keys.member_key(&node_member(&req.node_id), &proof);
-        let node = Arc::new(
-            NodeEntry::new(
-                crate::cluster::NodeIdentity {
-                    node_id: req.node_id.clone(),
-                    data_addr: req.data_addr.clone(),
-                    instance: req.instance.clone(),
-                    proof,
-                    grant_key: grant_key.clone(),
-                },
-                incarnation,
-                ids.clone(),
-                unix_ms(),
-            )
-            .with_pending_records(req.records_pending)
-            .with_receipts(req.records_pending && req.records_receipts),
-        );
-        {
-            let mut segs = self.cluster.segments.write();
-            for ((id, spec), route) in ids.iter().zip(&req.segments).zip(routes) {
-                segs.insert(
-                    *id,
-                    Arc::new(SegmentEntry::new(*id, node.clone(), spec.size).with_ucx(route)),
-                );
-            }
-        }
-        self.cluster.nodes.write().insert(req.node_id.clone(), node);
+        let r = self.cluster.register(self.model(), &self.keys, &req)?;
         if req.held_objects == 0 || !self.rebuilding() {
             // Nothing to report: this node is accounted for.
             self.gate
                 .reported(crate::rebuild::members::Member::Node(req.node_id.clone()));
         }
-        tracing::info!(
-            node = req.node_id,
-            addr = req.data_addr,
-            segments = ids.len(),
-            ucx = !worker.is_empty(),
-            "store node registered"
-        );
         Ok(pb::RegisterNodeResponse {
-            segment_ids: ids,
-            grant_key: grant_key.as_bytes().to_vec(),
-            incarnation,
+            segment_ids: r.segment_ids,
+            grant_key: r.grant_key.as_bytes().to_vec(),
+            incarnation: r.incarnation,
             heartbeat_interval_ms: self.heartbeat_interval().as_millis() as u64,
             report_objects: self.rebuilding(),
             term: self.keys.term(),
@@ -1158,42 +802,21 @@ impl Master {
     }
 
     pub fn heartbeat(&self, req: &pb::HeartbeatRequest) -> Result<pb::HeartbeatResponse> {
-        let node = self.cluster.nodes.read().get(&req.node_id).cloned();
-        match node {
-            Some(n) if !n.proof.matches(&req.instance_proof) => Err(Error::new(
-                Code::PermissionDenied,
-                format!(
-                    "heartbeat for node {:?} does not come from the process that registered it",
-                    req.node_id
-                ),
-            )),
-            Some(n) if n.incarnation == req.incarnation && req.leaving => {
-                // This registration only: a takeover that re-registered the
-                // id meanwhile stays.
-                self.drop_node_of(&req.node_id, Some(req.incarnation), "left the cluster");
-                self.cluster.left_nodes.lock().push(req.node_id.clone());
-                Ok(pb::HeartbeatResponse {
-                    known: false,
-                    log: vec![],
-                    term: self.keys.term(),
-                })
-            }
-            Some(n) if n.incarnation == req.incarnation => {
-                let log = n.log_page(req.applied_seq)?;
-                n.ack(req.applied_seq);
-                n.last_heartbeat_ms.store(unix_ms(), Ordering::Relaxed);
-                Ok(pb::HeartbeatResponse {
-                    known: true,
-                    log,
-                    term: self.keys.term(),
-                })
-            }
-            _ => Ok(pb::HeartbeatResponse {
-                known: false,
-                log: vec![],
-                term: self.keys.term(),
-            }),
-        }
+        self.cluster.heartbeat(self.model(), self.keys.term(), req)
+    }
+
+    /// A node heartbeat that waits for new log entries (`Cluster::heartbeat_wait`).
+    pub async fn heartbeat_wait(
+        &self,
+        req: &pb::HeartbeatRequest,
+    ) -> Result<pb::HeartbeatResponse> {
+        self.cluster
+            .heartbeat_wait(self.model(), self.keys.term(), self.closing(), req)
+            .await
+    }
+
+    pub(crate) fn heartbeat_interval(&self) -> std::time::Duration {
+        self.cfg.heartbeat_interval()
     }
 
     pub async fn register_owner(
@@ -1203,10 +826,7 @@ impl Master {
         let (owner_id, epoch) = self
             .ssd
             .owners()
-            .register(
-                &req,
-                |addr| async move { self.cluster.pinger.ping(&addr).await },
-            )
+            .register(&req, |addr| async move { self.cluster.ping(&addr).await })
             .await?;
         // Before the owner hears back: a later master waits for its inventory.
         self.remember(crate::rebuild::members::Member::Owner(owner_id))
@@ -1258,76 +878,23 @@ impl Master {
     /// Forgets a node: its segments are unmounted and every replica on them
     /// is dropped; objects left without replicas disappear.
     pub fn drop_node(&self, node_id: &str, why: &str) {
-        self.drop_node_of(node_id, None, why)
-    }
-
-    /// `drop_node`, of the registration with `incarnation` only when given.
-    pub(crate) fn drop_node_of(&self, node_id: &str, incarnation: Option<u64>, why: &str) {
-        if self.cluster.remove_node(node_id, incarnation).is_none() {
-            return;
-        }
-        let (mut lost, mut gone) = (0u64, 0i64);
-        for shard in self.objects.shards() {
-            let mut s = shard.lock();
-            s.retain(|_, o| {
-                lost += o.retain_replicas(|r| r.seg.is_mounted()) as u64;
-                if o.replicas().is_empty() && o.ssd().is_empty() {
-                    gone += 1;
-                    false
-                } else {
-                    true
-                }
-            });
-            // Overwrites being written there (their PutEnd finds none).
-            let dropped = s.retain_overwrites(|_, o| {
-                lost += o.retain_replicas(|r| r.seg.is_mounted()) as u64;
-                !o.replicas().is_empty()
-            });
-            gone += dropped.len() as i64;
-        }
-        self.metrics.lost_replicas.inc_by(lost);
-        self.metrics.keys.sub(gone);
-        tracing::warn!(
-            node = node_id,
-            why,
-            lost_replicas = lost,
-            lost_objects = gone,
-            "store node dropped"
-        );
+        self.cluster.drop_node(self.model(), node_id, None, why)
     }
 
     /// Drops nodes whose last heartbeat is older than `--node-ttl`; returns
     /// them and the nodes that left since the last call (both to forget).
     pub fn expire_nodes(&self, now_ms: u64) -> Vec<String> {
-        let ttl = self.cfg.node_ttl.as_millis() as u64;
-        let dead = self.cluster.silent(ttl, now_ms);
-        for (id, incarnation) in &dead {
-            // That registration only: one that took the id over meanwhile
-            // is alive.
-            self.drop_node_of(id, Some(*incarnation), "missed --node-ttl");
-        }
-        let mut gone = self.cluster.take_left();
-        gone.extend(dead.into_iter().map(|(id, _)| id));
-        gone
+        self.cluster.expire(self.model(), now_ms)
     }
-}
 
-pub(crate) fn no_put_in_progress(key: &str) -> Error {
-    Error::not_found(format!(
-        "no put in progress for key {key:?} (it may have timed out after --put-timeout)"
-    ))
-}
-
-fn already_exists(key: &str, complete: bool) -> Error {
-    if complete {
-        Error::new(
-            Code::AlreadyExists,
-            format!("key {key:?} already exists; remove it first"),
-        )
-    } else {
-        Error::new(
-            Code::AlreadyExists,
-            format!("key {key:?} is already being written by another put"),
-        )
+    /// The shared model, lent to an owner for one call.
+    pub(crate) fn model(&self) -> Model<'_> {
+        Model {
+            cfg: &self.cfg,
+            objects: &self.objects,
+            tombstones: &self.tombstones,
+            retired: &self.retired,
+            metrics: &self.metrics,
+        }
     }
 }

@@ -21,7 +21,7 @@ pub const MAX_REQUEST: usize = strata_common::grpc::MAX_MESSAGE;
 /// Single-key calls and small member calls.
 const SMALL_REQUEST: usize = 64 << 10;
 /// A batch of MAX_BATCH keys of MAX_KEY_LEN bytes, with framing.
-const BATCH_REQUEST: usize = MAX_BATCH * (crate::master::MAX_KEY_LEN + 64);
+const BATCH_REQUEST: usize = MAX_BATCH * (crate::objects::MAX_KEY_LEN + 64);
 
 /// What each method needs and may send. Client calls are the default. A
 /// forced remove additionally needs the admin role, checked once its message

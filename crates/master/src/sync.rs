@@ -1,7 +1,23 @@
-//! The commit-sync protocol's bookkeeping, apart from the master: how far
-//! each member (a store node's object log, an SSD owner's drops) confirmed
-//! what it was sent, and the changes an answer waits for (`Unsynced`). Why
-//! answers wait at all: `commit_sync.rs`.
+//! A put is acknowledged once its commit is in the records of the store
+//! nodes holding it, not only in the master's memory: a master that dies
+//! (or is deposed) right after a PutEnd must not take an acknowledged object
+//! with it, since a new master rebuilds from what the nodes report
+//! (`rebuild.rs`). Nodes long-poll their heartbeats, so a commit reaches
+//! them at once and their next heartbeat acknowledges it: about one extra
+//! round trip per PutEnd (or per batch). A removal waits the same way for
+//! its frees, and for SSD owners to drop their copies (`offload/removal.rs`),
+//! so that no restart or failover brings a removed object back.
+//!
+//! A client that knows its object's checksum before writing declares it at
+//! PutStart: the master announces the put to its nodes then (`announce`),
+//! and they report it to a rebuilding master only if the bytes they hold
+//! match. The round trip to the nodes then overlaps the write, and PutEnd
+//! waits only for the announcement, which has usually been applied by then.
+//!
+//! This module keeps the protocol's bookkeeping: how far each member (a
+//! store node's object log, an SSD owner's drops) confirmed what it was
+//! sent, and the changes an answer waits for (`Unsynced`); `Master`'s
+//! `await_synced` waits for them, `writes/records.rs` makes the records.
 
 use prometheus::IntCounter;
 use std::sync::atomic::{AtomicU64, Ordering};

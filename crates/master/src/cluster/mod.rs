@@ -5,6 +5,7 @@
 
 pub mod allocator;
 mod node;
+mod registration;
 pub mod ucx_routes;
 
 pub use node::{NodeEntry, NodeIdentity, Replica, SegmentEntry};
@@ -23,21 +24,21 @@ use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
 /// The store nodes of one term, their segments, and the ids and
 /// generations the master hands out to them.
 pub struct Cluster {
-    pub(crate) segments: RwLock<HashMap<u64, Arc<SegmentEntry>>>,
-    pub(crate) nodes: RwLock<HashMap<String, Arc<NodeEntry>>>,
-    pub(crate) next_segment_id: AtomicU64,
-    pub(crate) next_incarnation: AtomicU64,
+    segments: RwLock<HashMap<u64, Arc<SegmentEntry>>>,
+    nodes: RwLock<HashMap<String, Arc<NodeEntry>>>,
+    next_segment_id: AtomicU64,
+    next_incarnation: AtomicU64,
     /// Generation of the next allocation; grants carry it so a freed range's
     /// old grants die (`strata_transport::fence`). Seeded from the clock so
     /// it keeps increasing across restarts (65,536 allocations per
     /// millisecond of uptime would be needed to catch up with it).
-    pub(crate) next_generation: AtomicU64,
+    next_generation: AtomicU64,
     /// Nodes that left (HeartbeatRequest.leaving) since the last
     /// housekeeping: forgotten durably with the expired ones, so a later
     /// master does not wait for them.
-    pub(crate) left_nodes: Mutex<Vec<String>>,
+    left_nodes: Mutex<Vec<String>>,
     /// Pings data-plane addresses (is an SSD owner's holder still alive?).
-    pub(crate) pinger: TcpTransport,
+    pinger: TcpTransport,
 }
 
 impl Cluster {
@@ -169,11 +170,7 @@ impl Cluster {
     /// Removes node `node_id` (the registration with `incarnation` only,
     /// when given) and unmounts its segments; the caller drops the replicas
     /// they held. Locks: nodes, then segments, never together.
-    pub(crate) fn remove_node(
-        &self,
-        node_id: &str,
-        incarnation: Option<u64>,
-    ) -> Option<Arc<NodeEntry>> {
+    fn remove_node(&self, node_id: &str, incarnation: Option<u64>) -> Option<Arc<NodeEntry>> {
         let node = {
             let mut nodes = self.nodes.write();
             match nodes.get(node_id) {
@@ -194,7 +191,7 @@ impl Cluster {
 
     /// Registrations (id, incarnation) whose last heartbeat is more than
     /// `ttl_ms` before `now_ms`.
-    pub(crate) fn silent(&self, ttl_ms: u64, now_ms: u64) -> Vec<(String, u64)> {
+    fn silent(&self, ttl_ms: u64, now_ms: u64) -> Vec<(String, u64)> {
         self.nodes
             .read()
             .values()
@@ -204,7 +201,83 @@ impl Cluster {
     }
 
     /// The nodes that left since the last call.
-    pub(crate) fn take_left(&self) -> Vec<String> {
+    fn take_left(&self) -> Vec<String> {
         std::mem::take(&mut *self.left_nodes.lock())
+    }
+
+    /// The registration of `node_id`, if any.
+    pub(crate) fn node(&self, node_id: &str) -> Option<Arc<NodeEntry>> {
+        self.nodes.read().get(node_id).cloned()
+    }
+
+    pub(crate) fn node_count(&self) -> usize {
+        self.nodes.read().len()
+    }
+
+    pub(crate) fn segment_count(&self) -> usize {
+        self.segments.read().len()
+    }
+
+    /// Every mounted segment, at this moment.
+    pub(crate) fn segments(&self) -> Vec<Arc<SegmentEntry>> {
+        self.segments.read().values().cloned().collect()
+    }
+
+    /// `node`'s segments in its registration's order (`None` for one
+    /// unmounted meanwhile).
+    pub(crate) fn segments_of(&self, node: &NodeEntry) -> Vec<Option<Arc<SegmentEntry>>> {
+        let segs = self.segments.read();
+        node.segment_ids
+            .iter()
+            .map(|id| segs.get(id).cloned())
+            .collect()
+    }
+
+    /// The capacity of the largest mounted segment (`None` before any).
+    pub(crate) fn largest_capacity(&self) -> Option<u64> {
+        self.segments
+            .read()
+            .values()
+            .filter(|s| s.is_mounted())
+            .map(|s| s.capacity)
+            .max()
+    }
+
+    /// A fresh allocation generation.
+    pub(crate) fn next_generation(&self) -> u64 {
+        self.next_generation.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Makes every later generation newer than `generation`.
+    pub(crate) fn raise_generation(&self, generation: u64) {
+        self.next_generation
+            .fetch_max(generation.saturating_add(1), Ordering::Relaxed);
+    }
+
+    /// Pings a data-plane address (is an SSD owner's holder still alive?).
+    pub(crate) async fn ping(&self, addr: &str) -> Result<Vec<u8>> {
+        self.pinger.ping(addr).await
+    }
+
+    /// The nodes as the admin API shows them.
+    pub(crate) fn describe_nodes(&self) -> serde_json::Value {
+        let now = unix_ms();
+        let nodes = self.nodes.read();
+        let mut v: Vec<serde_json::Value> = nodes
+            .values()
+            .map(|n| {
+                let last = n.last_heartbeat_ms.load(Ordering::Relaxed);
+                serde_json::json!({
+                    "node": n.node_id,
+                    "data_addr": n.data_addr,
+                    "incarnation": n.incarnation,
+                    "segments": n.segment_ids,
+                    "last_heartbeat_ms_ago": now.saturating_sub(last),
+                    "object_log_backlog": n.log_backlog(),
+                })
+            })
+            .collect();
+        v.sort_by(|a, b| a["node"].as_str().cmp(&b["node"].as_str()));
+        serde_json::json!({ "nodes": v })
     }
 }

@@ -6,6 +6,7 @@ use crate::sync::Unsynced;
 use parking_lot::{Mutex, MutexGuard};
 use std::hash::BuildHasher;
 use std::time::Instant;
+use strata_common::{Error, Result};
 
 mod retired;
 mod shard;
@@ -391,6 +392,25 @@ impl ObjectTable {
     pub fn is_empty(&self) -> bool {
         self.shards.iter().all(|s| s.lock().is_empty())
     }
+}
+
+/// The longest key the master takes.
+pub const MAX_KEY_LEN: usize = 4096;
+/// The most replicas one put may ask for.
+pub const MAX_REPLICAS: u32 = 16;
+
+/// Refuses an empty key or one longer than [`MAX_KEY_LEN`].
+pub fn validate_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::invalid("key must not be empty"));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(Error::invalid(format!(
+            "key of {} bytes is longer than the limit of {MAX_KEY_LEN}",
+            key.len()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -288,7 +288,7 @@ impl Master {
                         // copied: the owner drops it. A new version is
                         // offered to the policy as at its own PutEnd (this
                         // task kept it from being queued then).
-                        self.forget_ssd(&task.key, &[replica]);
+                        self.ssd.forget(&task.key, &[replica]);
                         let fresh = self
                             .objects
                             .shard(&task.key)
@@ -420,7 +420,7 @@ impl Master {
             .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         let mut adopted = 0;
         for o in req.objects {
-            if crate::master::validate_key(&o.key).is_err() || o.length == 0 {
+            if crate::objects::validate_key(&o.key).is_err() || o.length == 0 {
                 continue;
             }
             let r = SsdReplica {
@@ -436,7 +436,7 @@ impl Master {
                 adopted += 1;
             } else {
                 // A stale copy of an older object under the same key.
-                self.forget_ssd(&o.key, &[r]);
+                self.ssd.forget(&o.key, &[r]);
             }
         }
         if !req.relocation {
@@ -540,7 +540,7 @@ impl Master {
 
     /// Drops the DRAM replicas of a key that has an SSD replica.
     pub fn evict_memory(&self, key: &str) -> Result<()> {
-        crate::master::validate_key(key)?;
+        crate::objects::validate_key(key)?;
         let now = unix_ms();
         let obj = {
             let mut shard = self.objects.shard(key);

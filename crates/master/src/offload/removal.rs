@@ -9,6 +9,7 @@
 //! leader, which has not seen the removal, would adopt the copy from the
 //! owner's inventory again.
 
+use super::SsdTier;
 use crate::master::Master;
 use crate::objects::SsdReplica;
 use crate::sync::{Acks, Unsynced};
@@ -117,19 +118,21 @@ impl Drops {
     }
 }
 
-impl Master {
+impl SsdTier {
     /// Tells the owners of `ssd` to forget their copy of `key`; returns
     /// what confirms they did.
-    pub(crate) fn forget_ssd(&self, key: &str, ssd: &[SsdReplica]) -> Unsynced {
+    pub(crate) fn forget(&self, key: &str, ssd: &[SsdReplica]) -> Unsynced {
         if ssd.is_empty() {
             return Unsynced::default();
         }
-        let unsynced = self.ssd.drops.queue(key, ssd);
+        let unsynced = self.drops.queue(key, ssd);
         // A long-polling owner learns of it at once.
-        self.ssd.owner_work.notify_waiters();
+        self.owner_work.notify_waiters();
         unsynced
     }
+}
 
+impl Master {
     /// Forgets every SSD replica in `bucket_ids` of the owner (which deletes
     /// them next). Objects left with no replica at all disappear.
     pub fn evict_buckets(&self, req: &pb::EvictBucketsRequest) -> Result<pb::EvictBucketsResponse> {

@@ -625,7 +625,7 @@ async fn a_waiting_put_answers_at_shutdown() {
 
 /// The store node of `master_with` confirms everything it was sent.
 fn node_confirms_all(m: &Master) {
-    let node = m.cluster.nodes.read().get("n0").cloned().unwrap();
+    let node = m.cluster.node("n0").unwrap();
     if let Some(last) = node.log_page(0).unwrap().last() {
         node.ack(last.seq);
     }

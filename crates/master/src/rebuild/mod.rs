@@ -12,7 +12,8 @@ pub mod members;
 use crate::cluster::allocator::{aligned_len, ALIGN};
 use crate::cluster::Replica;
 use crate::durable::DurableKv;
-use crate::master::{validate_key, Master};
+use crate::master::Master;
+use crate::objects::validate_key;
 use crate::objects::Object;
 use members::{Member, Members};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -203,7 +204,7 @@ impl Master {
     /// Whether `m` registered with this master.
     pub fn registered(&self, m: &Member) -> bool {
         match m {
-            Member::Node(id) => self.cluster.nodes.read().contains_key(id),
+            Member::Node(id) => self.cluster.node(id).is_some(),
             Member::Owner(id) => self.ssd.owners().registered(*id),
         }
     }
@@ -235,10 +236,7 @@ impl Master {
         }
         let node = self
             .cluster
-            .nodes
-            .read()
-            .get(&req.node_id)
-            .cloned()
+            .node(&req.node_id)
             .ok_or_else(|| Error::not_found(format!("node {:?} is not registered", req.node_id)))?;
         if !node.proof.matches(&req.instance_proof) || node.incarnation != req.incarnation {
             return Err(Error::new(
@@ -249,13 +247,7 @@ impl Master {
                 ),
             ));
         }
-        let segments: Vec<_> = {
-            let segs = self.cluster.segments.read();
-            node.segment_ids
-                .iter()
-                .map(|id| segs.get(id).cloned())
-                .collect()
-        };
+        let segments = self.cluster.segments_of(&node);
         let mut out = pb::ReportNodeObjectsResponse::default();
         for o in &req.objects {
             let seg = usize::try_from(o.local_segment)
@@ -329,13 +321,11 @@ impl Master {
             // clock, so a node's claim cannot exhaust the counter.
             let cap = strata_common::time::unix_ms().saturating_add(86_400_000) << 16;
             if o.generation < cap {
-                self.cluster
-                    .next_generation
-                    .fetch_max(o.generation + 1, Ordering::Relaxed);
+                self.cluster.raise_generation(o.generation);
             }
             o.generation
         } else {
-            self.cluster.next_generation.fetch_add(1, Ordering::Relaxed)
+            self.cluster.next_generation()
         };
         let replica = Replica {
             seg: seg.clone(),

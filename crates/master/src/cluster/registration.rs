@@ -1,0 +1,244 @@
+//! Store nodes joining (`register`), beating (`heartbeat`) and going
+//! (`drop_node`, `expire`): the membership half of `Cluster`. Dropping a
+//! node drops its replicas from the object table, so these take the shared
+//! model.
+
+use super::{Cluster, NodeEntry, NodeIdentity, SegmentEntry};
+use crate::grants::TermKeys;
+use crate::model::Model;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata_common::auth::ProofHash;
+use strata_common::grant::{node_member, GrantKey};
+use strata_common::time::unix_ms;
+use strata_common::{Code, Error, Result};
+use strata_proto as pb;
+use tokio_util::sync::CancellationToken;
+
+/// What a node's registration got.
+pub(crate) struct Registered {
+    pub(crate) segment_ids: Vec<u64>,
+    pub(crate) grant_key: GrantKey,
+    pub(crate) incarnation: u64,
+}
+
+impl Cluster {
+    /// Mounts a registering node's segments. A node that registers again
+    /// (restart, lost registration) starts clean: whatever the master knew
+    /// of its old incarnation goes. (`check_node_takeover` refused first if
+    /// another live process holds the id.)
+    pub(crate) fn register(
+        &self,
+        m: Model,
+        keys: &TermKeys,
+        req: &pb::RegisterNodeRequest,
+    ) -> Result<Registered> {
+        if req.node_id.is_empty() || req.node_id.len() > 256 {
+            return Err(Error::invalid("node_id must be 1 to 256 bytes"));
+        }
+        if req.data_addr.parse::<std::net::SocketAddr>().is_err() {
+            return Err(Error::invalid(format!(
+                "data_addr {:?} is not HOST:PORT with a numeric host",
+                req.data_addr
+            )));
+        }
+        if req.segments.is_empty()
+            || req
+                .segments
+                .iter()
+                .any(|s| s.size < super::allocator::ALIGN)
+        {
+            return Err(Error::invalid(
+                "a node must register at least one segment of at least 64 bytes",
+            ));
+        }
+        let proof = ProofHash::of(&req.instance_proof)?;
+        let worker: Arc<[u8]> = req.ucx_worker.as_slice().into();
+        let process = super::ucx_routes::node_process(&worker, req.ucx_process.as_ref())?;
+        let routes = req
+            .segments
+            .iter()
+            .map(|s| super::ucx_routes::UcxRoute::of(&worker, process.as_ref(), s))
+            .collect::<Result<Vec<_>>>()?;
+        if self.nodes.read().contains_key(&req.node_id) {
+            self.drop_node(m, &req.node_id, None, "re-registered");
+        }
+        let incarnation = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
+        let ids: Vec<u64> = req
+            .segments
+            .iter()
+            .map(|_| self.next_segment_id.fetch_add(1, Ordering::Relaxed))
+            .collect();
+        let grant_key = keys.member_key(&node_member(&req.node_id), &proof);
+        let node = Arc::new(
+            NodeEntry::new(
+                NodeIdentity {
+                    node_id: req.node_id.clone(),
+                    data_addr: req.data_addr.clone(),
+                    instance: req.instance.clone(),
+                    proof,
+                    grant_key: grant_key.clone(),
+                },
+                incarnation,
+                ids.clone(),
+                unix_ms(),
+            )
+            .with_pending_records(req.records_pending)
+            .with_receipts(req.records_pending && req.records_receipts),
+        );
+        {
+            let mut segs = self.segments.write();
+            for ((id, spec), route) in ids.iter().zip(&req.segments).zip(routes) {
+                segs.insert(
+                    *id,
+                    Arc::new(SegmentEntry::new(*id, node.clone(), spec.size).with_ucx(route)),
+                );
+            }
+        }
+        self.nodes.write().insert(req.node_id.clone(), node);
+        tracing::info!(
+            node = req.node_id,
+            addr = req.data_addr,
+            segments = ids.len(),
+            ucx = !worker.is_empty(),
+            "store node registered"
+        );
+        Ok(Registered {
+            segment_ids: ids,
+            grant_key,
+            incarnation,
+        })
+    }
+
+    /// A node's heartbeat: the log entries it has not applied yet, or
+    /// `known: false` when its registration is gone (or it left).
+    pub(crate) fn heartbeat(
+        &self,
+        m: Model,
+        term: u64,
+        req: &pb::HeartbeatRequest,
+    ) -> Result<pb::HeartbeatResponse> {
+        let node = self.node(&req.node_id);
+        let unknown = pb::HeartbeatResponse {
+            known: false,
+            log: vec![],
+            term,
+        };
+        match node {
+            Some(n) if !n.proof.matches(&req.instance_proof) => Err(Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "heartbeat for node {:?} does not come from the process that registered it",
+                    req.node_id
+                ),
+            )),
+            Some(n) if n.incarnation == req.incarnation && req.leaving => {
+                // This registration only: a takeover that re-registered the
+                // id meanwhile stays.
+                self.drop_node(m, &req.node_id, Some(req.incarnation), "left the cluster");
+                self.left_nodes.lock().push(req.node_id.clone());
+                Ok(unknown)
+            }
+            Some(n) if n.incarnation == req.incarnation => {
+                let log = n.log_page(req.applied_seq)?;
+                n.ack(req.applied_seq);
+                n.last_heartbeat_ms.store(unix_ms(), Ordering::Relaxed);
+                Ok(pb::HeartbeatResponse {
+                    known: true,
+                    log,
+                    term,
+                })
+            }
+            _ => Ok(unknown),
+        }
+    }
+
+    /// A node heartbeat that, with nothing to deliver, waits up to
+    /// `wait_ms` (capped by the heartbeat interval) for new log entries, or
+    /// until `closing` (the term ends: answer now rather than hold the
+    /// drain).
+    pub(crate) async fn heartbeat_wait(
+        &self,
+        m: Model<'_>,
+        term: u64,
+        closing: &CancellationToken,
+        req: &pb::HeartbeatRequest,
+    ) -> Result<pb::HeartbeatResponse> {
+        let cap = m.cfg.heartbeat_interval();
+        let wait = Duration::from_millis(req.wait_ms).min(cap);
+        let node = self.node(&req.node_id);
+        let deadline = Instant::now() + wait;
+        loop {
+            let grew = node.as_ref().map(|n| n.log_grew.notified());
+            let mut grew = grew.map(Box::pin);
+            if let Some(g) = grew.as_mut() {
+                g.as_mut().enable();
+            }
+            let resp = self.heartbeat(m, term, req)?;
+            if !resp.log.is_empty() || !resp.known || Instant::now() >= deadline {
+                return Ok(resp);
+            }
+            let Some(g) = grew else {
+                return Ok(resp);
+            };
+            tokio::select! {
+                _ = g => {}
+                _ = tokio::time::sleep_until(deadline.into()) => return Ok(resp),
+                _ = closing.cancelled() => return Ok(resp),
+            }
+        }
+    }
+
+    /// Forgets node `node_id` (the registration with `incarnation` only,
+    /// when given): its segments are unmounted and every replica on them is
+    /// dropped; objects left without replicas disappear.
+    pub(crate) fn drop_node(&self, m: Model, node_id: &str, incarnation: Option<u64>, why: &str) {
+        if self.remove_node(node_id, incarnation).is_none() {
+            return;
+        }
+        let (mut lost, mut gone) = (0u64, 0i64);
+        for shard in m.objects.shards() {
+            let mut s = shard.lock();
+            s.retain(|_, o| {
+                lost += o.retain_replicas(|r| r.seg.is_mounted()) as u64;
+                if o.replicas().is_empty() && o.ssd().is_empty() {
+                    gone += 1;
+                    false
+                } else {
+                    true
+                }
+            });
+            // Overwrites being written there (their PutEnd finds none).
+            let dropped = s.retain_overwrites(|_, o| {
+                lost += o.retain_replicas(|r| r.seg.is_mounted()) as u64;
+                !o.replicas().is_empty()
+            });
+            gone += dropped.len() as i64;
+        }
+        m.metrics.lost_replicas.inc_by(lost);
+        m.metrics.keys.sub(gone);
+        tracing::warn!(
+            node = node_id,
+            why,
+            lost_replicas = lost,
+            lost_objects = gone,
+            "store node dropped"
+        );
+    }
+
+    /// Drops nodes whose last heartbeat is older than `--node-ttl`; returns
+    /// them and the nodes that left since the last call (both to forget).
+    pub(crate) fn expire(&self, m: Model, now_ms: u64) -> Vec<String> {
+        let ttl = m.cfg.node_ttl.as_millis() as u64;
+        let dead = self.silent(ttl, now_ms);
+        for (id, incarnation) in &dead {
+            // That registration only: one that took the id over meanwhile
+            // is alive.
+            self.drop_node(m, id, Some(*incarnation), "missed --node-ttl");
+        }
+        let mut gone = self.take_left();
+        gone.extend(dead.into_iter().map(|(id, _)| id));
+        gone
+    }
+}
