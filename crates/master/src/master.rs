@@ -1,7 +1,6 @@
 //! The master's metadata operations, independent of gRPC so they can be unit
 //! tested directly and served by any front end.
 
-use crate::cluster::allocator::aligned_len;
 use crate::cluster::Cluster;
 use crate::cluster::Replica;
 use crate::config::MasterConfig;
@@ -12,7 +11,7 @@ use crate::model::Model;
 pub use crate::objects::{validate_key, MAX_KEY_LEN, MAX_REPLICAS};
 use crate::objects::{Object, ObjectTable, SsdReplica};
 use crate::offload::SsdTier;
-use crate::pressure::Pressure;
+use crate::pressure::{Placement, Pressure, Want};
 use crate::rebuild::RebuildGate;
 use crate::sync::Unsynced;
 pub use crate::writes::PutSpec;
@@ -27,9 +26,6 @@ use strata_proto as pb;
 
 /// Removal tombstones kept at most (the oldest are forgotten beyond it).
 const MAX_TOMBSTONES: usize = 4 << 20;
-/// Rounds of "evict, then try again" a PutStart makes before giving up.
-const EVICT_ROUNDS: usize = 4;
-
 pub struct Master {
     pub(crate) cfg: MasterConfig,
     /// The leadership term and the keys derived for it (`grants.rs`).
@@ -53,13 +49,6 @@ pub struct Master {
     pub(crate) tombstones: crate::tombstones::Tombstones,
     /// Versions an overwrite replaced, kept for their readers.
     pub(crate) retired: crate::objects::Retired,
-}
-
-/// What one allocation attempt found.
-pub(crate) enum Placement {
-    Placed(Vec<Replica>),
-    /// Nothing fits now; this many DRAM bytes free once copies to SSD land.
-    Wait(u64),
 }
 
 impl Master {
@@ -182,7 +171,9 @@ impl Master {
     /// tests; the RPCs wait, see `crate::pressure::backpressure`).
     pub fn put_start(&self, spec: PutSpec) -> Result<Vec<pb::Replica>> {
         self.check_put(&spec)?;
-        let replicas = self.allocate(spec.size, spec.replica_num, spec.preferred_segment)?;
+        let replicas =
+            self.pressure
+                .allocate(self.model(), &self.cluster, &self.ssd, self.want(&spec))?;
         self.start_put(spec, replicas)
     }
 
@@ -200,7 +191,7 @@ impl Master {
         let views = self
             .writes
             .start(self.model(), &self.pressure, spec, replicas)?;
-        if self.over_high_watermark() {
+        if crate::pressure::over_high_watermark(self.model(), &self.cluster) {
             self.pressure.wake_evictor();
         }
         Ok(views)
@@ -292,114 +283,109 @@ impl Master {
         self.await_synced(u, what).await.map(|()| answer)
     }
 
-    /// Places `n` replicas on distinct segments (at least one), evicting when
-    /// nothing fits; never waits (what a waiting put would wait for is a
-    /// retryable no_space here).
-    pub(crate) fn allocate(
+    /// Starts a put, waiting until `deadline` for DRAM that copies to SSD
+    /// in flight will free. Nothing is allocated until the put has its
+    /// space, so a call dropped while waiting leaks nothing.
+    pub async fn put_start_waiting(
         &self,
-        size: u64,
-        n: u32,
-        preferred: Option<u64>,
-    ) -> Result<Vec<Replica>> {
-        match self.allocate_once(size, n, preferred, false)? {
-            Placement::Placed(r) => Ok(r),
-            Placement::Wait(pending) => Err(self.no_space_waiting(size, pending)),
-        }
-    }
-
-    /// One attempt: place, else evict (a few rounds) and place. Says when
-    /// only copies to SSD in flight could make room; with `urgent` (a put
-    /// will wait for them) those copies go first.
-    pub(crate) fn allocate_once(
-        &self,
-        size: u64,
-        n: u32,
-        preferred: Option<u64>,
-        urgent: bool,
-    ) -> Result<Placement> {
-        let len = aligned_len(size).ok_or_else(|| Error::invalid("object size is too large"))?;
-        // Bytes that copies to SSD will free, over all rounds: a round that
-        // freed something but still did not make a range fit (fragments)
-        // must not turn a wait into a final refusal.
-        let mut pending = 0;
-        for _ in 0..=EVICT_ROUNDS {
-            let placed = self.try_place(size, len, n as usize, preferred);
-            if !placed.is_empty() {
-                return Ok(Placement::Placed(placed));
-            }
-            self.check_fits(size, len)?;
-            let cap = self.capacity_bytes();
-            let want = len + (cap as f64 * self.cfg.eviction_ratio) as u64;
-            let ev = self.evict_with(want, urgent);
-            pending = pending.max(ev.pending);
-            if ev.freed == 0 {
-                break;
-            }
-        }
-        // Copies in flight (pinned, so not among the victims scanned) free
-        // DRAM too once they land, and so do versions an overwrite replaced
-        // once their readers' leases end (housekeeping frees them): those
-        // due within --put-wait are worth waiting for.
-        let (_, assigned) = self.ssd.queue_counts();
-        let wait_ms = self.cfg.put_wait.as_millis() as u64;
-        let retiring = self.retired.bytes_due_by(unix_ms().saturating_add(wait_ms));
-        if pending > 0 || assigned > 0 || retiring > 0 {
-            return Ok(Placement::Wait(pending));
-        }
-        Err(Error::new(
-            Code::NoSpace,
-            format!(
-                "no segment has {size} contiguous free bytes and eviction cannot free more \
-                 (allocated {} of {} bytes; the rest is leased, pinned or being written)",
-                self.allocated_bytes(),
-                self.capacity_bytes()
-            ),
-        ))
-    }
-
-    /// Refuses what no eviction can make room for.
-    fn check_fits(&self, size: u64, len: u64) -> Result<()> {
-        let largest = self.cluster.largest_capacity();
-        match largest {
-            // A young master's nodes may still be registering: retry.
-            None if self.rebuilding() => Err(Error::new(
-                Code::NoSpace,
-                "no store node has registered any memory yet (the master started moments ago); retry",
+        spec: PutSpec,
+        deadline: Instant,
+    ) -> Result<Vec<pb::Replica>> {
+        self.check_put(&spec)?;
+        let replicas = self
+            .pressure
+            .allocate_waiting(
+                self.model(),
+                &self.cluster,
+                &self.ssd,
+                self.want(&spec),
+                deadline,
             )
-            .retry_later()),
-            None => Err(Error::new(
-                Code::NoSpace,
-                "no store node has registered any memory yet; start strata-store-node",
-            )),
-            Some(l) if l < len => Err(Error::new(
-                Code::NoSpace,
-                format!("object of {size} bytes is larger than the largest segment ({l} bytes)"),
-            )),
-            _ => Ok(()),
+            .await?;
+        self.start_put(spec, replicas)
+    }
+
+    /// Starts the puts of a batch that need not wait, in order, stopping at
+    /// the first that must (it and the rest are returned, to wait in order).
+    /// Blocking work (eviction scans): run it off the async workers.
+    pub fn put_start_batch_now(
+        &self,
+        specs: Vec<PutSpec>,
+    ) -> (Vec<Result<Vec<pb::Replica>>>, Vec<PutSpec>) {
+        let mut done = Vec::with_capacity(specs.len());
+        let mut specs = specs.into_iter();
+        while self.pressure.waiting() == 0 {
+            let Some(spec) = specs.next() else { break };
+            let placed = self.check_put(&spec).and_then(|()| {
+                self.pressure.allocate_once(
+                    self.model(),
+                    &self.cluster,
+                    &self.ssd,
+                    self.want(&spec),
+                )
+            });
+            match placed {
+                Ok(Placement::Placed(r)) => done.push(self.start_put(spec, r)),
+                Ok(Placement::Wait(_)) => {
+                    return (done, std::iter::once(spec).chain(specs).collect());
+                }
+                Err(e) => done.push(Err(e)),
+            }
+        }
+        (done, specs.collect())
+    }
+
+    /// The DRAM `spec` asks for, placed now (not urgent).
+    fn want(&self, spec: &PutSpec) -> Want {
+        Want {
+            size: spec.size,
+            n: spec.replica_num,
+            preferred: spec.preferred_segment,
+            urgent: false,
+            rebuilding: self.rebuilding(),
         }
     }
 
-    /// The retryable error of a put that found DRAM held by objects still
-    /// being copied to SSD, or by replaced versions still being read.
-    pub(crate) fn no_space_waiting(&self, size: u64, pending: u64) -> Error {
-        let (queued, assigned) = self.ssd.queue_counts();
-        let retired = self.retired.bytes();
-        Error::new(
-            Code::NoSpace,
-            format!(
-                "no DRAM for {size} bytes within --put-wait ({:?}): {} bytes are waiting for \
-                 their SSD copies ({queued} queued, {assigned} being copied; the SSD tier is \
-                 behind) and {retired} bytes hold versions an overwrite replaced until their \
-                 readers' leases end; retry, raise --put-wait (STRATA_PUT_WAIT) or add DRAM",
-                self.cfg.put_wait, pending
-            ),
-        )
-        .retry_later()
+    /// Places one replica of `size` bytes now (an SSD hit promoted back to
+    /// DRAM).
+    pub(crate) fn place_one(&self, size: u64) -> Result<Vec<Replica>> {
+        let want = Want {
+            size,
+            n: 1,
+            preferred: None,
+            urgent: false,
+            rebuilding: self.rebuilding(),
+        };
+        self.pressure
+            .allocate(self.model(), &self.cluster, &self.ssd, want)
     }
 
-    fn try_place(&self, size: u64, len: u64, n: usize, preferred: Option<u64>) -> Vec<Replica> {
-        self.cluster
-            .try_place(self.cfg.alloc_strategy, size, len, n, preferred)
+    /// Shutting down: waiting puts (and later ones) fail at once with a
+    /// retryable `unavailable` instead of holding up the drain.
+    pub fn stop_waiting(&self) {
+        self.pressure.stop_waiting();
+    }
+
+    /// Fires when the term ends (shutdown or step-down): every wait and
+    /// long poll answers at once.
+    pub(crate) fn closing(&self) -> &tokio_util::sync::CancellationToken {
+        self.pressure.closing()
+    }
+
+    /// Evicts until at least `want` bytes are freed or on their way, or
+    /// nothing evictable is left (`Pressure::evict_with`). Returns the bytes
+    /// freed.
+    pub fn evict(&self, want: u64) -> u64 {
+        self.pressure
+            .evict_with(self.model(), &self.ssd, want, false)
+            .freed
+    }
+
+    /// One background pass: above the high watermark, free
+    /// `--eviction-ratio` of capacity below it.
+    pub fn evict_to_watermark(&self) -> u64 {
+        self.pressure
+            .evict_to_watermark(self.model(), &self.cluster, &self.ssd)
     }
 
     // ---------------- get ----------------
@@ -697,11 +683,6 @@ impl Master {
 
     pub fn allocated_bytes(&self) -> u64 {
         self.cluster.allocated_bytes()
-    }
-
-    pub(crate) fn over_high_watermark(&self) -> bool {
-        let cap = self.capacity_bytes();
-        cap > 0 && self.allocated_bytes() as f64 > cap as f64 * self.cfg.high_watermark
     }
 
     /// Reclaims puts whose deadline passed without PutEnd. Returns how many.

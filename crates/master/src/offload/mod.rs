@@ -112,26 +112,48 @@ impl SsdTier {
     pub(crate) fn take_drops(&self, req: &pb::OwnerHeartbeatRequest) -> (Vec<pb::SsdObject>, u64) {
         self.drops.take(req)
     }
-}
 
-impl Master {
     /// Queues `key` for offload unless it is queued already or no owner has
     /// room. Returns whether it is (now) queued.
-    pub(crate) fn enqueue_offload(&self, key: &str, size: u64) -> bool {
+    pub(crate) fn enqueue(&self, metrics: &MasterMetrics, key: &str, size: u64) -> bool {
         let now = unix_ms();
-        let mut q = self.ssd.queue.lock();
+        let mut q = self.queue.lock();
         if q.has_key(key) {
             return true;
         }
-        let Some(owner) = self.ssd.owners.pick_owner(size, now, &q) else {
+        let Some(owner) = self.owners.pick_owner(size, now, &q) else {
             return false;
         };
         q.enqueue(key, owner, size, now);
         drop(q);
-        self.refresh_offload_gauges();
+        self.refresh_gauges(metrics);
         true
     }
 
+    /// Capacity of the live SSD owners, and the bytes used or queued there.
+    pub(crate) fn tier_usage(&self) -> (u64, u64) {
+        let usage = self.owners.live_usage(unix_ms());
+        let q = self.queue.lock();
+        usage.iter().fold((0, 0), |(c, u), &(id, cap, used)| {
+            (c + cap, u + used + q.pending_bytes(id))
+        })
+    }
+
+    /// The offload task gauges, from the queue.
+    pub(crate) fn refresh_gauges(&self, metrics: &MasterMetrics) {
+        let (queued, assigned) = self.queue.lock().counts();
+        metrics
+            .offload_tasks
+            .with_label_values(&["queued"])
+            .set(queued as i64);
+        metrics
+            .offload_tasks
+            .with_label_values(&["assigned"])
+            .set(assigned as i64);
+    }
+}
+
+impl Master {
     /// An owner's heartbeat that, with nothing to hand out, waits (up to
     /// `wait_ms`, capped by the heartbeat interval so liveness is
     /// unaffected) for urgent offloads: a put waiting for their DRAM gets
@@ -165,7 +187,7 @@ impl Master {
     /// `eager`: queue every committed object.
     pub(crate) fn admit_on_put_end(&self, key: &str, size: u64) {
         if self.ssd.policy.on_put_end() {
-            self.enqueue_offload(key, size);
+            self.ssd.enqueue(&self.metrics, key, size);
         }
     }
 
@@ -177,7 +199,7 @@ impl Master {
         }
         if let Some(n) = self.ssd.policy.reads_to_admit() {
             if reads >= n {
-                self.enqueue_offload(key, size);
+                self.ssd.enqueue(&self.metrics, key, size);
             }
         }
     }
@@ -229,7 +251,7 @@ impl Master {
                 }
             }
         }
-        self.refresh_offload_gauges();
+        self.ssd.refresh_gauges(&self.metrics);
         out
     }
 
@@ -282,7 +304,7 @@ impl Master {
                     };
                     let added = self.add_ssd_replica(&task.key, replica, task.source, false);
                     if added {
-                        self.free_after_offload(&task.key);
+                        self.pressure.free_after_offload(self.model(), &task.key);
                     } else {
                         // Removed, or overwritten, while it was being
                         // copied: the owner drops it. A new version is
@@ -359,7 +381,7 @@ impl Master {
                 "offload tasks failed (requeued ones are retried with backoff; dropped ones stay in DRAM or, under on-evict, are dropped)"
             );
         }
-        self.refresh_offload_gauges();
+        self.ssd.refresh_gauges(&self.metrics);
         // Copies landed (or failed for good): a waiting put looks again.
         self.pressure.space_freed();
         Ok(())
@@ -459,7 +481,7 @@ impl Master {
                 .inc();
         }
         if !expired.is_empty() {
-            self.refresh_offload_gauges();
+            self.ssd.refresh_gauges(&self.metrics);
         }
         expired.len()
     }
@@ -490,7 +512,7 @@ impl Master {
         }
         let (mut moved, mut dropped) = (0, 0);
         for t in &orphans {
-            if self.enqueue_offload(&t.key, t.size) {
+            if self.ssd.enqueue(&self.metrics, &t.key, t.size) {
                 moved += 1;
             } else {
                 dropped += 1;
@@ -505,7 +527,7 @@ impl Master {
             dropped,
             "offload tasks of SSD owners that stopped heartbeating were placed elsewhere"
         );
-        self.refresh_offload_gauges();
+        self.ssd.refresh_gauges(&self.metrics);
         moved
     }
 
@@ -518,7 +540,7 @@ impl Master {
             .get(key)
             .is_some_and(|o| o.offload_then_free);
         if pending {
-            self.drop_victim(key, why);
+            self.pressure.drop_victim(self.model(), key, why);
         }
     }
 
@@ -563,27 +585,6 @@ impl Master {
         };
         obj.release();
         Ok(())
-    }
-
-    /// Capacity of the live SSD owners, and the bytes used or queued there.
-    pub(crate) fn ssd_tier_usage(&self) -> (u64, u64) {
-        let usage = self.ssd.owners.live_usage(unix_ms());
-        let q = self.ssd.queue.lock();
-        usage.iter().fold((0, 0), |(c, u), &(id, cap, used)| {
-            (c + cap, u + used + q.pending_bytes(id))
-        })
-    }
-
-    pub(crate) fn refresh_offload_gauges(&self) {
-        let (queued, assigned) = self.ssd.queue.lock().counts();
-        self.metrics
-            .offload_tasks
-            .with_label_values(&["queued"])
-            .set(queued as i64);
-        self.metrics
-            .offload_tasks
-            .with_label_values(&["assigned"])
-            .set(assigned as i64);
     }
 
     /// (queued, assigned) offload tasks.

@@ -94,7 +94,7 @@ impl Master {
                 let s = o.ssd().iter().find(|s| s.owner_id == owner)?;
                 (o.is_complete() && o.replicas().is_empty()).then_some((o.size, o.crc32c, *s))
             });
-            let placed = src.map(|(size, crc, s)| (size, crc, s, self.allocate(size, 1, None)));
+            let placed = src.map(|(size, crc, s)| (size, crc, s, self.place_one(size)));
             let (size, crc, s, replicas) = match placed {
                 Some((size, crc, s, Ok(r))) => (size, crc, s, r),
                 other => {

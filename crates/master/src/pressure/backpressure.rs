@@ -2,13 +2,15 @@
 //! SSD waits for those copies (bounded by `--put-wait`, in arrival order)
 //! instead of the cache dropping objects the SSD tier could take.
 
+use super::{no_space_waiting, Placement, Pressure, Want};
+use crate::cluster::Cluster;
 use crate::cluster::Replica;
-use crate::master::{Master, Placement, PutSpec};
 use crate::metrics::MasterMetrics;
+use crate::model::Model;
+use crate::offload::SsdTier;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use strata_common::Result;
-use strata_proto as pb;
 use tokio::sync::Notify;
 
 /// A waiting put re-checks at least this often (space freed by paths that
@@ -62,86 +64,49 @@ impl Drop for Waiting<'_> {
     }
 }
 
-impl Master {
+impl Pressure {
     /// Shutting down: waiting puts (and later ones) fail at once with a
     /// retryable `unavailable` instead of holding up the drain.
-    pub fn stop_waiting(&self) {
-        self.pressure.waiters.closed.cancel();
+    pub(crate) fn stop_waiting(&self) {
+        self.waiters.closed.cancel();
     }
 
     /// Fires when the term ends (shutdown or step-down): every wait and
     /// long poll answers at once.
     pub(crate) fn closing(&self) -> &tokio_util::sync::CancellationToken {
-        &self.pressure.waiters.closed
+        &self.waiters.closed
     }
 
-    /// Starts a put, waiting until `deadline` for DRAM that copies to SSD
-    /// in flight will free. Nothing is allocated until the put has its
-    /// space, so a call dropped while waiting leaks nothing.
-    pub async fn put_start_waiting(
+    /// Places a put's replicas, waiting until `deadline` (in arrival
+    /// order) for DRAM that copies to SSD in flight will free.
+    pub(crate) async fn allocate_waiting(
         &self,
-        spec: PutSpec,
-        deadline: Instant,
-    ) -> Result<Vec<pb::Replica>> {
-        self.check_put(&spec)?;
-        let replicas = self
-            .allocate_waiting(
-                spec.size,
-                spec.replica_num,
-                spec.preferred_segment,
-                deadline,
-            )
-            .await?;
-        self.start_put(spec, replicas)
-    }
-
-    /// Starts the puts of a batch that need not wait, in order, stopping at
-    /// the first that must (it and the rest are returned, to wait in order).
-    /// Blocking work (eviction scans): run it off the async workers.
-    pub fn put_start_batch_now(
-        &self,
-        specs: Vec<PutSpec>,
-    ) -> (Vec<Result<Vec<pb::Replica>>>, Vec<PutSpec>) {
-        let mut done = Vec::with_capacity(specs.len());
-        let mut specs = specs.into_iter();
-        while self.pressure.waiting() == 0 {
-            let Some(spec) = specs.next() else { break };
-            let placed = self.check_put(&spec).and_then(|()| {
-                self.allocate_once(spec.size, spec.replica_num, spec.preferred_segment, false)
-            });
-            match placed {
-                Ok(Placement::Placed(r)) => done.push(self.start_put(spec, r)),
-                Ok(Placement::Wait(_)) => {
-                    return (done, std::iter::once(spec).chain(specs).collect());
-                }
-                Err(e) => done.push(Err(e)),
-            }
-        }
-        (done, specs.collect())
-    }
-
-    async fn allocate_waiting(
-        &self,
-        size: u64,
-        n: u32,
-        preferred: Option<u64>,
+        m: Model<'_>,
+        cluster: &Cluster,
+        ssd: &SsdTier,
+        want: Want,
         deadline: Instant,
     ) -> Result<Vec<Replica>> {
+        let size = want.size;
         // Nobody waits ahead of this put: try at once.
         let mut pending = 0;
-        let will_wait = !self.cfg.put_wait.is_zero();
-        if self.pressure.waiting() == 0 {
-            match self.allocate_once(size, n, preferred, will_wait)? {
+        let will_wait = !m.cfg.put_wait.is_zero();
+        if self.waiting() == 0 {
+            let first = Want {
+                urgent: will_wait,
+                ..want
+            };
+            match self.allocate_once(m, cluster, ssd, first)? {
                 Placement::Placed(r) => return Ok(r),
                 Placement::Wait(p) => pending = p,
             }
         }
         if Instant::now() >= deadline {
-            self.metrics.put_wait_timeouts.inc();
-            return Err(self.no_space_waiting(size, pending));
+            m.metrics.put_wait_timeouts.inc();
+            return Err(no_space_waiting(m, ssd, size, pending));
         }
         let t0 = Instant::now();
-        let _waiting = self.pressure.waiters.enter(&self.metrics);
+        let _waiting = self.waiters.enter(m.metrics);
         let closed = || {
             Err(strata_common::Error::unavailable(
                 "the master is shutting down; retry against its successor",
@@ -149,17 +114,21 @@ impl Master {
         };
         let placed: Result<Option<Vec<Replica>>> = async {
             let turn = tokio::select! {
-                t = tokio::time::timeout_at(deadline.into(), self.pressure.waiters.turn.lock()) => t,
-                _ = self.pressure.waiters.closed.cancelled() => return closed(),
+                t = tokio::time::timeout_at(deadline.into(), self.waiters.turn.lock()) => t,
+                _ = self.waiters.closed.cancelled() => return closed(),
             };
             let Ok(_turn) = turn else {
                 return Ok(None);
             };
             loop {
-                let notified = self.pressure.waiters.wake.notified();
+                let notified = self.waiters.wake.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                match self.allocate_once(size, n, preferred, true)? {
+                let urgent = Want {
+                    urgent: true,
+                    ..want
+                };
+                match self.allocate_once(m, cluster, ssd, urgent)? {
                     Placement::Placed(r) => return Ok(Some(r)),
                     Placement::Wait(p) => pending = p,
                 }
@@ -171,24 +140,24 @@ impl Master {
                 tokio::select! {
                     _ = notified => {}
                     _ = tokio::time::sleep_until(recheck.into()) => {}
-                    _ = self.pressure.waiters.closed.cancelled() => return closed(),
+                    _ = self.waiters.closed.cancelled() => return closed(),
                 }
             }
         }
         .await;
-        self.metrics
+        m.metrics
             .put_wait_seconds
             .observe(t0.elapsed().as_secs_f64());
         match placed? {
             Some(r) => Ok(r),
             None => {
-                self.metrics.put_wait_timeouts.inc();
+                m.metrics.put_wait_timeouts.inc();
                 tracing::debug!(
                     size,
                     waited_ms = t0.elapsed().as_millis() as u64,
                     "a put ran out of --put-wait while DRAM victims were copied to SSD"
                 );
-                Err(self.no_space_waiting(size, pending))
+                Err(no_space_waiting(m, ssd, size, pending))
             }
         }
     }

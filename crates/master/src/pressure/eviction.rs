@@ -1,8 +1,12 @@
 //! Eviction: LRU over committed, unleased, not hard-pinned objects;
 //! soft-pinned objects go only after every unpinned one.
 
-use crate::master::Master;
+use super::Pressure;
+use crate::cluster::Cluster;
+use crate::metrics::MasterMetrics;
+use crate::model::Model;
 use crate::objects::Object;
+use crate::offload::SsdTier;
 use std::collections::BinaryHeap;
 use strata_common::time::unix_ms;
 
@@ -59,22 +63,18 @@ pub struct Evicted {
     pub pending: u64,
 }
 
-impl Master {
+impl Pressure {
     /// Evicts until at least `want` bytes are freed or on their way, or
     /// nothing evictable is left. Objects the SSD tier can take are never
     /// dropped: they wait for their copy, and with `urgent` (a writer waits
     /// for the space) their copies go first. Returns the bytes freed.
-    pub fn evict(&self, want: u64) -> u64 {
-        self.evict_with(want, false).freed
-    }
-
-    pub(crate) fn evict_with(&self, want: u64, urgent: bool) -> Evicted {
+    pub(crate) fn evict_with(&self, m: Model, ssd: &SsdTier, want: u64, urgent: bool) -> Evicted {
         let mut out = Evicted::default();
         let mut evicted = 0u64;
-        let wants_ssd = self.ssd.policy().on_evict() || self.ssd.policy().on_put_end();
+        let wants_ssd = ssd.policy().on_evict() || ssd.policy().on_put_end();
         for _ in 0..MAX_SCANS {
             let now = unix_ms();
-            let victims = self.oldest_evictable(SCAN_BATCH, now);
+            let victims = oldest_evictable(m, SCAN_BATCH, now);
             if victims.is_empty() {
                 break;
             }
@@ -85,10 +85,10 @@ impl Master {
                 }
                 // Queued for its copy (eager, reads:N, or an earlier pass)?
                 // Checked before the shard lock (never held with the queue's).
-                let queued = self.ssd.urge(&key, urgent, &self.metrics);
+                let queued = ssd.urge(&key, urgent, m.metrics);
                 // Re-check under the lock: a reader may have leased it meanwhile.
                 let fate = {
-                    let mut s = self.objects.shard(&key);
+                    let mut s = m.objects.shard(&key);
                     match s.get_mut(&key) {
                         Some(o) if !o.evictable(now) => Fate::Skip,
                         // An object with an SSD copy keeps living there.
@@ -116,19 +116,19 @@ impl Master {
                 };
                 match fate {
                     Fate::Free(o, why) => {
-                        self.ssd.admission().victim_undecided(&key, o.size);
+                        ssd.admission().victim_undecided(&key, o.size);
                         out.freed += o.release();
                         evicted += 1;
                         progressed = true;
                         if let Some(why) = why {
-                            self.metrics.keys.dec();
-                            self.count_drop(why);
+                            m.metrics.keys.dec();
+                            count_drop(m.metrics, why);
                         }
                     }
                     Fate::Offload(size) => {
-                        let why = if !self.ssd.admission().admit(&key, size) {
+                        let why = if !ssd.admission().admit(&key, size) {
                             Some(DropReason::Admission)
-                        } else if !self.enqueue_offload(&key, size) {
+                        } else if !ssd.enqueue(m.metrics, &key, size) {
                             Some(DropReason::NoOwner)
                         } else {
                             None
@@ -136,13 +136,13 @@ impl Master {
                         match why {
                             None => {
                                 if urgent {
-                                    self.ssd.urge(&key, true, &self.metrics);
+                                    ssd.urge(&key, true, m.metrics);
                                 }
                                 out.pending +=
-                                    self.objects.shard(&key).get(&key).map_or(0, alloc_bytes);
+                                    m.objects.shard(&key).get(&key).map_or(0, alloc_bytes);
                             }
                             Some(why) => {
-                                let freed = self.drop_victim(&key, why);
+                                let freed = self.drop_victim(m, &key, why);
                                 out.freed += freed;
                                 evicted += u64::from(freed > 0);
                             }
@@ -158,7 +158,7 @@ impl Master {
             }
         }
         if evicted > 0 {
-            self.metrics.evictions.inc_by(evicted);
+            m.metrics.evictions.inc_by(evicted);
             tracing::debug!(
                 evicted,
                 freed = out.freed,
@@ -169,19 +169,12 @@ impl Master {
         out
     }
 
-    pub(crate) fn count_drop(&self, why: DropReason) {
-        self.metrics
-            .dropped_objects
-            .with_label_values(&[why.label()])
-            .inc();
-    }
-
     /// Drops an object outright if eviction may still take it (no SSD copy
     /// appeared, no reader leased it). Returns the DRAM bytes freed.
-    fn drop_if_evictable(&self, key: &str, why: DropReason) -> u64 {
+    fn drop_if_evictable(&self, m: Model, key: &str, why: DropReason) -> u64 {
         let now = unix_ms();
         let gone = {
-            let mut s = self.objects.shard(key);
+            let mut s = m.objects.shard(key);
             match s.get(key) {
                 Some(o) if o.evictable(now) && o.ssd().is_empty() => s.remove(key),
                 _ => None,
@@ -189,8 +182,8 @@ impl Master {
         };
         match gone {
             Some(o) => {
-                self.metrics.keys.dec();
-                self.count_drop(why);
+                m.metrics.keys.dec();
+                count_drop(m.metrics, why);
                 o.release()
             }
             None => 0,
@@ -200,10 +193,10 @@ impl Master {
     /// A victim marked for offload that will not be offloaded after all: it
     /// is dropped, or, if a reader leased it meanwhile, unmarked so that a
     /// later pass decides again (rather than waiting for a copy forever).
-    pub(crate) fn drop_victim(&self, key: &str, why: DropReason) -> u64 {
-        let freed = self.drop_if_evictable(key, why);
+    pub(crate) fn drop_victim(&self, m: Model, key: &str, why: DropReason) -> u64 {
+        let freed = self.drop_if_evictable(m, key, why);
         if freed == 0 {
-            if let Some(o) = self.objects.shard(key).get_mut(key) {
+            if let Some(o) = m.objects.shard(key).get_mut(key) {
                 if o.ssd().is_empty() {
                     o.offload_then_free = false;
                 }
@@ -214,10 +207,10 @@ impl Master {
 
     /// `on-evict`: the SSD copy of a victim exists, so its DRAM goes now
     /// (unless a reader holds it; the next pass frees it then).
-    pub(crate) fn free_after_offload(&self, key: &str) {
+    pub(crate) fn free_after_offload(&self, m: Model, key: &str) {
         let now = unix_ms();
         let mem = {
-            let mut s = self.objects.shard(key);
+            let mut s = m.objects.shard(key);
             match s.get_mut(key) {
                 Some(o) if o.offload_then_free && o.evictable(now) && !o.ssd().is_empty() => {
                     Some(o.take_memory())
@@ -227,50 +220,58 @@ impl Master {
         };
         if let Some(o) = mem {
             o.release();
-            self.metrics.evictions.inc();
+            m.metrics.evictions.inc();
         }
-    }
-
-    /// The `n` evictable objects to go first: unpinned before soft-pinned,
-    /// then least recently accessed. Oldest first.
-    fn oldest_evictable(&self, n: usize, now: u64) -> Vec<String> {
-        // Max-heap on (soft_pin, last_access): the top is the youngest kept.
-        let mut heap: BinaryHeap<(bool, u64, String)> = BinaryHeap::with_capacity(n + 1);
-        for shard in self.objects.shards() {
-            let s = shard.lock();
-            for (k, o) in s.iter().filter(|(_, o)| o.evictable(now)) {
-                let rank = (o.soft_pin, o.last_access_ms);
-                if heap.len() < n {
-                    heap.push((rank.0, rank.1, k.to_string()));
-                } else if heap.peek().is_some_and(|t| rank < (t.0, t.1)) {
-                    heap.pop();
-                    heap.push((rank.0, rank.1, k.to_string()));
-                }
-            }
-        }
-        heap.into_sorted_vec()
-            .into_iter()
-            .map(|(_, _, k)| k)
-            .collect()
     }
 
     /// One background pass: above the high watermark, free
     /// `--eviction-ratio` of capacity below it.
-    pub fn evict_to_watermark(&self) -> u64 {
-        let cap = self.capacity_bytes() as f64;
-        let allocated = self.allocated_bytes() as f64;
-        let hw = self.cfg.high_watermark;
+    pub(crate) fn evict_to_watermark(&self, m: Model, cluster: &Cluster, ssd: &SsdTier) -> u64 {
+        let cap = cluster.capacity_bytes() as f64;
+        let allocated = cluster.allocated_bytes() as f64;
+        let hw = m.cfg.high_watermark;
         if cap == 0.0 || allocated <= cap * hw {
             return 0;
         }
-        let target = cap * (hw - self.cfg.eviction_ratio).max(0.0);
-        if self.ssd.policy().on_evict() {
-            let (capacity, used) = self.ssd_tier_usage();
-            self.ssd.admission().observe_tier(capacity, used);
+        let target = cap * (hw - m.cfg.eviction_ratio).max(0.0);
+        if ssd.policy().on_evict() {
+            let (capacity, used) = ssd.tier_usage();
+            ssd.admission().observe_tier(capacity, used);
         }
-        self.evict_with((allocated - target).max(0.0) as u64, false)
+        self.evict_with(m, ssd, (allocated - target).max(0.0) as u64, false)
             .freed
     }
+}
+
+/// The `n` evictable objects to go first: unpinned before soft-pinned,
+/// then least recently accessed. Oldest first.
+fn oldest_evictable(m: Model, n: usize, now: u64) -> Vec<String> {
+    // Max-heap on (soft_pin, last_access): the top is the youngest kept.
+    let mut heap: BinaryHeap<(bool, u64, String)> = BinaryHeap::with_capacity(n + 1);
+    for shard in m.objects.shards() {
+        let s = shard.lock();
+        for (k, o) in s.iter().filter(|(_, o)| o.evictable(now)) {
+            let rank = (o.soft_pin, o.last_access_ms);
+            if heap.len() < n {
+                heap.push((rank.0, rank.1, k.to_string()));
+            } else if heap.peek().is_some_and(|t| rank < (t.0, t.1)) {
+                heap.pop();
+                heap.push((rank.0, rank.1, k.to_string()));
+            }
+        }
+    }
+    heap.into_sorted_vec()
+        .into_iter()
+        .map(|(_, _, k)| k)
+        .collect()
+}
+
+/// Counts an object that left the cache with no copy anywhere.
+pub(crate) fn count_drop(metrics: &MasterMetrics, why: DropReason) {
+    metrics
+        .dropped_objects
+        .with_label_values(&[why.label()])
+        .inc();
 }
 
 fn alloc_bytes(o: &Object) -> u64 {
