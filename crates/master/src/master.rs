@@ -12,6 +12,7 @@ pub use crate::objects::{validate_key, MAX_KEY_LEN, MAX_REPLICAS};
 use crate::objects::{Object, ObjectTable, SsdReplica};
 use crate::offload::SsdTier;
 use crate::pressure::{Placement, Pressure, Want};
+use crate::rebuild::members::Member;
 use crate::rebuild::RebuildGate;
 use crate::sync::Unsynced;
 pub use crate::writes::PutSpec;
@@ -232,7 +233,7 @@ impl Master {
             .writes
             .commit(self.model(), &self.ssd, &self.pressure, end)?;
         if let Some(size) = admit {
-            self.admit_on_put_end(key, size);
+            self.ssd.admit_on_put_end(&self.metrics, key, size);
         }
         Ok(unsynced)
     }
@@ -437,11 +438,12 @@ impl Master {
         };
         self.metrics.lookups.with_label_values(&[tier]).inc();
         if !replicas.is_empty() {
-            self.admit_on_read(key, size, u32::from(reads), !ssd.is_empty());
+            self.ssd
+                .admit_on_read(&self.metrics, key, size, u32::from(reads), !ssd.is_empty());
         } else {
             self.ssd.admission().lookup_miss(key);
             if let Some(r) = ssd.first() {
-                self.maybe_promote(key, r.owner_id);
+                self.ssd.maybe_promote(self.model(), key, r.owner_id);
             }
         }
         // Memory first, then SSD (served by the owning agent).
@@ -492,7 +494,8 @@ impl Master {
                 (obj.size, obj.reads, !obj.ssd().is_empty())
             };
             total += u64::from(r.count);
-            self.admit_on_read(&r.key, size, u32::from(n), on_ssd);
+            self.ssd
+                .admit_on_read(&self.metrics, &r.key, size, u32::from(n), on_ssd);
         }
         self.metrics.cached_reads.inc_by(total);
         Ok(())
@@ -758,8 +761,7 @@ impl Master {
         let r = self.cluster.register(self.model(), &self.keys, &req)?;
         if req.held_objects == 0 || !self.rebuilding() {
             // Nothing to report: this node is accounted for.
-            self.gate
-                .reported(crate::rebuild::members::Member::Node(req.node_id.clone()));
+            self.gate.reported(Member::Node(req.node_id.clone()));
         }
         Ok(pb::RegisterNodeResponse {
             segment_ids: r.segment_ids,
@@ -810,8 +812,7 @@ impl Master {
             .register(&req, |addr| async move { self.cluster.ping(&addr).await })
             .await?;
         // Before the owner hears back: a later master waits for its inventory.
-        self.remember(crate::rebuild::members::Member::Owner(owner_id))
-            .await?;
+        self.remember(Member::Owner(owner_id)).await?;
         let key = self
             .keys
             .owner_key(owner_id, &ProofHash::of(&req.instance_proof)?);
@@ -820,9 +821,9 @@ impl Master {
         // its SSD replicas wait for the new incarnation's verified inventory.
         let released = self.ssd.release_owner(owner_id, unix_ms());
         for t in &released {
-            self.unpin(&t.key);
+            self.ssd.unpin(self.model(), &t.key);
         }
-        self.drop_ssd_replicas_of(owner_id);
+        self.ssd.drop_replicas_of(self.model(), owner_id);
         Ok(pb::RegisterOwnerResponse {
             owner_id,
             epoch,
@@ -836,24 +837,80 @@ impl Master {
         &self,
         req: &pb::OwnerHeartbeatRequest,
     ) -> Result<pb::OwnerHeartbeatResponse> {
-        self.ssd.owners().heartbeat(req)?;
-        let tasks = match req.max_tasks {
-            0 => Vec::new(),
-            n => self.take_tasks(req.owner_id, req.epoch, (n as usize).min(10_000)),
-        };
-        let promotions = if req.accepts_promotions {
-            self.take_promotions(req.owner_id)
-        } else {
-            Vec::new()
-        };
-        let (drops, drops_through) = self.ssd.take_drops(req);
-        Ok(pb::OwnerHeartbeatResponse {
-            tasks,
-            drops,
-            promotions,
-            term: self.keys.term(),
-            drops_through,
-        })
+        self.ssd
+            .heartbeat(self.model(), self.term(), req, |size| self.place_one(size))
+    }
+
+    /// An owner's heartbeat that, with nothing to hand out, waits for
+    /// urgent offloads (`SsdTier::heartbeat_wait`).
+    pub async fn owner_heartbeat_wait(
+        &self,
+        req: &pb::OwnerHeartbeatRequest,
+    ) -> Result<pb::OwnerHeartbeatResponse> {
+        let place = |size| self.place_one(size);
+        self.ssd
+            .heartbeat_wait(self.model(), self.term(), self.closing(), req, place)
+            .await
+    }
+
+    pub async fn report_offload(&self, req: pb::ReportOffloadRequest) -> Result<()> {
+        self.ssd.report_offload(self.model(), &self.pressure, req)
+    }
+
+    pub async fn report_inventory(&self, req: pb::ReportInventoryRequest) -> Result<u64> {
+        let adopted = self.ssd.report_inventory(self.model(), &req)?;
+        if !req.relocation {
+            // A restarted master waits for this before calling keys absent.
+            self.gate.reported(Member::Owner(req.owner_id));
+        }
+        Ok(adopted)
+    }
+
+    pub async fn report_promotion(&self, req: pb::ReportPromotionRequest) -> Result<()> {
+        self.ssd.report_promotion(self.model(), req)
+    }
+
+    /// Forgets every SSD replica in `bucket_ids` of the owner (which deletes
+    /// them next). Objects left with no replica at all disappear.
+    pub fn evict_buckets(&self, req: &pb::EvictBucketsRequest) -> Result<pb::EvictBucketsResponse> {
+        self.ssd.evict_buckets(self.model(), req)
+    }
+
+    /// Drops the DRAM replicas of a key that has an SSD replica.
+    pub fn evict_memory(&self, key: &str) -> Result<()> {
+        self.ssd.evict_memory(self.model(), key)
+    }
+
+    /// Expires offload tasks whose deadline passed; their sources are
+    /// unpinned.
+    pub fn expire_offload_tasks(&self, now_ms: u64) -> usize {
+        self.ssd.expire_tasks(self.model(), now_ms)
+    }
+
+    /// Offload tasks of owners that stopped heartbeating go to a live owner
+    /// (or are dropped). Returns how many moved.
+    pub fn reassign_orphaned_tasks(&self, now_ms: u64) -> usize {
+        self.ssd
+            .reassign_orphaned_tasks(self.model(), &self.pressure, now_ms)
+    }
+
+    pub fn expire_promotions(&self, now_ms: u64) {
+        self.ssd.expire_promotions(self.model(), now_ms)
+    }
+
+    /// (queued, in flight) promotions.
+    pub fn promotion_counts(&self) -> (usize, usize) {
+        self.ssd.promotion_counts()
+    }
+
+    /// (queued, assigned) offload tasks.
+    pub fn queue_counts(&self) -> (usize, usize) {
+        self.ssd.queue_counts()
+    }
+
+    /// Pins currently held on objects (0 when no offload is in flight).
+    pub fn total_pins(&self) -> u64 {
+        self.ssd.total_pins(self.model())
     }
 
     /// Forgets a node: its segments are unmounted and every replica on them
@@ -866,6 +923,80 @@ impl Master {
     /// them and the nodes that left since the last call (both to forget).
     pub fn expire_nodes(&self, now_ms: u64) -> Vec<String> {
         self.cluster.expire(self.model(), now_ms)
+    }
+
+    // ---------------- admin ----------------
+
+    /// A key's metadata for operators; does not grant a lease.
+    pub fn describe(&self, key: &str) -> Option<serde_json::Value> {
+        self.objects.describe(key)
+    }
+
+    pub fn describe_owners(&self) -> serde_json::Value {
+        self.ssd.describe_owners()
+    }
+
+    pub fn describe_offload(&self) -> serde_json::Value {
+        self.ssd.describe_offload(|| self.total_pins())
+    }
+
+    pub fn describe_nodes(&self) -> serde_json::Value {
+        self.cluster.describe_nodes()
+    }
+
+    // ---------------- rebuild ----------------
+
+    /// Whether a node registering now should report what it holds.
+    pub(crate) fn rebuilding(&self) -> bool {
+        self.gate.rebuilding()
+    }
+
+    /// Whether puts are taken (and `/ready` says so): a restarted master
+    /// (or a new leader) waits until every member it remembers re-registered
+    /// and reported what it holds, since a put before that could take a
+    /// range a not-yet-reported object holds, and a get would call a key
+    /// an SSD owner has not reported yet "not found".
+    pub fn accepting_writes(&self) -> bool {
+        self.gate.open()
+    }
+
+    pub(crate) fn check_accepting_writes(&self) -> Result<()> {
+        self.gate.check_open()
+    }
+
+    /// Remembers a registered member durably (`RebuildGate::remember`).
+    pub async fn remember(&self, m: Member) -> Result<()> {
+        self.gate.remember(self.kv.as_ref(), m).await
+    }
+
+    /// The remembered members that did not come back within the gate's
+    /// bound, once (the caller forgets them durably, so the next master
+    /// does not wait for them either). Empty before the bound. One that
+    /// registered and is still reporting is not lost.
+    pub fn lost_members(&self) -> Vec<Member> {
+        self.gate.take_lost(|m| self.registered(m))
+    }
+
+    /// Whether `m` registered with this master.
+    pub fn registered(&self, m: &Member) -> bool {
+        match m {
+            Member::Node(id) => self.cluster.node(id).is_some(),
+            Member::Owner(id) => self.ssd.owners().registered(*id),
+        }
+    }
+
+    /// A key this master does not know (`RebuildGate::absent`).
+    pub(crate) fn absent(&self, key: &str) -> Error {
+        self.gate.absent(key)
+    }
+
+    /// Adopts the objects a store node reports it still holds.
+    pub fn adopt_node_objects(
+        &self,
+        req: &pb::ReportNodeObjectsRequest,
+    ) -> Result<pb::ReportNodeObjectsResponse> {
+        self.gate
+            .adopt_node_objects(self.model(), &self.cluster, req)
     }
 
     /// The shared model, lent to an owner for one call.

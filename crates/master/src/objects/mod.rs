@@ -8,6 +8,7 @@ use std::hash::BuildHasher;
 use std::time::Instant;
 use strata_common::{Error, Result};
 
+mod describe;
 mod retired;
 mod shard;
 pub use retired::Retired;

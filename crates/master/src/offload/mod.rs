@@ -11,12 +11,14 @@ pub(crate) mod removal;
 #[cfg(test)]
 mod tests;
 
+use crate::cluster::Replica;
 use crate::config::{MasterConfig, SsdAdmission};
 use crate::durable::DurableKv;
-use crate::master::Master;
 use crate::metrics::MasterMetrics;
+use crate::model::Model;
 use crate::objects::SsdReplica;
 use crate::pressure::eviction::DropReason;
+use crate::pressure::Pressure;
 use admission::AdmissionFilter;
 use owners::OwnerRegistry;
 use parking_lot::Mutex;
@@ -27,6 +29,7 @@ use strata_common::grant::PERM_READ;
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
+use tokio_util::sync::CancellationToken;
 
 /// The SSD tier as the master keeps it: its owners (SSD agents), the
 /// offload queue, the admission policy and filter, the removals owners must
@@ -98,6 +101,12 @@ impl SsdTier {
         queued
     }
 
+    /// The removals to send with `req`'s answer, and through which one.
+    #[cfg(test)]
+    pub(crate) fn take_drops(&self, req: &pb::OwnerHeartbeatRequest) -> (Vec<pb::SsdObject>, u64) {
+        self.drops.take(req)
+    }
+
     /// (queued, assigned) offload tasks.
     pub(crate) fn queue_counts(&self) -> (usize, usize) {
         self.queue.lock().counts()
@@ -106,11 +115,6 @@ impl SsdTier {
     /// Takes back every task `owner` held (its new incarnation registered).
     pub(crate) fn release_owner(&self, owner: u64, now_ms: u64) -> Vec<queue::Task> {
         self.queue.lock().release_owner(owner, now_ms)
-    }
-
-    /// The removals to send with `req`'s answer, and through which one.
-    pub(crate) fn take_drops(&self, req: &pb::OwnerHeartbeatRequest) -> (Vec<pb::SsdObject>, u64) {
-        self.drops.take(req)
     }
 
     /// Queues `key` for offload unless it is queued already or no owner has
@@ -153,24 +157,57 @@ impl SsdTier {
     }
 }
 
-impl Master {
+impl SsdTier {
+    /// An owner's heartbeat: its offload tasks, the copies it must drop
+    /// and, if it takes them, promotions (`place` finds their DRAM).
+    pub(crate) fn heartbeat(
+        &self,
+        m: Model,
+        term: u64,
+        req: &pb::OwnerHeartbeatRequest,
+        place: impl Fn(u64) -> Result<Vec<Replica>>,
+    ) -> Result<pb::OwnerHeartbeatResponse> {
+        self.owners.heartbeat(req)?;
+        let tasks = match req.max_tasks {
+            0 => Vec::new(),
+            n => self.take_tasks(m, req.owner_id, req.epoch, (n as usize).min(10_000)),
+        };
+        let promotions = if req.accepts_promotions {
+            self.take_promotions(m, req.owner_id, place)
+        } else {
+            Vec::new()
+        };
+        let (drops, drops_through) = self.drops.take(req);
+        Ok(pb::OwnerHeartbeatResponse {
+            tasks,
+            drops,
+            promotions,
+            term,
+            drops_through,
+        })
+    }
+
     /// An owner's heartbeat that, with nothing to hand out, waits (up to
     /// `wait_ms`, capped by the heartbeat interval so liveness is
     /// unaffected) for urgent offloads: a put waiting for their DRAM gets
     /// them copied at once, not a poll later. Other work keeps the agent's
     /// poll cadence (so buckets stay batched).
-    pub async fn owner_heartbeat_wait(
+    pub(crate) async fn heartbeat_wait(
         &self,
+        m: Model<'_>,
+        term: u64,
+        closing: &CancellationToken,
         req: &pb::OwnerHeartbeatRequest,
+        place: impl Fn(u64) -> Result<Vec<Replica>>,
     ) -> Result<pb::OwnerHeartbeatResponse> {
-        let cap = (self.cfg.node_ttl / 4).min(std::time::Duration::from_secs(1));
+        let cap = (m.cfg.node_ttl / 4).min(std::time::Duration::from_secs(1));
         let wait = std::time::Duration::from_millis(req.wait_ms.into()).min(cap);
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let notified = self.ssd.owner_work.notified();
+            let notified = self.owner_work.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let r = self.owner_heartbeat(req)?;
+            let r = self.heartbeat(m, term, req, &place)?;
             let work = !r.tasks.is_empty() || !r.drops.is_empty() || !r.promotions.is_empty();
             if work || tokio::time::Instant::now() >= deadline {
                 return Ok(r);
@@ -179,37 +216,44 @@ impl Master {
                 _ = notified => {}
                 _ = tokio::time::sleep_until(deadline) => {}
                 // The term ends: answer now rather than hold the drain.
-                _ = self.closing().cancelled() => return Ok(r),
+                _ = closing.cancelled() => return Ok(r),
             }
         }
     }
 
     /// `eager`: queue every committed object.
-    pub(crate) fn admit_on_put_end(&self, key: &str, size: u64) {
-        if self.ssd.policy.on_put_end() {
-            self.ssd.enqueue(&self.metrics, key, size);
+    pub(crate) fn admit_on_put_end(&self, metrics: &MasterMetrics, key: &str, size: u64) {
+        if self.policy.on_put_end() {
+            self.enqueue(metrics, key, size);
         }
     }
 
     /// `reads:N`: queue an object once it served N demand reads from DRAM.
     /// `reads` counts this read; `on_ssd` skips objects already there.
-    pub(crate) fn admit_on_read(&self, key: &str, size: u64, reads: u32, on_ssd: bool) {
+    pub(crate) fn admit_on_read(
+        &self,
+        metrics: &MasterMetrics,
+        key: &str,
+        size: u64,
+        reads: u32,
+        on_ssd: bool,
+    ) {
         if on_ssd {
             return;
         }
-        if let Some(n) = self.ssd.policy.reads_to_admit() {
+        if let Some(n) = self.policy.reads_to_admit() {
             if reads >= n {
-                self.ssd.enqueue(&self.metrics, key, size);
+                self.enqueue(metrics, key, size);
             }
         }
     }
 
     /// Hands up to `max` tasks to `owner`, pinning each source. Tasks whose
     /// source is gone are dropped on the spot.
-    pub(crate) fn take_tasks(&self, owner: u64, epoch: u64, max: usize) -> Vec<pb::OffloadTask> {
+    fn take_tasks(&self, m: Model, owner: u64, epoch: u64, max: usize) -> Vec<pb::OffloadTask> {
         let now = unix_ms();
-        let ttl = self.cfg.offload_task_ttl.as_millis() as u64;
-        let taken = self.ssd.queue.lock().take(owner, epoch, max, now, ttl);
+        let ttl = m.cfg.offload_task_ttl.as_millis() as u64;
+        let taken = self.queue.lock().take(owner, epoch, max, now, ttl);
         let mut out = Vec::with_capacity(taken.len());
         for t in taken {
             let deadline = match t.state {
@@ -217,7 +261,7 @@ impl Master {
                 queue::TaskState::Queued { .. } => continue,
             };
             let source = {
-                let mut shard = self.objects.shard(&t.key);
+                let mut shard = m.objects.shard(&t.key);
                 match shard.get_mut(&t.key) {
                     Some(o) if o.is_complete() && !o.replicas().is_empty() => {
                         o.pins += 1;
@@ -231,7 +275,7 @@ impl Master {
             };
             match source {
                 Some((r, size, crc)) => {
-                    self.ssd.queue.lock().note_source(t.id, size, crc);
+                    self.queue.lock().note_source(t.id, size, crc);
                     out.push(pb::OffloadTask {
                         task_id: t.id,
                         key: t.key.clone(),
@@ -243,27 +287,31 @@ impl Master {
                 }
                 None => {
                     // Removed or lost before it could be copied: nothing to pin.
-                    self.ssd.queue.lock().drop_task(t.id);
-                    self.metrics
+                    self.queue.lock().drop_task(t.id);
+                    m.metrics
                         .offload_results
                         .with_label_values(&["source_gone"])
                         .inc();
                 }
             }
         }
-        self.ssd.refresh_gauges(&self.metrics);
+        self.refresh_gauges(m.metrics);
         out
     }
 
-    pub(crate) fn unpin(&self, key: &str) {
-        if let Some(o) = self.objects.shard(key).get_mut(key) {
+    pub(crate) fn unpin(&self, m: Model, key: &str) {
+        if let Some(o) = m.objects.shard(key).get_mut(key) {
             o.pins = o.pins.saturating_sub(1);
         }
     }
 
-    pub async fn report_offload(&self, req: pb::ReportOffloadRequest) -> Result<()> {
-        self.ssd
-            .owners
+    pub(crate) fn report_offload(
+        &self,
+        m: Model,
+        pressure: &Pressure,
+        req: pb::ReportOffloadRequest,
+    ) -> Result<()> {
+        self.owners
             .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         let now = unix_ms();
         // Failures are logged once per report (a full disk fails a whole
@@ -274,7 +322,7 @@ impl Master {
             // Retrying cannot help: the owner is full, or the object's own
             // bytes fail its checksum.
             let final_failure = r.code == Code::NoSpace as u32 || r.code == Code::Corrupted as u32;
-            let res = self.ssd.queue.lock().report_with(
+            let res = self.queue.lock().report_with(
                 req.owner_id,
                 req.epoch,
                 r.task_id,
@@ -291,7 +339,7 @@ impl Master {
                     continue;
                 }
             };
-            self.unpin(&task.key);
+            self.unpin(m, &task.key);
             match outcome {
                 queue::Outcome::Persisted => {
                     // The copy is of the version the task was handed; the
@@ -302,26 +350,26 @@ impl Master {
                         offset: r.offset,
                         length: task.source.map_or(task.size, |(size, _)| size),
                     };
-                    let added = self.add_ssd_replica(&task.key, replica, task.source, false);
+                    let added = self.add_ssd_replica(m, &task.key, replica, task.source, false);
                     if added {
-                        self.pressure.free_after_offload(self.model(), &task.key);
+                        pressure.free_after_offload(m, &task.key);
                     } else {
                         // Removed, or overwritten, while it was being
                         // copied: the owner drops it. A new version is
                         // offered to the policy as at its own PutEnd (this
                         // task kept it from being queued then).
-                        self.ssd.forget(&task.key, &[replica]);
-                        let fresh = self
+                        self.forget(&task.key, &[replica]);
+                        let fresh = m
                             .objects
                             .shard(&task.key)
                             .get(&task.key)
                             .filter(|o| o.is_complete() && o.ssd().is_empty())
                             .map(|o| o.size);
                         if let Some(size) = fresh {
-                            self.admit_on_put_end(&task.key, size);
+                            self.admit_on_put_end(m.metrics, &task.key, size);
                         }
                     }
-                    self.metrics
+                    m.metrics
                         .offload_results
                         .with_label_values(&[if added {
                             "persisted"
@@ -339,7 +387,7 @@ impl Master {
                     );
                     requeued += 1;
                     example.get_or_insert((task.key.clone(), r.error.clone()));
-                    self.metrics
+                    m.metrics
                         .offload_results
                         .with_label_values(&["failed_requeued"])
                         .inc();
@@ -359,12 +407,12 @@ impl Master {
                     // SSD later. An `on-evict` victim goes at once either way.
                     let hopeless = r.code == Code::Corrupted as u32 || why == "max_attempts";
                     if hopeless {
-                        if let Some(o) = self.objects.shard(&task.key).get_mut(&task.key) {
+                        if let Some(o) = m.objects.shard(&task.key).get_mut(&task.key) {
                             o.offload_failed = true;
                         }
                     }
-                    self.drop_victim_if_pending(&task.key, DropReason::OffloadFailed);
-                    self.metrics
+                    self.drop_victim_if_pending(m, pressure, &task.key, DropReason::OffloadFailed);
+                    m.metrics
                         .offload_results
                         .with_label_values(&["dropped"])
                         .inc();
@@ -381,9 +429,9 @@ impl Master {
                 "offload tasks failed (requeued ones are retried with backoff; dropped ones stay in DRAM or, under on-evict, are dropped)"
             );
         }
-        self.ssd.refresh_gauges(&self.metrics);
+        self.refresh_gauges(m.metrics);
         // Copies landed (or failed for good): a waiting put looks again.
-        self.pressure.space_freed();
+        pressure.space_freed();
         Ok(())
     }
 
@@ -391,14 +439,15 @@ impl Master {
     /// object must match it (else the copy is stale), and with `create` an
     /// object the master does not know is created SSD-only (inventory after
     /// a master restart). Returns whether the replica was recorded.
-    pub(crate) fn add_ssd_replica(
+    fn add_ssd_replica(
         &self,
+        m: Model,
         key: &str,
         r: SsdReplica,
         expect: Option<(u64, u32)>,
         create: bool,
     ) -> bool {
-        let mut shard = self.objects.shard(key);
+        let mut shard = m.objects.shard(key);
         match shard.get_mut(key) {
             Some(o) if o.is_complete() => {
                 if let Some((size, crc)) = expect {
@@ -422,13 +471,13 @@ impl Master {
                 // its offload report never arrived): never adopted. Checked
                 // only when creating, so a live object with the same bytes
                 // keeps its copies.
-                Some((size, crc)) if self.tombstones.is_removed(key, size, crc) => {
-                    self.metrics.tombstoned_copies.inc();
+                Some((size, crc)) if m.tombstones.is_removed(key, size, crc) => {
+                    m.metrics.tombstoned_copies.inc();
                     false
                 }
                 Some((size, crc)) => {
                     shard.insert(key, crate::objects::Object::ssd_only(size, crc, r));
-                    self.metrics.keys.inc();
+                    m.metrics.keys.inc();
                     true
                 }
                 None => false,
@@ -436,12 +485,16 @@ impl Master {
         }
     }
 
-    pub async fn report_inventory(&self, req: pb::ReportInventoryRequest) -> Result<u64> {
-        self.ssd
-            .owners
+    /// Adopts the SSD copies an owner's inventory lists; returns how many.
+    pub(crate) fn report_inventory(
+        &self,
+        m: Model,
+        req: &pb::ReportInventoryRequest,
+    ) -> Result<u64> {
+        self.owners
             .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         let mut adopted = 0;
-        for o in req.objects {
+        for o in &req.objects {
             if crate::objects::validate_key(&o.key).is_err() || o.length == 0 {
                 continue;
             }
@@ -454,34 +507,29 @@ impl Master {
             // A relocation (compaction moved the object) never brings back
             // a key removed meanwhile; a restart's inventory may create it.
             let create = !req.relocation;
-            if self.add_ssd_replica(&o.key, r, Some((o.length, o.crc32c)), create) {
+            if self.add_ssd_replica(m, &o.key, r, Some((o.length, o.crc32c)), create) {
                 adopted += 1;
             } else {
                 // A stale copy of an older object under the same key.
-                self.ssd.forget(&o.key, &[r]);
+                self.forget(&o.key, &[r]);
             }
-        }
-        if !req.relocation {
-            // A restarted master waits for this before calling keys absent.
-            self.gate
-                .reported(crate::rebuild::members::Member::Owner(req.owner_id));
         }
         tracing::info!(owner = req.owner_id, adopted, "SSD inventory adopted");
         Ok(adopted)
     }
 
     /// Expires tasks whose deadline passed; their sources are unpinned.
-    pub fn expire_offload_tasks(&self, now_ms: u64) -> usize {
-        let expired = self.ssd.queue.lock().expire(now_ms);
+    pub(crate) fn expire_tasks(&self, m: Model, now_ms: u64) -> usize {
+        let expired = self.queue.lock().expire(now_ms);
         for t in &expired {
-            self.unpin(&t.key);
-            self.metrics
+            self.unpin(m, &t.key);
+            m.metrics
                 .offload_results
                 .with_label_values(&["expired_requeued"])
                 .inc();
         }
         if !expired.is_empty() {
-            self.ssd.refresh_gauges(&self.metrics);
+            self.refresh_gauges(m.metrics);
         }
         expired.len()
     }
@@ -490,16 +538,20 @@ impl Master {
     /// `--node-ttl`) go to a live owner, or, if none can take them, are
     /// dropped (an `on-evict` victim then leaves DRAM). Returns how many
     /// moved.
-    pub fn reassign_orphaned_tasks(&self, now_ms: u64) -> usize {
+    pub(crate) fn reassign_orphaned_tasks(
+        &self,
+        m: Model,
+        pressure: &Pressure,
+        now_ms: u64,
+    ) -> usize {
         let live: std::collections::HashSet<u64> = self
-            .ssd
             .owners
             .live_usage(now_ms)
             .into_iter()
             .map(|(id, _, _)| id)
             .collect();
         let orphans: Vec<queue::Task> = {
-            let mut q = self.ssd.queue.lock();
+            let mut q = self.queue.lock();
             let gone: Vec<u64> = q
                 .owners_with_queued()
                 .into_iter()
@@ -512,44 +564,48 @@ impl Master {
         }
         let (mut moved, mut dropped) = (0, 0);
         for t in &orphans {
-            if self.ssd.enqueue(&self.metrics, &t.key, t.size) {
+            if self.enqueue(m.metrics, &t.key, t.size) {
                 moved += 1;
             } else {
                 dropped += 1;
-                self.drop_victim_if_pending(&t.key, DropReason::NoOwner);
+                self.drop_victim_if_pending(m, pressure, &t.key, DropReason::NoOwner);
             }
         }
-        let m = &self.metrics.offload_results;
-        m.with_label_values(&["reassigned"]).inc_by(moved as u64);
-        m.with_label_values(&["dropped"]).inc_by(dropped as u64);
+        let results = &m.metrics.offload_results;
+        results
+            .with_label_values(&["reassigned"])
+            .inc_by(moved as u64);
+        results
+            .with_label_values(&["dropped"])
+            .inc_by(dropped as u64);
         tracing::info!(
             moved,
             dropped,
             "offload tasks of SSD owners that stopped heartbeating were placed elsewhere"
         );
-        self.ssd.refresh_gauges(&self.metrics);
+        self.refresh_gauges(m.metrics);
         moved
     }
 
     /// An `on-evict` victim whose offload will not happen leaves DRAM (or is
     /// unmarked if a reader holds it); other objects are left alone.
-    fn drop_victim_if_pending(&self, key: &str, why: DropReason) {
-        let pending = self
+    fn drop_victim_if_pending(&self, m: Model, pressure: &Pressure, key: &str, why: DropReason) {
+        let pending = m
             .objects
             .shard(key)
             .get(key)
             .is_some_and(|o| o.offload_then_free);
         if pending {
-            self.pressure.drop_victim(self.model(), key, why);
+            pressure.drop_victim(m, key, why);
         }
     }
 
     /// Forgets every SSD replica of `owner` (it registered again; its
     /// inventory report re-adds what it verified). Objects left with no
     /// replica at all disappear.
-    pub(crate) fn drop_ssd_replicas_of(&self, owner: u64) {
+    pub(crate) fn drop_replicas_of(&self, m: Model, owner: u64) {
         let mut gone = 0i64;
-        for shard in self.objects.shards() {
+        for shard in m.objects.shards() {
             shard.lock().retain(|_, o| {
                 o.retain_ssd(|r| r.owner_id != owner);
                 let keep = !o.replicas().is_empty() || !o.ssd().is_empty() || !o.is_complete();
@@ -557,15 +613,15 @@ impl Master {
                 keep
             });
         }
-        self.metrics.keys.sub(gone);
+        m.metrics.keys.sub(gone);
     }
 
     /// Drops the DRAM replicas of a key that has an SSD replica.
-    pub fn evict_memory(&self, key: &str) -> Result<()> {
+    pub(crate) fn evict_memory(&self, m: Model, key: &str) -> Result<()> {
         crate::objects::validate_key(key)?;
         let now = unix_ms();
         let obj = {
-            let mut shard = self.objects.shard(key);
+            let mut shard = m.objects.shard(key);
             let o = shard
                 .get_mut(key)
                 .ok_or_else(|| Error::not_found(format!("key {key:?} not found")))?;
@@ -587,14 +643,9 @@ impl Master {
         Ok(())
     }
 
-    /// (queued, assigned) offload tasks.
-    pub fn queue_counts(&self) -> (usize, usize) {
-        self.ssd.queue_counts()
-    }
-
     /// Pins currently held on objects (0 when no offload is in flight).
-    pub fn total_pins(&self) -> u64 {
-        self.objects
+    pub(crate) fn total_pins(&self, m: Model) -> u64 {
+        m.objects
             .shards()
             .map(|s| s.lock().values().map(|o| o.pins as u64).sum::<u64>())
             .sum()

@@ -6,8 +6,9 @@
 //! the object only when the agent reports the copy done, and is freed on
 //! failure, on expiry, or if the object changed meanwhile.
 
+use super::SsdTier;
 use crate::cluster::Replica;
-use crate::master::Master;
+use crate::model::Model;
 use std::collections::{HashMap, HashSet, VecDeque};
 use strata_common::grant::PERM_WRITE;
 use strata_common::time::unix_ms;
@@ -42,19 +43,19 @@ fn free(replicas: Vec<Replica>) {
     }
 }
 
-impl Master {
+impl SsdTier {
     /// Called on an SSD hit: queues `key` for promotion by `owner`.
-    pub(crate) fn maybe_promote(&self, key: &str, owner: u64) {
-        if !self.cfg.promote_on_hit {
+    pub(crate) fn maybe_promote(&self, m: Model, key: &str, owner: u64) {
+        if !m.cfg.promote_on_hit {
             return;
         }
-        let mut p = self.ssd.promotions.lock();
+        let mut p = self.promotions.lock();
         if p.keys.contains(key) {
             return;
         }
-        if p.queued_len >= self.cfg.promote_queue {
+        if p.queued_len >= m.cfg.promote_queue {
             drop(p);
-            self.metrics
+            m.metrics
                 .promotions
                 .with_label_values(&["queue_full"])
                 .inc();
@@ -67,13 +68,19 @@ impl Master {
             .push_back(key.to_string());
         p.queued_len += 1;
         drop(p);
-        self.metrics.promotions.with_label_values(&["queued"]).inc();
+        m.metrics.promotions.with_label_values(&["queued"]).inc();
     }
 
     /// Hands `owner` its next promotions, each with a DRAM range to fill.
-    pub(crate) fn take_promotions(&self, owner: u64) -> Vec<pb::PromoteTask> {
+    /// `place` finds the DRAM of one promoted object (a `Pressure` placement).
+    pub(crate) fn take_promotions(
+        &self,
+        m: Model,
+        owner: u64,
+        place: impl Fn(u64) -> Result<Vec<Replica>>,
+    ) -> Vec<pb::PromoteTask> {
         let keys: Vec<String> = {
-            let mut p = self.ssd.promotions.lock();
+            let mut p = self.promotions.lock();
             let Some(q) = p.queued.get_mut(&owner) else {
                 return Vec::new();
             };
@@ -86,15 +93,15 @@ impl Master {
             keys
         };
         let now = unix_ms();
-        let deadline = now + self.cfg.offload_task_ttl.as_millis() as u64;
+        let deadline = now + m.cfg.offload_task_ttl.as_millis() as u64;
         let mut out = Vec::new();
         for key in keys {
             // Still SSD-only, and held by this owner?
-            let src = self.objects.shard(&key).get(&key).and_then(|o| {
+            let src = m.objects.shard(&key).get(&key).and_then(|o| {
                 let s = o.ssd().iter().find(|s| s.owner_id == owner)?;
                 (o.is_complete() && o.replicas().is_empty()).then_some((o.size, o.crc32c, *s))
             });
-            let placed = src.map(|(size, crc, s)| (size, crc, s, self.place_one(size)));
+            let placed = src.map(|(size, crc, s)| (size, crc, s, place(size)));
             let (size, crc, s, replicas) = match placed {
                 Some((size, crc, s, Ok(r))) => (size, crc, s, r),
                 other => {
@@ -103,13 +110,13 @@ impl Master {
                     } else {
                         "stale"
                     };
-                    self.metrics.promotions.with_label_values(&[why]).inc();
-                    self.ssd.promotions.lock().keys.remove(&key);
+                    m.metrics.promotions.with_label_values(&[why]).inc();
+                    self.promotions.lock().keys.remove(&key);
                     continue;
                 }
             };
             let dest = replicas[0].view(size, PERM_WRITE, deadline, false);
-            let mut p = self.ssd.promotions.lock();
+            let mut p = self.promotions.lock();
             p.next_id += 1;
             let task_id = p.next_id;
             p.in_flight.insert(
@@ -137,13 +144,12 @@ impl Master {
         out
     }
 
-    pub async fn report_promotion(&self, req: pb::ReportPromotionRequest) -> Result<()> {
-        self.ssd
-            .owners
+    pub(crate) fn report_promotion(&self, m: Model, req: pb::ReportPromotionRequest) -> Result<()> {
+        self.owners
             .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         for r in req.results {
             let Some(f) = ({
-                let mut p = self.ssd.promotions.lock();
+                let mut p = self.promotions.lock();
                 let f = p
                     .in_flight
                     .remove_entry(&r.task_id)
@@ -161,11 +167,11 @@ impl Master {
             if !r.ok {
                 tracing::debug!(key = f.key, error = r.error, "promotion failed");
                 free(f.replicas);
-                self.metrics.promotions.with_label_values(&["failed"]).inc();
+                m.metrics.promotions.with_label_values(&["failed"]).inc();
                 continue;
             }
             let leftover = {
-                let mut shard = self.objects.shard(&f.key);
+                let mut shard = m.objects.shard(&f.key);
                 match shard.get_mut(&f.key) {
                     Some(o)
                         if o.is_complete()
@@ -199,15 +205,15 @@ impl Master {
                     "stale"
                 }
             };
-            self.metrics.promotions.with_label_values(&[outcome]).inc();
+            m.metrics.promotions.with_label_values(&[outcome]).inc();
         }
         Ok(())
     }
 
     /// Frees the ranges of promotions not reported in time.
-    pub fn expire_promotions(&self, now_ms: u64) {
+    pub(crate) fn expire_promotions(&self, m: Model, now_ms: u64) {
         let expired: Vec<InFlight> = {
-            let mut p = self.ssd.promotions.lock();
+            let mut p = self.promotions.lock();
             let ids: Vec<u64> = p
                 .in_flight
                 .iter()
@@ -222,16 +228,13 @@ impl Master {
         };
         for f in expired {
             free(f.replicas);
-            self.metrics
-                .promotions
-                .with_label_values(&["expired"])
-                .inc();
+            m.metrics.promotions.with_label_values(&["expired"]).inc();
         }
     }
 
     /// (queued, in flight) promotions.
-    pub fn promotion_counts(&self) -> (usize, usize) {
-        let p = self.ssd.promotions.lock();
+    pub(crate) fn promotion_counts(&self) -> (usize, usize) {
+        let p = self.promotions.lock();
         (p.queued_len, p.in_flight.len())
     }
 }

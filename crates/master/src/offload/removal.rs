@@ -10,7 +10,7 @@
 //! owner's inventory again.
 
 use super::SsdTier;
-use crate::master::Master;
+use crate::model::Model;
 use crate::objects::SsdReplica;
 use crate::sync::{Acks, Unsynced};
 use parking_lot::Mutex;
@@ -130,18 +130,19 @@ impl SsdTier {
         self.owner_work.notify_waiters();
         unsynced
     }
-}
 
-impl Master {
     /// Forgets every SSD replica in `bucket_ids` of the owner (which deletes
     /// them next). Objects left with no replica at all disappear.
-    pub fn evict_buckets(&self, req: &pb::EvictBucketsRequest) -> Result<pb::EvictBucketsResponse> {
-        self.ssd
-            .owners
+    pub(crate) fn evict_buckets(
+        &self,
+        m: Model,
+        req: &pb::EvictBucketsRequest,
+    ) -> Result<pb::EvictBucketsResponse> {
+        self.owners
             .check_epoch(req.owner_id, req.epoch, &req.instance_proof)?;
         let doomed: HashSet<u64> = req.bucket_ids.iter().copied().collect();
         let (mut dropped, mut gone) = (0u64, 0i64);
-        for shard in self.objects.shards() {
+        for shard in m.objects.shards() {
             shard.lock().retain(|_, o| {
                 dropped += o
                     .retain_ssd(|r| r.owner_id != req.owner_id || !doomed.contains(&r.bucket_id))
@@ -151,7 +152,7 @@ impl Master {
                 keep
             });
         }
-        self.metrics.keys.sub(gone);
+        m.metrics.keys.sub(gone);
         tracing::info!(
             owner = req.owner_id,
             buckets = doomed.len(),

@@ -10,9 +10,10 @@
 pub mod members;
 
 use crate::cluster::allocator::{aligned_len, ALIGN};
+use crate::cluster::Cluster;
 use crate::cluster::Replica;
 use crate::durable::DurableKv;
-use crate::master::Master;
+use crate::model::Model;
 use crate::objects::validate_key;
 use crate::objects::Object;
 use members::{Member, Members};
@@ -150,7 +151,7 @@ impl RebuildGate {
 
     /// The remembered members that did not come back within the bound
     /// and are not `registered`, once; empty before the bound.
-    fn take_lost(&self, registered: impl Fn(&Member) -> bool) -> Vec<Member> {
+    pub(crate) fn take_lost(&self, registered: impl Fn(&Member) -> bool) -> Vec<Member> {
         if !self.restarted
             || self.started.elapsed() < self.bound()
             || self.lost_taken.swap(true, Ordering::Relaxed)
@@ -163,56 +164,22 @@ impl RebuildGate {
     }
 }
 
-impl Master {
-    /// Whether a node registering now should report what it holds.
-    pub(crate) fn rebuilding(&self) -> bool {
-        self.gate.rebuilding()
-    }
-
-    /// Whether puts are taken (and `/ready` says so): a restarted master
-    /// (or a new leader) waits until every member it remembers re-registered
-    /// and reported what it holds, since a put before that could take a
-    /// range a not-yet-reported object holds, and a get would call a key
-    /// an SSD owner has not reported yet "not found".
-    pub fn accepting_writes(&self) -> bool {
-        self.gate.open()
-    }
-
-    pub(crate) fn check_accepting_writes(&self) -> Result<()> {
-        self.gate.check_open()
-    }
-
+impl RebuildGate {
     /// Remembers a registered member durably, so a later master waits for
     /// it. A registration whose member is not remembered fails (retryably):
     /// a later master would not wait for its report.
-    pub async fn remember(&self, m: Member) -> Result<()> {
-        members::remember(self.kv.as_ref(), &m).await.map_err(|e| {
+    pub(crate) async fn remember(&self, kv: &dyn DurableKv, m: Member) -> Result<()> {
+        members::remember(kv, &m).await.map_err(|e| {
             Error::unavailable(format!(
                 "could not record {m} in the durable state ({e}); retry"
             ))
         })
     }
 
-    /// The remembered members that did not come back within the gate's
-    /// bound, once (the caller forgets them durably, so the next master
-    /// does not wait for them either). Empty before the bound. One that
-    /// registered and is still reporting is not lost.
-    pub fn lost_members(&self) -> Vec<Member> {
-        self.gate.take_lost(|m| self.registered(m))
-    }
-
-    /// Whether `m` registered with this master.
-    pub fn registered(&self, m: &Member) -> bool {
-        match m {
-            Member::Node(id) => self.cluster.node(id).is_some(),
-            Member::Owner(id) => self.ssd.owners().registered(*id),
-        }
-    }
-
     /// A key this master does not know: not found, unless it is still
     /// rebuilding (then a member may yet report it: retry).
     pub(crate) fn absent(&self, key: &str) -> Error {
-        if self.accepting_writes() {
+        if self.open() {
             return Error::not_found(format!("key {key:?} not found"));
         }
         Error::new(
@@ -224,8 +191,10 @@ impl Master {
     }
 
     /// Adopts the objects a store node reports it still holds.
-    pub fn adopt_node_objects(
+    pub(crate) fn adopt_node_objects(
         &self,
+        m: Model,
+        cluster: &Cluster,
         req: &pb::ReportNodeObjectsRequest,
     ) -> Result<pb::ReportNodeObjectsResponse> {
         if req.objects.len() > MAX_REPORT {
@@ -234,8 +203,7 @@ impl Master {
                 req.objects.len()
             )));
         }
-        let node = self
-            .cluster
+        let node = cluster
             .node(&req.node_id)
             .ok_or_else(|| Error::not_found(format!("node {:?} is not registered", req.node_id)))?;
         if !node.proof.matches(&req.instance_proof) || node.incarnation != req.incarnation {
@@ -247,14 +215,14 @@ impl Master {
                 ),
             ));
         }
-        let segments = self.cluster.segments_of(&node);
+        let segments = cluster.segments_of(&node);
         let mut out = pb::ReportNodeObjectsResponse::default();
         for o in &req.objects {
             let seg = usize::try_from(o.local_segment)
                 .ok()
                 .and_then(|i| segments.get(i).cloned().flatten());
             let outcome = match seg {
-                Some(seg) => self.adopt_one(o, seg),
+                Some(seg) => adopt_one(m, cluster, o, seg),
                 None => Err(Refusal::Malformed),
             };
             let label = match outcome {
@@ -267,7 +235,7 @@ impl Master {
                     // forget them through the object log.
                     old.release();
                     out.adopted += 1;
-                    self.metrics
+                    m.metrics
                         .rebuilt_objects
                         .with_label_values(&["older_version_dropped"])
                         .inc();
@@ -278,13 +246,10 @@ impl Master {
                     why.label()
                 }
             };
-            self.metrics
-                .rebuilt_objects
-                .with_label_values(&[label])
-                .inc();
+            m.metrics.rebuilt_objects.with_label_values(&[label]).inc();
         }
         if req.last {
-            self.gate.reported(Member::Node(req.node_id.clone()));
+            self.reported(Member::Node(req.node_id.clone()));
         }
         tracing::info!(
             node = req.node_id,
@@ -295,104 +260,105 @@ impl Master {
         );
         Ok(out)
     }
+}
 
-    fn adopt_one(
-        &self,
-        o: &pb::NodeObject,
-        seg: std::sync::Arc<crate::cluster::SegmentEntry>,
-    ) -> std::result::Result<Adopted, Refusal> {
-        if validate_key(&o.key).is_err() || o.length == 0 || !o.offset.is_multiple_of(ALIGN) {
-            return Err(Refusal::Malformed);
-        }
-        let len = aligned_len(o.length).ok_or(Refusal::Malformed)?;
-        if self.tombstones.is_removed(&o.key, o.length, o.crc32c) {
-            return Err(Refusal::Removed);
-        }
-        if !seg.reserve(o.offset, len) {
-            return Err(Refusal::RangeInUse);
-        }
-        // The commit's own generation (grants for the range keep fencing
-        // as before); a fresh one if the node did not say.
-        let generation = if o.generation > 0 {
-            // Later allocations must get newer generations than every
-            // adopted one (a successor whose clock is behind would hand an
-            // overwrite an older generation than the version it replaces,
-            // and a rebuild keeps the newest). Capped a day ahead of this
-            // clock, so a node's claim cannot exhaust the counter.
-            let cap = strata_common::time::unix_ms().saturating_add(86_400_000) << 16;
-            if o.generation < cap {
-                self.cluster.raise_generation(o.generation);
-            }
-            o.generation
-        } else {
-            self.cluster.next_generation()
-        };
-        let replica = Replica {
-            seg: seg.clone(),
-            offset: o.offset,
-            alloc_len: len,
-            generation,
-        };
-        let adopted = {
-            let mut shard = self.objects.shard(&o.key);
-            let adopted = match shard.get_mut(&o.key) {
-                None => {
-                    shard.insert(
-                        &o.key,
-                        Object::committed(o.length, o.crc32c, vec![replica], Vec::new()),
-                    );
-                    self.metrics.keys.inc();
-                    Ok(Adopted::Added)
-                }
-                // Another replica of the same bytes (a second node's copy).
-                Some(x)
-                    if x.is_complete()
-                        && x.size == o.length
-                        && x.crc32c == o.crc32c
-                        && x.replicas().iter().all(|r| r.seg.id != seg.id) =>
-                {
-                    x.push_replica(replica);
-                    Ok(Adopted::Added)
-                }
-                // Another version: the newest commit wins. Only between
-                // DRAM copies whose generations are known (an SSD copy's is
-                // not), and never under a pin.
-                Some(x)
-                    if x.is_complete()
-                        && (x.size, x.crc32c) != (o.length, o.crc32c)
-                        && x.ssd().is_empty()
-                        && x.pins == 0
-                        && o.generation > 0
-                        && x.replicas().iter().all(|r| r.generation < o.generation) =>
-                {
-                    let old = std::mem::replace(
-                        x,
-                        Object::committed(o.length, o.crc32c, vec![replica], Vec::new()),
-                    );
-                    Ok(Adopted::ReplacedOlder(old))
-                }
-                Some(_) => Err(replica),
-            };
-            if adopted.is_ok() {
-                // The node's records come back through its object log;
-                // logged under the shard lock, so a removal or a PutEnd of
-                // the object logs after it.
-                seg.node.log_object(
-                    pb::object_log_entry::Op::Commit,
-                    true,
-                    &o.key,
-                    seg.id,
-                    o.offset,
-                    o.length,
-                    o.crc32c,
-                    generation,
-                );
-            }
-            adopted
-        };
-        adopted.map_err(|r| {
-            r.seg.free(r.offset, r.alloc_len);
-            Refusal::OtherVersion
-        })
+fn adopt_one(
+    m: Model,
+    cluster: &Cluster,
+    o: &pb::NodeObject,
+    seg: std::sync::Arc<crate::cluster::SegmentEntry>,
+) -> std::result::Result<Adopted, Refusal> {
+    if validate_key(&o.key).is_err() || o.length == 0 || !o.offset.is_multiple_of(ALIGN) {
+        return Err(Refusal::Malformed);
     }
+    let len = aligned_len(o.length).ok_or(Refusal::Malformed)?;
+    if m.tombstones.is_removed(&o.key, o.length, o.crc32c) {
+        return Err(Refusal::Removed);
+    }
+    if !seg.reserve(o.offset, len) {
+        return Err(Refusal::RangeInUse);
+    }
+    // The commit's own generation (grants for the range keep fencing
+    // as before); a fresh one if the node did not say.
+    let generation = if o.generation > 0 {
+        // Later allocations must get newer generations than every
+        // adopted one (a successor whose clock is behind would hand an
+        // overwrite an older generation than the version it replaces,
+        // and a rebuild keeps the newest). Capped a day ahead of this
+        // clock, so a node's claim cannot exhaust the counter.
+        let cap = strata_common::time::unix_ms().saturating_add(86_400_000) << 16;
+        if o.generation < cap {
+            cluster.raise_generation(o.generation);
+        }
+        o.generation
+    } else {
+        cluster.next_generation()
+    };
+    let replica = Replica {
+        seg: seg.clone(),
+        offset: o.offset,
+        alloc_len: len,
+        generation,
+    };
+    let adopted = {
+        let mut shard = m.objects.shard(&o.key);
+        let adopted = match shard.get_mut(&o.key) {
+            None => {
+                shard.insert(
+                    &o.key,
+                    Object::committed(o.length, o.crc32c, vec![replica], Vec::new()),
+                );
+                m.metrics.keys.inc();
+                Ok(Adopted::Added)
+            }
+            // Another replica of the same bytes (a second node's copy).
+            Some(x)
+                if x.is_complete()
+                    && x.size == o.length
+                    && x.crc32c == o.crc32c
+                    && x.replicas().iter().all(|r| r.seg.id != seg.id) =>
+            {
+                x.push_replica(replica);
+                Ok(Adopted::Added)
+            }
+            // Another version: the newest commit wins. Only between
+            // DRAM copies whose generations are known (an SSD copy's is
+            // not), and never under a pin.
+            Some(x)
+                if x.is_complete()
+                    && (x.size, x.crc32c) != (o.length, o.crc32c)
+                    && x.ssd().is_empty()
+                    && x.pins == 0
+                    && o.generation > 0
+                    && x.replicas().iter().all(|r| r.generation < o.generation) =>
+            {
+                let old = std::mem::replace(
+                    x,
+                    Object::committed(o.length, o.crc32c, vec![replica], Vec::new()),
+                );
+                Ok(Adopted::ReplacedOlder(old))
+            }
+            Some(_) => Err(replica),
+        };
+        if adopted.is_ok() {
+            // The node's records come back through its object log;
+            // logged under the shard lock, so a removal or a PutEnd of
+            // the object logs after it.
+            seg.node.log_object(
+                pb::object_log_entry::Op::Commit,
+                true,
+                &o.key,
+                seg.id,
+                o.offset,
+                o.length,
+                o.crc32c,
+                generation,
+            );
+        }
+        adopted
+    };
+    adopted.map_err(|r| {
+        r.seg.free(r.offset, r.alloc_len);
+        Refusal::OtherVersion
+    })
 }
