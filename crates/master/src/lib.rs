@@ -14,6 +14,7 @@ pub mod objects;
 pub mod offload;
 pub mod pressure;
 mod quick_calls;
+mod reads;
 pub mod rebuild;
 pub mod service;
 pub mod serving;
@@ -313,7 +314,7 @@ async fn housekeeping(m: Arc<Master>, shutdown: CancellationToken) {
         // may resume, so it is forgotten only in the second way.)
         let lost = dead.into_iter().map(Member::Node);
         for who in lost.chain(m.lost_members()) {
-            if let Err(e) = rebuild::members::forget(m.kv.as_ref(), &who).await {
+            if let Err(e) = m.forget(&who).await {
                 tracing::warn!(member = %who, error = %e, "could not forget a lost member durably");
                 continue;
             }
@@ -334,7 +335,7 @@ async fn evictor(m: Arc<Master>, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = m.pressure.evictor_wanted() => {}
+            _ = m.evictor_wanted() => {}
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
         let m2 = m.clone();

@@ -8,10 +8,11 @@ use crate::durable::{DurableKv, FileKv, MemKv};
 use crate::grants::TermKeys;
 use crate::metrics::MasterMetrics;
 use crate::model::Model;
+use crate::objects::ObjectTable;
 pub use crate::objects::{validate_key, MAX_KEY_LEN, MAX_REPLICAS};
-use crate::objects::{Object, ObjectTable, SsdReplica};
 use crate::offload::SsdTier;
 use crate::pressure::{Placement, Pressure, Want};
+use crate::reads;
 use crate::rebuild::members::Member;
 use crate::rebuild::RebuildGate;
 use crate::sync::Unsynced;
@@ -20,36 +21,34 @@ use crate::writes::{PutEnd, Writes};
 use std::sync::Arc;
 use std::time::Instant;
 use strata_common::auth::ProofHash;
-use strata_common::grant::{ssd_segment_id, GrantScope, PERM_READ, PERM_SSD_READ, PERM_STAGE};
-use strata_common::time::unix_ms;
-use strata_common::{Code, Error, Result};
+use strata_common::Result;
 use strata_proto as pb;
 
 /// Removal tombstones kept at most (the oldest are forgotten beyond it).
 const MAX_TOMBSTONES: usize = 4 << 20;
 pub struct Master {
-    pub(crate) cfg: MasterConfig,
+    cfg: MasterConfig,
     /// The leadership term and the keys derived for it (`grants.rs`).
     keys: TermKeys,
-    pub(crate) objects: ObjectTable,
+    objects: ObjectTable,
     /// Store nodes, their segments, and what is handed out to them.
-    pub(crate) cluster: Cluster,
+    cluster: Cluster,
     /// The rebuild of this term's metadata from its members (`rebuild/`).
-    pub(crate) gate: RebuildGate,
-    pub(crate) kv: Arc<dyn DurableKv>,
+    gate: RebuildGate,
+    kv: Arc<dyn DurableKv>,
     /// Puts in flight and their deadlines (`writes.rs`).
     writes: Writes,
     /// DRAM pressure: puts waiting for room, the evictor's wake-up
     /// (`pressure/`).
-    pub(crate) pressure: Pressure,
+    pressure: Pressure,
     pub metrics: MasterMetrics,
     /// The SSD tier: owners, offload queue, admission, removals,
     /// promotions (`offload/`).
-    pub(crate) ssd: SsdTier,
+    ssd: SsdTier,
     /// Removed objects whose SSD copies must never be adopted again.
-    pub(crate) tombstones: crate::tombstones::Tombstones,
+    tombstones: crate::tombstones::Tombstones,
     /// Versions an overwrite replaced, kept for their readers.
-    pub(crate) retired: crate::objects::Retired,
+    retired: crate::objects::Retired,
 }
 
 impl Master {
@@ -116,44 +115,6 @@ impl Master {
 
     pub fn term(&self) -> u64 {
         self.keys.term()
-    }
-
-    /// An SSD replica as a client sees it; with `stage`, its grant also
-    /// lets the reader stage it for a one-sided read (rdma callers only:
-    /// the window's remote key opens all of it).
-    fn ssd_view(&self, r: &SsdReplica, expires: u64, now: u64, stage: bool) -> Option<pb::Replica> {
-        let (addr, handle, key) = self.ssd.owners().endpoint(r.owner_id, now)?;
-        let perm = if stage {
-            PERM_SSD_READ | PERM_STAGE
-        } else {
-            PERM_SSD_READ
-        };
-        let scope = GrantScope {
-            perm,
-            segment_id: ssd_segment_id(r.owner_id, r.bucket_id),
-            offset: r.offset,
-            length: r.length,
-            expires_unix_ms: expires,
-            generation: 0,
-        };
-        Some(pb::Replica {
-            kind: pb::ReplicaKind::Ssd as i32,
-            node_id: handle,
-            data_addr: addr,
-            segment_id: scope.segment_id,
-            offset: r.offset,
-            length: r.length,
-            grant: Some(pb::Grant {
-                perm,
-                expires_unix_ms: expires,
-                generation: 0,
-                mac: key.sign(&scope).to_vec(),
-            }),
-            state: pb::ReplicaState::Complete as i32,
-            owner_id: r.owner_id,
-            ucx_route: 0,
-            record: Vec::new(),
-        })
     }
 
     pub fn config(&self) -> &MasterConfig {
@@ -382,6 +343,11 @@ impl Master {
             .freed
     }
 
+    /// Fires when a put asked the evictor to run.
+    pub(crate) fn evictor_wanted(&self) -> tokio::sync::futures::Notified<'_> {
+        self.pressure.evictor_wanted()
+    }
+
     /// One background pass: above the high watermark, free
     /// `--eviction-ratio` of capacity below it.
     pub fn evict_to_watermark(&self) -> u64 {
@@ -396,172 +362,27 @@ impl Master {
     }
 
     /// Like [`Master::get_replicas`]; with `stage` (an rdma caller), SSD
-    /// grants also allow staging for a one-sided read.
+    /// grants also allow staging for a one-sided read (`reads.rs`).
     pub fn get_replicas_for(&self, key: &str, stage: bool) -> Result<pb::GetReplicasResponse> {
-        validate_key(key)?;
-        let now = unix_ms();
-        let (size, crc, replicas, ssd, lease, reads) = {
-            let mut shard = self.objects.shard(key);
-            let Some(obj) = shard.get_mut(key) else {
-                drop(shard);
-                self.ssd.admission().lookup_miss(key);
-                self.metrics.lookups.with_label_values(&["miss"]).inc();
-                return Err(self.absent(key));
-            };
-            if !obj.is_complete() {
-                return Err(Error::new(
-                    Code::NotReady,
-                    format!("key {key:?} is not ready: it is still being written (no PutEnd yet)"),
-                ));
-            }
-            obj.lease_until_ms = obj
-                .lease_until_ms
-                .max(now + self.cfg.lease_ttl.as_millis() as u64);
-            obj.last_access_ms = now;
-            if !obj.replicas().is_empty() {
-                obj.reads = obj.reads.saturating_add(1);
-            }
-            let ssd = obj.ssd().to_vec();
-            (
-                obj.size,
-                obj.crc32c,
-                obj.replicas().to_vec(),
-                ssd,
-                obj.lease_until_ms,
-                obj.reads,
-            )
-        };
-        let tier = match (replicas.is_empty(), ssd.is_empty()) {
-            (false, _) => "dram",
-            (true, false) => "ssd",
-            (true, true) => "miss",
-        };
-        self.metrics.lookups.with_label_values(&[tier]).inc();
-        if !replicas.is_empty() {
-            self.ssd
-                .admit_on_read(&self.metrics, key, size, u32::from(reads), !ssd.is_empty());
-        } else {
-            self.ssd.admission().lookup_miss(key);
-            if let Some(r) = ssd.first() {
-                self.ssd.maybe_promote(self.model(), key, r.owner_id);
-            }
-        }
-        // Memory first, then SSD (served by the owning agent).
-        let mut views: Vec<pb::Replica> = replicas
-            .iter()
-            .map(|r| r.view(size, PERM_READ, lease, true))
-            .collect();
-        views.extend(
-            ssd.iter()
-                .filter_map(|r| self.ssd_view(r, lease, now, stage)),
-        );
-        if views.is_empty() {
-            return Err(Error::unavailable(format!(
-                "key {key:?} has no live replica"
-            )));
-        }
-        Ok(pb::GetReplicasResponse {
-            size,
-            crc32c: crc,
-            replicas: views,
-            lease_until_unix_ms: lease,
-            lease_ms: lease.saturating_sub(now),
-        })
+        reads::get_replicas(self.model(), &self.ssd, &self.gate, key, stage)
     }
 
-    /// Counts reads a client served from its location cache, as if each
-    /// had been a lookup: read-count admission and LRU age see them. Never
-    /// extends a lease (the client's cache lives inside the one it was
-    /// given). Keys gone meanwhile are skipped.
+    /// Counts reads a client served from its location cache (`reads.rs`).
     pub fn report_reads(&self, reads: &[pb::KeyReads]) -> Result<()> {
-        for r in reads {
-            validate_key(&r.key)?;
-        }
-        let now = unix_ms();
-        let mut total = 0u64;
-        for r in reads.iter().filter(|r| r.count > 0) {
-            let (size, n, on_ssd) = {
-                let mut shard = self.objects.shard(&r.key);
-                let Some(obj) = shard.get_mut(&r.key) else {
-                    continue;
-                };
-                if !obj.is_complete() || obj.replicas().is_empty() {
-                    continue;
-                }
-                obj.last_access_ms = obj.last_access_ms.max(now);
-                let add = u16::try_from(r.count).unwrap_or(u16::MAX);
-                obj.reads = obj.reads.saturating_add(add);
-                (obj.size, obj.reads, !obj.ssd().is_empty())
-            };
-            total += u64::from(r.count);
-            self.ssd
-                .admit_on_read(&self.metrics, &r.key, size, u32::from(n), on_ssd);
-        }
-        self.metrics.cached_reads.inc_by(total);
-        Ok(())
+        reads::report_reads(self.model(), &self.ssd, reads)
     }
 
     pub fn inspect(&self, key: &str) -> Result<pb::InspectResponse> {
-        validate_key(key)?;
-        let shard = self.objects.shard(key);
-        let o = shard
-            .get(key)
-            .ok_or_else(|| Error::not_found(format!("key {key:?} not found")))?;
-        let complete = o.is_complete();
-        let now = unix_ms();
-        let mut replicas: Vec<pb::Replica> = o
-            .replicas()
-            .iter()
-            .map(|r| pb::Replica {
-                grant: None,
-                ..r.view(o.size, 0, 0, complete)
-            })
-            .collect();
-        replicas.extend(
-            o.ssd()
-                .iter()
-                .filter_map(|r| self.ssd_view(r, 0, now, false))
-                .map(|r| pb::Replica { grant: None, ..r }),
-        );
-        Ok(pb::InspectResponse {
-            key: key.to_string(),
-            size: o.size,
-            crc32c: o.crc32c,
-            complete,
-            replicas,
-            lease_until_unix_ms: o.lease_until_ms,
-            hard_pin: o.hard_pin,
-            soft_pin: o.soft_pin,
-        })
+        reads::inspect(self.model(), &self.ssd, key)
     }
 
     pub fn exists(&self, key: &str) -> Result<bool> {
-        validate_key(key)?;
-        let found = self
-            .objects
-            .shard(key)
-            .get(key)
-            .is_some_and(|o| o.is_complete());
-        if !found && !self.accepting_writes() {
-            return Err(self.absent(key));
-        }
-        Ok(found)
+        reads::exists(self.model(), &self.gate, key)
     }
 
-    /// The committed size of `key`, `None` when it is absent (an error
-    /// while the rebuild window leaves its absence unsure, as `exists`).
+    /// The committed size of `key`, `None` when it is absent.
     pub fn committed_size(&self, key: &str) -> Result<Option<u64>> {
-        validate_key(key)?;
-        let size = self
-            .objects
-            .shard(key)
-            .get(key)
-            .filter(|o| o.is_complete())
-            .map(|o| o.size);
-        if size.is_none() && !self.accepting_writes() {
-            return Err(self.absent(key));
-        }
-        Ok(size)
+        reads::committed_size(self.model(), &self.gate, key)
     }
 
     // ---------------- remove ----------------
@@ -570,86 +391,19 @@ impl Master {
         self.remove_unsynced(key, force).map(|_| ())
     }
 
-    /// Removes a key; the frees reach its nodes' records with their next
-    /// heartbeat, and the caller waits for that as a PutEnd does (a master
-    /// that dies right after must not leave the removed object in the
-    /// records its successor rebuilds from).
+    /// Removes a key; the caller waits for its nodes and owners to apply
+    /// it (`writes/removal.rs`).
     pub(crate) fn remove_unsynced(&self, key: &str, force: bool) -> Result<Unsynced> {
-        validate_key(key)?;
-        let now = unix_ms();
-        let obj = {
-            let mut shard = self.objects.shard(key);
-            let obj = shard.get(key).ok_or_else(|| self.absent(key))?;
-            if !force && !obj.is_complete() {
-                return Err(Error::new(
-                    Code::NotReady,
-                    format!("key {key:?} is being written; revoke the put or remove with force"),
-                ));
-            }
-            if !force && obj.pins > 0 {
-                return Err(Error::new(
-                    Code::Leased,
-                    format!(
-                        "key {key:?} is being copied to SSD; retry shortly or remove with force"
-                    ),
-                ));
-            }
-            if !force && obj.leased(now) {
-                return Err(Error::new(
-                    Code::Leased,
-                    format!(
-                        "key {key:?} is leased to a reader for another {} ms; retry later or remove with force",
-                        obj.lease_until_ms - now
-                    ),
-                ));
-            }
-            shard.remove(key)
-        };
-        if let Some(o) = obj {
-            self.metrics.keys.dec();
-            self.model().tombstone(&[(key, &o)]);
-            let mut unsynced = self.ssd.forget(key, o.ssd());
-            unsynced.extend(o.release_unsynced().1);
-            self.pressure.space_freed();
-            return Ok(unsynced);
-        }
-        Ok(Default::default())
+        let m = self.model();
+        self.writes
+            .remove(m, &self.ssd, &self.pressure, &self.gate, key, force)
     }
 
     /// Removes every committed object; leased ones are skipped unless `force`.
     /// Objects being written are always skipped. Returns (removed, skipped).
     pub fn remove_all(&self, force: bool) -> (u64, u64) {
-        let now = unix_ms();
-        let (mut removed, mut skipped) = (0, 0);
-        for shard in self.objects.shards() {
-            let victims: Vec<(String, Object)> = {
-                let mut s = shard.lock();
-                let keys: Vec<String> = s
-                    .iter()
-                    .filter_map(|(k, o)| {
-                        if o.is_complete() && (force || (!o.leased(now) && o.pins == 0)) {
-                            Some(k.to_string())
-                        } else {
-                            skipped += 1;
-                            None
-                        }
-                    })
-                    .collect();
-                keys.into_iter()
-                    .filter_map(|k| s.remove(&k).map(|o| (k, o)))
-                    .collect()
-            };
-            removed += victims.len() as u64;
-            self.metrics.keys.sub(victims.len() as i64);
-            let refs: Vec<(&str, &Object)> = victims.iter().map(|(k, o)| (k.as_str(), o)).collect();
-            self.model().tombstone(&refs);
-            for (k, o) in victims {
-                self.ssd.forget(&k, o.ssd());
-                o.release();
-            }
-        }
-        self.pressure.space_freed();
-        (removed, skipped)
+        self.writes
+            .remove_all(self.model(), &self.ssd, &self.pressure, force)
     }
 
     pub fn list(
@@ -658,24 +412,7 @@ impl Master {
         start_after: &str,
         limit: usize,
     ) -> (Vec<pb::ObjectSummary>, bool) {
-        let mut all: Vec<pb::ObjectSummary> = Vec::new();
-        for shard in self.objects.shards() {
-            let s = shard.lock();
-            all.extend(
-                s.iter()
-                    .filter(|(k, _)| k.starts_with(prefix) && *k > start_after)
-                    .map(|(k, o)| pb::ObjectSummary {
-                        key: k.to_string(),
-                        size: o.size,
-                        replicas: o.replicas().len() as u32,
-                        complete: o.is_complete(),
-                    }),
-            );
-        }
-        all.sort_by(|a, b| a.key.cmp(&b.key));
-        let truncated = all.len() > limit;
-        all.truncate(limit);
-        (all, truncated)
+        self.objects.list(prefix, start_after, limit)
     }
 
     // ---------------- space ----------------
@@ -695,19 +432,7 @@ impl Master {
     }
 
     pub fn stat(&self) -> pb::StatResponse {
-        let segs = self.cluster.segments();
-        let mut info: Vec<pb::SegmentInfo> = segs
-            .iter()
-            .map(|s| pb::SegmentInfo {
-                segment_id: s.id,
-                node_id: s.node.node_id.clone(),
-                data_addr: s.node.data_addr.clone(),
-                capacity_bytes: s.capacity,
-                allocated_bytes: s.allocated(),
-                largest_free_bytes: s.largest_free(),
-            })
-            .collect();
-        info.sort_by_key(|s| s.segment_id);
+        let info = self.cluster.segment_infos();
         let (queued, assigned) = self.queue_counts();
         pb::StatResponse {
             keys: self.objects.len() as u64,
@@ -717,22 +442,7 @@ impl Master {
             segments: info.len() as u32,
             evictions: self.metrics.evictions.get(),
             segment_info: info,
-            owners: self
-                .ssd
-                .owners()
-                .snapshot()
-                .into_iter()
-                .map(|(o, live)| pb::OwnerInfo {
-                    handle: o.handle,
-                    owner_id: o.owner_id,
-                    used_bytes: o.used,
-                    buckets: o.buckets,
-                    capacity_bytes: o.capacity,
-                    live,
-                    data_addr: o.data_addr,
-                    overhead_bytes: o.overhead,
-                })
-                .collect(),
+            owners: self.ssd.owner_infos(),
             offload_queued: queued as u64,
             offload_assigned: assigned as u64,
         }
@@ -744,12 +454,7 @@ impl Master {
         m.capacity_bytes.set(self.capacity_bytes() as i64);
         m.allocated_bytes.set(self.allocated_bytes() as i64);
         m.nodes.set(self.cluster.node_count() as i64);
-        let owners = self.ssd.owners().snapshot();
-        let live = owners.iter().filter(|(_, live)| *live).count();
-        m.ssd_owners.with_label_values(&["live"]).set(live as i64);
-        m.ssd_owners
-            .with_label_values(&["gone"])
-            .set((owners.len() - live) as i64);
+        self.ssd.refresh_owner_gauges(m);
         m.segments.set(self.cluster.segment_count() as i64);
         m.keys.set(self.objects.len() as i64);
         m.tombstones.set(self.tombstones.len() as i64);
@@ -816,14 +521,8 @@ impl Master {
         let key = self
             .keys
             .owner_key(owner_id, &ProofHash::of(&req.instance_proof)?);
-        self.ssd.owners().set_key(owner_id, epoch, key.clone());
-        // Whatever the previous incarnation held goes back to the queue, and
-        // its SSD replicas wait for the new incarnation's verified inventory.
-        let released = self.ssd.release_owner(owner_id, unix_ms());
-        for t in &released {
-            self.ssd.unpin(self.model(), &t.key);
-        }
-        self.ssd.drop_replicas_of(self.model(), owner_id);
+        self.ssd
+            .new_incarnation(self.model(), owner_id, epoch, key.clone());
         Ok(pb::RegisterOwnerResponse {
             owner_id,
             epoch,
@@ -964,6 +663,12 @@ impl Master {
         self.gate.check_open()
     }
 
+    /// Forgets a lost member durably, so a later master does not wait for
+    /// it.
+    pub async fn forget(&self, m: &Member) -> Result<()> {
+        crate::rebuild::members::forget(self.kv.as_ref(), m).await
+    }
+
     /// Remembers a registered member durably (`RebuildGate::remember`).
     pub async fn remember(&self, m: Member) -> Result<()> {
         self.gate.remember(self.kv.as_ref(), m).await
@@ -985,11 +690,6 @@ impl Master {
         }
     }
 
-    /// A key this master does not know (`RebuildGate::absent`).
-    pub(crate) fn absent(&self, key: &str) -> Error {
-        self.gate.absent(key)
-    }
-
     /// Adopts the objects a store node reports it still holds.
     pub fn adopt_node_objects(
         &self,
@@ -997,6 +697,32 @@ impl Master {
     ) -> Result<pb::ReportNodeObjectsResponse> {
         self.gate
             .adopt_node_objects(self.model(), &self.cluster, req)
+    }
+
+    /// The owners, for the unit tests (which go through their APIs).
+    #[cfg(test)]
+    pub(crate) fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    #[cfg(test)]
+    pub(crate) fn objects(&self) -> &ObjectTable {
+        &self.objects
+    }
+
+    #[cfg(test)]
+    pub(crate) fn pressure(&self) -> &Pressure {
+        &self.pressure
+    }
+
+    #[cfg(test)]
+    pub(crate) fn ssd(&self) -> &SsdTier {
+        &self.ssd
+    }
+
+    #[cfg(test)]
+    pub(crate) fn gate(&self) -> &RebuildGate {
+        &self.gate
     }
 
     /// The shared model, lent to an owner for one call.

@@ -263,7 +263,7 @@ fn expired_node_loses_its_replicas() {
     m.put_end("one", 0).unwrap();
     let dead = r[0].node_id.clone();
     let alive = if dead == "n0" { "n1" } else { "n0" };
-    let inc = m.cluster.node(alive).unwrap().incarnation;
+    let inc = m.cluster().node(alive).unwrap().incarnation;
     let now = strata_common::time::unix_ms();
     let hb = |node: &str, inc| pb::HeartbeatRequest {
         node_id: node.into(),
@@ -274,7 +274,7 @@ fn expired_node_loses_its_replicas() {
         leaving: false,
     };
     assert!(m.heartbeat(&hb(alive, inc)).unwrap().known);
-    m.cluster
+    m.cluster()
         .node(alive)
         .unwrap()
         .last_heartbeat_ms
@@ -316,7 +316,7 @@ fn a_leaving_node_is_dropped_at_once() {
     let r = m.put_start(spec("one", 100, 1)).unwrap();
     m.put_end("one", 0).unwrap();
     let leaving = r[0].node_id.clone();
-    let inc = m.cluster.node(&leaving).unwrap().incarnation;
+    let inc = m.cluster().node(&leaving).unwrap().incarnation;
     let hb = |proof: &[u8], leaving_flag| pb::HeartbeatRequest {
         node_id: leaving.clone(),
         incarnation: inc,
@@ -347,7 +347,7 @@ fn nodes_learn_commits_and_frees_through_heartbeats() {
     put(&m, "a", 100);
     put(&m, "b", 100);
     m.remove("a", true).unwrap();
-    let inc = m.cluster.node("n0").unwrap().incarnation;
+    let inc = m.cluster().node("n0").unwrap().incarnation;
     let r = m
         .heartbeat(&pb::HeartbeatRequest {
             node_id: "n0".into(),
@@ -451,11 +451,15 @@ fn eviction_scans_past_its_batch_and_goes_oldest_first() {
     // Make k00000..k00099 the most recently used.
     for i in 0..100 {
         let key = format!("k{i:05}");
-        m.objects.shard(&key).get_mut(&key).unwrap().last_access_ms = u64::MAX / 2;
+        m.objects()
+            .shard(&key)
+            .get_mut(&key)
+            .unwrap()
+            .last_access_ms = u64::MAX / 2;
     }
     let freed = m.evict(9_900 * 64);
     assert_eq!(freed, 9_900 * 64);
-    assert_eq!(m.objects.len(), 100);
+    assert_eq!(m.objects().len(), 100);
     assert!((0..100).all(|i| m.exists(&format!("k{i:05}")).unwrap()));
     assert_eq!(m.evict(u64::MAX), 100 * 64);
     assert_eq!(m.metrics.evictions.get(), 10_000);
@@ -495,7 +499,7 @@ fn member_keys_are_per_process() {
 #[test]
 fn node_reports_are_adopted_only_when_consistent() {
     let m = master_with(1, 1 << 20, |_| {});
-    let node = m.cluster.node("n0").unwrap();
+    let node = m.cluster().node("n0").unwrap();
     assert!(
         m.rebuilding(),
         "a young master asks nodes for their objects"
@@ -690,7 +694,7 @@ async fn answered_once_applied(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn put_end_waits_for_the_node_to_confirm_the_commit() {
     let m = master_with(1, 1 << 20, |c| c.node_ttl = Duration::from_millis(400));
-    let node = m.cluster.node("n0").unwrap();
+    let node = m.cluster().node("n0").unwrap();
     m.put_start(spec("a", 100, 1)).unwrap();
     let u = m.put_end_unsynced("a", 7, &[]).unwrap();
     // Not before the node's acknowledgement (the log holds the commit).
@@ -736,7 +740,7 @@ fn one_segment_node(
     };
     f(&mut req);
     m.register_node(req).unwrap();
-    m.cluster.node(id).unwrap()
+    m.cluster().node(id).unwrap()
 }
 
 /// A put whose client declared its checksum at PutStart is announced to
@@ -851,7 +855,7 @@ async fn put_end_of_an_announced_put_waits_for_the_announcement_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remove_waits_for_the_node_to_confirm_the_free() {
     let m = master_with(1, 1 << 20, |c| c.node_ttl = Duration::from_millis(400));
-    let node = m.cluster.node("n0").unwrap();
+    let node = m.cluster().node("n0").unwrap();
     m.put_start(spec("a", 100, 1)).unwrap();
     m.put_end("a", 7).unwrap();
     let u = m.remove_unsynced("a", false).unwrap();
@@ -877,7 +881,7 @@ fn the_newest_commit_of_a_key_wins_the_rebuild() {
     for newer_first in [false, true] {
         let m = master_with(2, 1 << 20, |_| {});
         let report = |node: &str, crc: u32, generation: u64| {
-            let n = m.cluster.node(node).unwrap();
+            let n = m.cluster().node(node).unwrap();
             m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
                 node_id: node.into(),
                 incarnation: n.incarnation,

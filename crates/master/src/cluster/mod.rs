@@ -223,6 +223,24 @@ impl Cluster {
         self.segments.read().values().cloned().collect()
     }
 
+    /// Every mounted segment as `strata stat` shows it, by id.
+    pub(crate) fn segment_infos(&self) -> Vec<pb::SegmentInfo> {
+        let mut info: Vec<pb::SegmentInfo> = self
+            .segments()
+            .iter()
+            .map(|s| pb::SegmentInfo {
+                segment_id: s.id,
+                node_id: s.node.node_id.clone(),
+                data_addr: s.node.data_addr.clone(),
+                capacity_bytes: s.capacity,
+                allocated_bytes: s.allocated(),
+                largest_free_bytes: s.largest_free(),
+            })
+            .collect();
+        info.sort_by_key(|s| s.segment_id);
+        info
+    }
+
     /// `node`'s segments in its registration's order (`None` for one
     /// unmounted meanwhile).
     pub(crate) fn segments_of(&self, node: &NodeEntry) -> Vec<Option<Arc<SegmentEntry>>> {

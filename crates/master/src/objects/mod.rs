@@ -8,9 +8,9 @@ use std::hash::BuildHasher;
 use std::time::Instant;
 use strata_common::{Error, Result};
 
-mod describe;
 mod retired;
 mod shard;
+mod views;
 pub use retired::Retired;
 pub use shard::Shard;
 

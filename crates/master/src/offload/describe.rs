@@ -1,9 +1,40 @@
-//! What the SSD tier shows on the admin API (`admin.rs` serves it).
+//! What the SSD tier shows: on the admin API (`admin.rs` serves it), in
+//! `strata stat` and in the owner gauges.
 
 use super::SsdTier;
+use crate::metrics::MasterMetrics;
 use serde_json::json;
+use strata_proto as pb;
 
 impl SsdTier {
+    /// The owners as `strata stat` shows them.
+    pub(crate) fn owner_infos(&self) -> Vec<pb::OwnerInfo> {
+        self.owners
+            .snapshot()
+            .into_iter()
+            .map(|(o, live)| pb::OwnerInfo {
+                handle: o.handle,
+                owner_id: o.owner_id,
+                used_bytes: o.used,
+                buckets: o.buckets,
+                capacity_bytes: o.capacity,
+                live,
+                data_addr: o.data_addr,
+                overhead_bytes: o.overhead,
+            })
+            .collect()
+    }
+
+    /// `strata_master_ssd_owners{state}`: live and gone owners.
+    pub(crate) fn refresh_owner_gauges(&self, m: &MasterMetrics) {
+        let owners = self.owners.snapshot();
+        let live = owners.iter().filter(|(_, live)| *live).count();
+        m.ssd_owners.with_label_values(&["live"]).set(live as i64);
+        m.ssd_owners
+            .with_label_values(&["gone"])
+            .set((owners.len() - live) as i64);
+    }
+
     /// The owners, for `/api/v1/owners`.
     pub(crate) fn describe_owners(&self) -> serde_json::Value {
         let q = self.queue.lock();

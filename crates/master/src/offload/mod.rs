@@ -25,7 +25,9 @@ use parking_lot::Mutex;
 use policy::AdmissionPolicy;
 use queue::OffloadQueue;
 use std::sync::Arc;
-use strata_common::grant::PERM_READ;
+use strata_common::grant::{
+    ssd_segment_id, GrantKey, GrantScope, PERM_READ, PERM_SSD_READ, PERM_STAGE,
+};
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
@@ -74,6 +76,50 @@ impl SsdTier {
         })
     }
 
+    /// An SSD replica as a client sees it; with `stage`, its grant also
+    /// lets the reader stage it for a one-sided read (rdma callers only:
+    /// the window's remote key opens all of it).
+    pub(crate) fn replica_view(
+        &self,
+        r: &SsdReplica,
+        expires: u64,
+        now: u64,
+        stage: bool,
+    ) -> Option<pb::Replica> {
+        let (addr, handle, key) = self.owners.endpoint(r.owner_id, now)?;
+        let perm = if stage {
+            PERM_SSD_READ | PERM_STAGE
+        } else {
+            PERM_SSD_READ
+        };
+        let scope = GrantScope {
+            perm,
+            segment_id: ssd_segment_id(r.owner_id, r.bucket_id),
+            offset: r.offset,
+            length: r.length,
+            expires_unix_ms: expires,
+            generation: 0,
+        };
+        Some(pb::Replica {
+            kind: pb::ReplicaKind::Ssd as i32,
+            node_id: handle,
+            data_addr: addr,
+            segment_id: scope.segment_id,
+            offset: r.offset,
+            length: r.length,
+            grant: Some(pb::Grant {
+                perm,
+                expires_unix_ms: expires,
+                generation: 0,
+                mac: key.sign(&scope).to_vec(),
+            }),
+            state: pb::ReplicaState::Complete as i32,
+            owner_id: r.owner_id,
+            ucx_route: 0,
+            record: Vec::new(),
+        })
+    }
+
     /// The SSD agents (their own state and locks).
     pub(crate) fn owners(&self) -> &OwnerRegistry {
         &self.owners
@@ -107,9 +153,33 @@ impl SsdTier {
         self.drops.take(req)
     }
 
+    /// The tasks queued or assigned now (tests).
+    #[cfg(test)]
+    pub(crate) fn queued_tasks(&self) -> Vec<queue::Task> {
+        self.queue.lock().tasks().cloned().collect()
+    }
+
+    /// Bytes queued or being copied to `owner` (tests).
+    #[cfg(test)]
+    pub(crate) fn pending_bytes(&self, owner: u64) -> u64 {
+        self.queue.lock().pending_bytes(owner)
+    }
+
     /// (queued, assigned) offload tasks.
     pub(crate) fn queue_counts(&self) -> (usize, usize) {
         self.queue.lock().counts()
+    }
+
+    /// A new incarnation of `owner` registered with `key`: whatever the
+    /// previous one held goes back to the queue, and its SSD replicas wait
+    /// for the new incarnation's verified inventory.
+    pub(crate) fn new_incarnation(&self, m: Model, owner: u64, epoch: u64, key: GrantKey) {
+        self.owners.set_key(owner, epoch, key);
+        let released = self.release_owner(owner, unix_ms());
+        for t in &released {
+            self.unpin(m, &t.key);
+        }
+        self.drop_replicas_of(m, owner);
     }
 
     /// Takes back every task `owner` held (its new incarnation registered).

@@ -36,7 +36,12 @@ async fn register(m: &Master, handle: &str) -> pb::RegisterOwnerResponse {
 }
 
 fn queued_keys(m: &Master) -> Vec<String> {
-    let mut v: Vec<String> = m.ssd.queue.lock().tasks().map(|t| t.key.clone()).collect();
+    let mut v: Vec<String> = m
+        .ssd()
+        .queued_tasks()
+        .into_iter()
+        .map(|t| t.key.clone())
+        .collect();
     v.sort();
     v
 }
@@ -101,7 +106,7 @@ async fn report_results(m: &Master, owner: u64, epoch: u64, results: Vec<pb::Off
 }
 
 fn on_ssd(m: &Master, key: &str) -> bool {
-    m.objects
+    m.objects()
         .shard(key)
         .get(key)
         .is_some_and(|o| !o.ssd().is_empty())
@@ -166,14 +171,14 @@ async fn on_evict_offloads_victims_before_freeing_and_drops_what_ssd_cannot_take
     assert_eq!(persist_all(&m, owner, epoch).await, victims.len());
     for k in &victims {
         assert!(on_ssd(&m, k), "{k} has its SSD copy");
-        let o = m.objects.shard(k);
+        let o = m.objects().shard(k);
         assert!(
             o.get(k).unwrap().replicas().is_empty(),
             "{k}'s DRAM was freed"
         );
     }
     assert!(m.allocated_bytes() <= (1 << 20) / 2);
-    assert_eq!(m.objects.len(), 12, "nothing was lost");
+    assert_eq!(m.objects().len(), 12, "nothing was lost");
 
     // With no owner able to take them, victims are simply dropped.
     let m2 = master_with(1, 1 << 20, |c| {
@@ -185,8 +190,8 @@ async fn on_evict_offloads_victims_before_freeing_and_drops_what_ssd_cannot_take
         put(&m2, &format!("k{i:02}"), 64 << 10);
     }
     assert!(m2.evict_to_watermark() > 0);
-    assert!(m2.objects.len() < 12);
-    assert!(m2.ssd.queue.lock().tasks().next().is_none());
+    assert!(m2.objects().len() < 12);
+    assert!(m2.ssd().queued_tasks().into_iter().next().is_none());
 }
 
 #[tokio::test]
@@ -214,7 +219,7 @@ async fn a_put_that_needs_room_queues_its_victims_first_and_drops_none() {
             })
         };
         assert!(
-            crate::tests::wait_for(|| m.pressure.waiting() == 1).await,
+            crate::tests::wait_for(|| m.pressure().waiting() == 1).await,
             "the put waits"
         );
         assert!(m.metrics.urgent_offloads.get() >= 1, "{policy:?}");
@@ -249,7 +254,7 @@ async fn a_put_whose_wait_runs_out_fails_retryably_and_leaks_nothing() {
     assert_eq!(e.code, strata_common::Code::NoSpace);
     assert!(e.retryable() && e.message.contains("--put-wait"), "{e}");
     assert_eq!(m.metrics.put_wait_timeouts.get(), 1);
-    assert_eq!(m.pressure.waiting(), 0);
+    assert_eq!(m.pressure().waiting(), 0);
     assert_eq!(m.metrics.put_waiters.get(), 0);
     assert_eq!(m.allocated_bytes(), allocated, "no allocation left behind");
     assert!(!m.exists("new").unwrap());
@@ -263,7 +268,7 @@ async fn a_put_whose_wait_runs_out_fails_retryably_and_leaks_nothing() {
             .await
             .is_err()
     );
-    assert_eq!(m.pressure.waiting(), 0);
+    assert_eq!(m.pressure().waiting(), 0);
     assert_eq!(m.allocated_bytes(), allocated);
 }
 
@@ -288,7 +293,7 @@ async fn waiting_puts_get_their_room_in_arrival_order() {
             order.lock().push(i);
         }));
         // Each joins the queue before the next arrives.
-        assert!(crate::tests::wait_for(|| m.pressure.waiting() == i + 1).await);
+        assert!(crate::tests::wait_for(|| m.pressure().waiting() == i + 1).await);
     }
     // Copies land one at a time (bounded: 16 victims, at most 2,000 rounds).
     for _ in 0..2000 {
@@ -374,7 +379,13 @@ async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
         relocation,
     };
     m.report_inventory(report(true)).await.unwrap();
-    let live = m.objects.shard("live").get("live").unwrap().ssd().to_vec();
+    let live = m
+        .objects()
+        .shard("live")
+        .get("live")
+        .unwrap()
+        .ssd()
+        .to_vec();
     assert_eq!(live.len(), 1, "one copy per owner");
     assert_eq!(
         (live[0].bucket_id, live[0].offset),
@@ -386,7 +397,7 @@ async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
         "a relocation never revives a removed key"
     );
     let drops = m
-        .ssd
+        .ssd()
         .take_drops(&pb::OwnerHeartbeatRequest {
             owner_id: owner,
             ..Default::default()
@@ -445,7 +456,7 @@ async fn a_victim_whose_offload_fails_while_leased_is_decided_again() {
     .await
     .unwrap();
     {
-        let s = m.objects.shard(&victim);
+        let s = m.objects().shard(&victim);
         let o = s.get(&victim).expect("leased: not dropped");
         assert!(!o.offload_then_free, "no longer waiting for a copy");
     }
@@ -460,7 +471,7 @@ async fn a_victim_whose_offload_fails_while_leased_is_decided_again() {
         .await
     );
     let failed = m
-        .objects
+        .objects()
         .shard(&victim)
         .get(&victim)
         .map(|o| o.offload_failed);
@@ -480,16 +491,16 @@ async fn tasks_of_an_owner_that_went_away_move_to_a_live_one_or_are_dropped() {
     for i in 0..4 {
         put(&m, &format!("k{i}"), 4096);
     }
-    assert!(m.ssd.queue.lock().tasks().all(|t| t.owner == a));
+    assert!(m.ssd().queued_tasks().into_iter().all(|t| t.owner == a));
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let b = register(&m, "b/nvme0").await.owner_id;
     assert_eq!(m.reassign_orphaned_tasks(strata_common::time::unix_ms()), 4);
     assert_eq!(queued_keys(&m), vec!["k0", "k1", "k2", "k3"]);
     assert!(
-        m.ssd.queue.lock().tasks().all(|t| t.owner == b),
+        m.ssd().queued_tasks().into_iter().all(|t| t.owner == b),
         "moved to b"
     );
-    assert_eq!(m.ssd.queue.lock().pending_bytes(a), 0);
+    assert_eq!(m.ssd().pending_bytes(a), 0);
 
     // No live owner at all: dropped; on-evict victims leave DRAM.
     let m = master_with(1, 1 << 20, |c| {
@@ -542,7 +553,11 @@ async fn a_corrupted_source_is_dropped_at_once_and_a_failed_read_retried() {
         vec!["flaky".to_string()],
         "only the read is retried"
     );
-    let failed = m.objects.shard("bad").get("bad").map(|o| o.offload_failed);
+    let failed = m
+        .objects()
+        .shard("bad")
+        .get("bad")
+        .map(|o| o.offload_failed);
     assert_eq!(failed, Some(true));
     assert_eq!(m.total_pins(), 0);
 }
@@ -614,18 +629,18 @@ async fn a_waiting_put_answers_at_shutdown() {
                 .await
         })
     };
-    assert!(crate::tests::wait_for(|| m.pressure.waiting() == 1).await);
+    assert!(crate::tests::wait_for(|| m.pressure().waiting() == 1).await);
     m.stop_waiting();
     let e = waiting.await.unwrap().unwrap_err();
     assert_eq!(e.code, strata_common::Code::Unavailable, "{e}");
     assert!(e.retryable());
-    assert_eq!(m.pressure.waiting(), 0);
+    assert_eq!(m.pressure().waiting(), 0);
     assert_eq!(m.allocated_bytes(), allocated);
 }
 
 /// The store node of `master_with` confirms everything it was sent.
 fn node_confirms_all(m: &Master) {
-    let node = m.cluster.node("n0").unwrap();
+    let node = m.cluster().node("n0").unwrap();
     if let Some(last) = node.log_page(0).unwrap().last() {
         node.ack(last.seq);
     }
@@ -797,7 +812,7 @@ async fn a_restarted_master_waits_for_its_ssd_owners_before_calling_keys_absent(
         Code::NotReady,
         "h/1 still to report"
     );
-    assert_eq!(again.gate.missing(), vec![Member::Owner(other)]);
+    assert_eq!(again.gate().missing(), vec![Member::Owner(other)]);
     let r1 = register(&again, "h/1").await;
     again
         .report_inventory(inventory(other, r1.epoch, vec![]))
@@ -860,7 +875,7 @@ async fn a_copy_of_an_overwritten_version_is_never_taken_for_the_new_one() {
     let hb = heartbeat(&m, owner, epoch, 0);
     assert_eq!(hb.drops.len(), 1, "the owner drops the stale copy");
     assert_eq!(hb.drops[0].key, "k");
-    let ttl = m.cfg.offload_task_ttl.as_millis() as u64;
+    let ttl = m.config().offload_task_ttl.as_millis() as u64;
     assert_eq!(m.free_retired(strata_common::time::unix_ms() + ttl + 1), 1);
     assert_eq!(m.allocated_bytes(), both / 2);
     // The new version's own copy is taken.

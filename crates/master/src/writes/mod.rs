@@ -11,6 +11,7 @@
 
 mod overwrite;
 pub(crate) mod records;
+mod removal;
 
 use crate::cluster::Replica;
 use crate::model::Model;

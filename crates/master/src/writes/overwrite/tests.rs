@@ -224,7 +224,7 @@ fn versions_adopted_from_nodes_raise_the_generations_given_out() {
     let m = master_with(1, 1 << 20, |_| {});
     let ahead = (unix_ms() + 3_600_000) << 16; // an hour ahead of this clock
     let report = |key: &str, offset: u64, generation: u64| {
-        let n = m.cluster.node("n0").unwrap();
+        let n = m.cluster().node("n0").unwrap();
         m.adopt_node_objects(&strata_proto::ReportNodeObjectsRequest {
             node_id: "n0".into(),
             incarnation: n.incarnation,
@@ -318,7 +318,7 @@ async fn a_put_waits_for_a_replaced_version_its_reader_still_holds() {
         })
     };
     assert!(
-        crate::tests::wait_for(|| m.pressure.waiting() == 1).await,
+        crate::tests::wait_for(|| m.pressure().waiting() == 1).await,
         "the put waits for the replaced version"
     );
     assert!(!waiting.is_finished());

@@ -1,8 +1,10 @@
-//! An object's metadata as the admin API shows it to operators.
+//! What the table shows: an object's metadata for operators (the admin
+//! API's `describe`) and key listings (`strata ls`).
 
 use super::ObjectTable;
 use serde_json::json;
 use strata_common::time::unix_ms;
+use strata_proto as pb;
 
 impl ObjectTable {
     /// A key's metadata for operators; does not grant a lease.
@@ -41,5 +43,33 @@ impl ObjectTable {
             "pinned": o.hard_pin,
             "soft_pinned": o.soft_pin,
         }))
+    }
+
+    /// Up to `limit` keys after `start_after` that start with `prefix`, in
+    /// key order, and whether more exist.
+    pub fn list(
+        &self,
+        prefix: &str,
+        start_after: &str,
+        limit: usize,
+    ) -> (Vec<pb::ObjectSummary>, bool) {
+        let mut all: Vec<pb::ObjectSummary> = Vec::new();
+        for shard in self.shards() {
+            let s = shard.lock();
+            all.extend(
+                s.iter()
+                    .filter(|(k, _)| k.starts_with(prefix) && *k > start_after)
+                    .map(|(k, o)| pb::ObjectSummary {
+                        key: k.to_string(),
+                        size: o.size,
+                        replicas: o.replicas().len() as u32,
+                        complete: o.is_complete(),
+                    }),
+            );
+        }
+        all.sort_by(|a, b| a.key.cmp(&b.key));
+        let truncated = all.len() > limit;
+        all.truncate(limit);
+        (all, truncated)
     }
 }

@@ -1,0 +1,195 @@
+//! The read path: a lookup leases a committed object to its reader and
+//! grants its replicas (`get_replicas`), reads a client served from its
+//! location cache are counted as lookups (`report_reads`), and `inspect`,
+//! `exists` and `committed_size` answer without a lease. Reads change no
+//! owner's state but the objects' leases and read counts, so these are
+//! functions over the shared model; the SSD tier hears of each read for its
+//! admission and promotions.
+//!
+//! Locks: a key's shard lock alone; released before the SSD tier's.
+
+use crate::model::Model;
+use crate::objects::validate_key;
+use crate::offload::SsdTier;
+use crate::rebuild::RebuildGate;
+use strata_common::grant::PERM_READ;
+use strata_common::time::unix_ms;
+use strata_common::{Code, Error, Result};
+use strata_proto as pb;
+
+/// A lookup: leases a committed object to the reader and grants its
+/// replicas, memory first, then SSD; with `stage` (an rdma caller), SSD
+/// grants also allow staging for a one-sided read.
+pub(crate) fn get_replicas(
+    m: Model,
+    tier: &SsdTier,
+    gate: &RebuildGate,
+    key: &str,
+    stage: bool,
+) -> Result<pb::GetReplicasResponse> {
+    validate_key(key)?;
+    let now = unix_ms();
+    let (size, crc, replicas, ssd, lease, reads) = {
+        let mut shard = m.objects.shard(key);
+        let Some(obj) = shard.get_mut(key) else {
+            drop(shard);
+            tier.admission().lookup_miss(key);
+            m.metrics.lookups.with_label_values(&["miss"]).inc();
+            return Err(gate.absent(key));
+        };
+        if !obj.is_complete() {
+            return Err(Error::new(
+                Code::NotReady,
+                format!("key {key:?} is not ready: it is still being written (no PutEnd yet)"),
+            ));
+        }
+        obj.lease_until_ms = obj
+            .lease_until_ms
+            .max(now + m.cfg.lease_ttl.as_millis() as u64);
+        obj.last_access_ms = now;
+        if !obj.replicas().is_empty() {
+            obj.reads = obj.reads.saturating_add(1);
+        }
+        let ssd = obj.ssd().to_vec();
+        (
+            obj.size,
+            obj.crc32c,
+            obj.replicas().to_vec(),
+            ssd,
+            obj.lease_until_ms,
+            obj.reads,
+        )
+    };
+    let served = match (replicas.is_empty(), ssd.is_empty()) {
+        (false, _) => "dram",
+        (true, false) => "ssd",
+        (true, true) => "miss",
+    };
+    m.metrics.lookups.with_label_values(&[served]).inc();
+    if !replicas.is_empty() {
+        tier.admit_on_read(m.metrics, key, size, u32::from(reads), !ssd.is_empty());
+    } else {
+        tier.admission().lookup_miss(key);
+        if let Some(r) = ssd.first() {
+            tier.maybe_promote(m, key, r.owner_id);
+        }
+    }
+    // Memory first, then SSD (served by the owning agent).
+    let mut views: Vec<pb::Replica> = replicas
+        .iter()
+        .map(|r| r.view(size, PERM_READ, lease, true))
+        .collect();
+    views.extend(
+        ssd.iter()
+            .filter_map(|r| tier.replica_view(r, lease, now, stage)),
+    );
+    if views.is_empty() {
+        return Err(Error::unavailable(format!(
+            "key {key:?} has no live replica"
+        )));
+    }
+    Ok(pb::GetReplicasResponse {
+        size,
+        crc32c: crc,
+        replicas: views,
+        lease_until_unix_ms: lease,
+        lease_ms: lease.saturating_sub(now),
+    })
+}
+
+/// Counts reads a client served from its location cache, as if each
+/// had been a lookup: read-count admission and LRU age see them. Never
+/// extends a lease (the client's cache lives inside the one it was
+/// given). Keys gone meanwhile are skipped.
+pub(crate) fn report_reads(m: Model, tier: &SsdTier, reads: &[pb::KeyReads]) -> Result<()> {
+    for r in reads {
+        validate_key(&r.key)?;
+    }
+    let now = unix_ms();
+    let mut total = 0u64;
+    for r in reads.iter().filter(|r| r.count > 0) {
+        let (size, n, on_ssd) = {
+            let mut shard = m.objects.shard(&r.key);
+            let Some(obj) = shard.get_mut(&r.key) else {
+                continue;
+            };
+            if !obj.is_complete() || obj.replicas().is_empty() {
+                continue;
+            }
+            obj.last_access_ms = obj.last_access_ms.max(now);
+            let add = u16::try_from(r.count).unwrap_or(u16::MAX);
+            obj.reads = obj.reads.saturating_add(add);
+            (obj.size, obj.reads, !obj.ssd().is_empty())
+        };
+        total += u64::from(r.count);
+        tier.admit_on_read(m.metrics, &r.key, size, u32::from(n), on_ssd);
+    }
+    m.metrics.cached_reads.inc_by(total);
+    Ok(())
+}
+
+/// A key's metadata for `strata inspect`: no lease, no grants.
+pub(crate) fn inspect(m: Model, tier: &SsdTier, key: &str) -> Result<pb::InspectResponse> {
+    validate_key(key)?;
+    let shard = m.objects.shard(key);
+    let o = shard
+        .get(key)
+        .ok_or_else(|| Error::not_found(format!("key {key:?} not found")))?;
+    let complete = o.is_complete();
+    let now = unix_ms();
+    let mut replicas: Vec<pb::Replica> = o
+        .replicas()
+        .iter()
+        .map(|r| pb::Replica {
+            grant: None,
+            ..r.view(o.size, 0, 0, complete)
+        })
+        .collect();
+    replicas.extend(
+        o.ssd()
+            .iter()
+            .filter_map(|r| tier.replica_view(r, 0, now, false))
+            .map(|r| pb::Replica { grant: None, ..r }),
+    );
+    Ok(pb::InspectResponse {
+        key: key.to_string(),
+        size: o.size,
+        crc32c: o.crc32c,
+        complete,
+        replicas,
+        lease_until_unix_ms: o.lease_until_ms,
+        hard_pin: o.hard_pin,
+        soft_pin: o.soft_pin,
+    })
+}
+
+/// Whether `key` is committed (an error while the rebuild window leaves
+/// its absence unsure).
+pub(crate) fn exists(m: Model, gate: &RebuildGate, key: &str) -> Result<bool> {
+    validate_key(key)?;
+    let found = m
+        .objects
+        .shard(key)
+        .get(key)
+        .is_some_and(|o| o.is_complete());
+    if !found && !gate.open() {
+        return Err(gate.absent(key));
+    }
+    Ok(found)
+}
+
+/// The committed size of `key`, `None` when it is absent (an error
+/// while the rebuild window leaves its absence unsure, as `exists`).
+pub(crate) fn committed_size(m: Model, gate: &RebuildGate, key: &str) -> Result<Option<u64>> {
+    validate_key(key)?;
+    let size = m
+        .objects
+        .shard(key)
+        .get(key)
+        .filter(|o| o.is_complete())
+        .map(|o| o.size);
+    if size.is_none() && !gate.open() {
+        return Err(gate.absent(key));
+    }
+    Ok(size)
+}
