@@ -297,17 +297,9 @@ async fn housekeeping(m: Arc<Master>, shutdown: CancellationToken) {
             _ = iv.tick() => {}
         }
         let m2 = m.clone();
-        let dead = tokio::task::spawn_blocking(move || {
-            let dead = m2.expire_nodes(strata_common::time::unix_ms());
-            m2.reclaim_expired_puts(Instant::now());
-            m2.expire_offload_tasks(strata_common::time::unix_ms());
-            m2.reassign_orphaned_tasks(strata_common::time::unix_ms());
-            m2.expire_promotions(strata_common::time::unix_ms());
-            m2.free_retired(strata_common::time::unix_ms());
-            dead
-        })
-        .await
-        .unwrap_or_default();
+        let dead = tokio::task::spawn_blocking(move || m2.tick())
+            .await
+            .unwrap_or_default();
         // A later master should not wait for lost members: nodes that
         // expired, and members that did not come back to this master in
         // time. (An SSD owner that stops heartbeating keeps its entry and

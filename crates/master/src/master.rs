@@ -1,5 +1,46 @@
-//! The master's metadata operations, independent of gRPC so they can be unit
-//! tested directly and served by any front end.
+//! `Master`: one leadership term's root and its one API (the front ends,
+//! `service.rs`, `quick_calls.rs` and `admin.rs`, call these methods). It
+//! holds the shared model (`ObjectTable`, `Tombstones`, `Retired`, lent to
+//! owners as a `Model`) and the owners, each keeping its state and locks
+//! private: `Cluster` (nodes, segments), `Writes` (puts, commits, removals),
+//! `Pressure` (placement, eviction, waiting puts), `SsdTier` (owners,
+//! offload queue, drops, promotions), `RebuildGate` (the rebuild from the
+//! members) and `TermKeys`. Methods here delegate; the work is in the owners.
+//!
+//! # Lock order
+//!
+//! "A → B": B may be taken while A is held, never the reverse. Each lock is
+//! private to its owner, so this list is complete by construction.
+//!
+//! - `PutWaiters.turn` (a tokio mutex, `pressure/backpressure.rs`) is
+//!   outermost: the put whose turn it is holds it across
+//!   `Pressure::allocate_once`, which may take any lock below. It is the one
+//!   lock held across an `.await`.
+//! - Offload queue → owner registry (`SsdTier::enqueue` via `pick_owner`;
+//!   `describe_owners`).
+//! - Never the offload queue and a shard together: `SsdTier::take_tasks` and
+//!   `report_offload` release the queue first; `Pressure::evict_with` calls
+//!   `SsdTier::urge` before the shard; `describe_offload` counts pins after.
+//! - Shard → node object log (`Writes::start` via `records::announce`,
+//!   `commit_object`, `rebuild::adopt_one`, `SsdTier::report_promotion`):
+//!   logging under the shard keeps a node's log in the order the object
+//!   changed.
+//! - Shard → tombstone map (`SsdTier::add_ssd_replica` asks
+//!   `Tombstones::is_removed`); tombstone log → tombstone map
+//!   (`Tombstones::record`), so a lookup never waits for the fsync.
+//! - Shard → owner registry, read (`reads::inspect` builds SSD views).
+//! - Shard → rebuild members (`Writes::remove` asks `RebuildGate::absent`
+//!   under the shard).
+//! - Cluster maps never across a shard lock: `Cluster::drop_node` unmounts
+//!   before scanning shards, `adopt_node_objects` copies the segments out
+//!   first. `nodes` and `segments` never together; `nodes` (read) → node log
+//!   (`describe_nodes`).
+//! - Leaves, under which nothing is taken: node log, segment allocator,
+//!   owner registry, tombstone map, promotions, drops, admission duel,
+//!   retired versions, puts in flight, `left_nodes`, members. Ranges are
+//!   freed only after the shard lock is released.
+//!
+//! `parking_lot` guards are not `Send`: none lives across an `.await`.
 
 use crate::cluster::Cluster;
 use crate::cluster::Replica;
@@ -223,11 +264,8 @@ impl Master {
             .free_retired(self.model(), &self.pressure, now_ms)
     }
 
-    /// Waits until every node acknowledged its commits. A node that does
-    /// not within the bound, or a term that ends meanwhile, makes the
-    /// answer a retryable error rather than an acknowledgement the next
-    /// master might not honour: the client's retry finds the key (if a node
-    /// has it) and checks it holds its bytes.
+    /// Waits until every member applied what `u` holds, within
+    /// `MasterConfig::sync_wait` (else a retryable error: `Unsynced::wait`).
     pub(crate) async fn await_synced(&self, u: Unsynced, what: &str) -> Result<()> {
         let deadline = Instant::now() + self.cfg.sync_wait();
         u.wait(
@@ -299,25 +337,14 @@ impl Master {
 
     /// The DRAM `spec` asks for, placed now (not urgent).
     fn want(&self, spec: &PutSpec) -> Want {
-        Want {
-            size: spec.size,
-            n: spec.replica_num,
-            preferred: spec.preferred_segment,
-            urgent: false,
-            rebuilding: self.rebuilding(),
-        }
+        let (n, preferred) = (spec.replica_num, spec.preferred_segment);
+        Want::now(spec.size, n, preferred, self.rebuilding())
     }
 
     /// Places one replica of `size` bytes now (an SSD hit promoted back to
     /// DRAM).
     pub(crate) fn place_one(&self, size: u64) -> Result<Vec<Replica>> {
-        let want = Want {
-            size,
-            n: 1,
-            preferred: None,
-            urgent: false,
-            rebuilding: self.rebuilding(),
-        };
+        let want = Want::now(size, 1, None, self.rebuilding());
         self.pressure
             .allocate(self.model(), &self.cluster, &self.ssd, want)
     }
@@ -425,6 +452,21 @@ impl Master {
         self.cluster.allocated_bytes()
     }
 
+    /// One housekeeping pass (blocking: run it off the async workers):
+    /// expires silent nodes, reclaims puts never ended, expires and moves
+    /// offload tasks and promotions, frees replaced versions whose readers
+    /// are done. Returns the nodes that went (to forget durably).
+    pub fn tick(&self) -> Vec<String> {
+        let now_ms = strata_common::time::unix_ms;
+        let dead = self.expire_nodes(now_ms());
+        self.reclaim_expired_puts(Instant::now());
+        self.expire_offload_tasks(now_ms());
+        self.reassign_orphaned_tasks(now_ms());
+        self.expire_promotions(now_ms());
+        self.free_retired(now_ms());
+        dead
+    }
+
     /// Reclaims puts whose deadline passed without PutEnd. Returns how many.
     pub fn reclaim_expired_puts(&self, now: Instant) -> usize {
         self.writes
@@ -472,17 +514,14 @@ impl Master {
             segment_ids: r.segment_ids,
             grant_key: r.grant_key.as_bytes().to_vec(),
             incarnation: r.incarnation,
-            heartbeat_interval_ms: self.heartbeat_interval().as_millis() as u64,
+            heartbeat_interval_ms: self.cfg.heartbeat_interval().as_millis() as u64,
             report_objects: self.rebuilding(),
             term: self.keys.term(),
         })
     }
 
-    /// Refuses to register `req.node_id` when another live process holds it:
-    /// the registered process answers a ping with its instance id. A node
-    /// restarting on the same address answers with its new id, so it
-    /// replaces its dead predecessor; a process that proves it *is* the
-    /// registered one (same instance proof) simply registers again.
+    /// Refuses a registration whose node id a live process holds
+    /// (`Cluster::check_node_takeover`).
     pub async fn check_node_takeover(&self, req: &pb::RegisterNodeRequest) -> Result<()> {
         self.cluster
             .check_node_takeover(req, self.cfg.node_ttl.as_millis() as u64)
@@ -501,10 +540,6 @@ impl Master {
         self.cluster
             .heartbeat_wait(self.model(), self.keys.term(), self.closing(), req)
             .await
-    }
-
-    pub(crate) fn heartbeat_interval(&self) -> std::time::Duration {
-        self.cfg.heartbeat_interval()
     }
 
     pub async fn register_owner(
@@ -527,7 +562,7 @@ impl Master {
             owner_id,
             epoch,
             grant_key: key.as_bytes().to_vec(),
-            heartbeat_interval_ms: self.heartbeat_interval().as_millis() as u64,
+            heartbeat_interval_ms: self.cfg.heartbeat_interval().as_millis() as u64,
             term: self.keys.term(),
         })
     }

@@ -1,6 +1,7 @@
-//! Prometheus metrics of the master. Their names and labels are a contract
-//! with dashboards and alerts (`deploy/`, docs/operations.md) and are kept
-//! in the shared design notes' INTERFACES.md: rename none.
+//! Prometheus metrics of the master. Their names and labels are a contract:
+//! the dashboard (`deploy/grafana/strata.json`), the alert rules and their
+//! promtool tests (`deploy/prometheus/`), the runbooks (docs/operations.md)
+//! and `tests/tests/monitoring.rs` use them. Add metrics; rename none.
 
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,

@@ -6,6 +6,8 @@
 pub mod allocator;
 mod node;
 mod registration;
+#[cfg(test)]
+mod tests;
 pub mod ucx_routes;
 
 pub use node::{NodeEntry, NodeIdentity, Replica, SegmentEntry};
@@ -137,7 +139,11 @@ impl Cluster {
         out
     }
 
-    /// Whether `req` may take over its node id (see `Master::check_node_takeover`).
+    /// Refuses to register `req.node_id` when another live process holds it:
+    /// the registered process answers a ping with its instance id. A node
+    /// restarting on the same address answers with its new id, so it
+    /// replaces its dead predecessor; a process that proves it *is* the
+    /// registered one (same instance proof) simply registers again.
     pub(crate) async fn check_node_takeover(
         &self,
         req: &pb::RegisterNodeRequest,

@@ -9,7 +9,7 @@ pub(crate) mod promotion;
 pub mod queue;
 pub(crate) mod removal;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use crate::cluster::Replica;
 use crate::config::{MasterConfig, SsdAdmission};

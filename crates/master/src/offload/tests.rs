@@ -8,7 +8,11 @@ use crate::tests::{master_with, put};
 use std::sync::Arc;
 use strata_proto as pb;
 
-async fn with_owner(policy: OffloadPolicy, seg: u64, hw: f64) -> (Arc<Master>, u64, u64) {
+pub(crate) async fn with_owner(
+    policy: OffloadPolicy,
+    seg: u64,
+    hw: f64,
+) -> (Arc<Master>, u64, u64) {
     let m = master_with(1, seg, |c| {
         c.offload_policy = policy;
         c.high_watermark = hw;
@@ -20,10 +24,10 @@ async fn with_owner(policy: OffloadPolicy, seg: u64, hw: f64) -> (Arc<Master>, u
 }
 
 /// The instance proof the fake agent of these tests registers with.
-const PROOF: &[u8] = &[7u8; 32];
+pub(crate) const PROOF: &[u8] = &[7u8; 32];
 
 /// Registers an SSD owner of 1 GiB under `handle`.
-async fn register(m: &Master, handle: &str) -> pb::RegisterOwnerResponse {
+pub(crate) async fn register(m: &Master, handle: &str) -> pb::RegisterOwnerResponse {
     m.register_owner(pb::RegisterOwnerRequest {
         instance_proof: PROOF.to_vec(),
         handle: handle.into(),
@@ -35,7 +39,7 @@ async fn register(m: &Master, handle: &str) -> pb::RegisterOwnerResponse {
     .unwrap()
 }
 
-fn queued_keys(m: &Master) -> Vec<String> {
+pub(crate) fn queued_keys(m: &Master) -> Vec<String> {
     let mut v: Vec<String> = m
         .ssd()
         .queued_tasks()
@@ -47,7 +51,12 @@ fn queued_keys(m: &Master) -> Vec<String> {
 }
 
 /// An agent's heartbeat taking up to `max_tasks` tasks.
-fn heartbeat(m: &Master, owner: u64, epoch: u64, max_tasks: u32) -> pb::OwnerHeartbeatResponse {
+pub(crate) fn heartbeat(
+    m: &Master,
+    owner: u64,
+    epoch: u64,
+    max_tasks: u32,
+) -> pb::OwnerHeartbeatResponse {
     m.owner_heartbeat(&pb::OwnerHeartbeatRequest {
         instance_proof: PROOF.to_vec(),
         owner_id: owner,
@@ -60,7 +69,7 @@ fn heartbeat(m: &Master, owner: u64, epoch: u64, max_tasks: u32) -> pb::OwnerHea
 }
 
 /// Takes every task and reports it persisted, as an agent would.
-async fn persist_all(m: &Master, owner: u64, epoch: u64) -> usize {
+pub(crate) async fn persist_all(m: &Master, owner: u64, epoch: u64) -> usize {
     let tasks = heartbeat(m, owner, epoch, 1000).tasks;
     let n = tasks.len();
     report_results(m, owner, epoch, persisted(&tasks)).await;
@@ -68,7 +77,7 @@ async fn persist_all(m: &Master, owner: u64, epoch: u64) -> usize {
 }
 
 /// Each task persisted, at its own offset of bucket 1.
-fn persisted(tasks: &[pb::OffloadTask]) -> Vec<pb::OffloadResult> {
+pub(crate) fn persisted(tasks: &[pb::OffloadTask]) -> Vec<pb::OffloadResult> {
     tasks
         .iter()
         .enumerate()
@@ -83,7 +92,7 @@ fn persisted(tasks: &[pb::OffloadTask]) -> Vec<pb::OffloadResult> {
 }
 
 /// Reports one task persisted at `offset` of bucket 1.
-async fn report(m: &Master, owner: u64, epoch: u64, task_id: u64, offset: u64) {
+pub(crate) async fn report(m: &Master, owner: u64, epoch: u64, task_id: u64, offset: u64) {
     let r = pb::OffloadResult {
         task_id,
         persisted: true,
@@ -94,7 +103,12 @@ async fn report(m: &Master, owner: u64, epoch: u64, task_id: u64, offset: u64) {
     report_results(m, owner, epoch, vec![r]).await;
 }
 
-async fn report_results(m: &Master, owner: u64, epoch: u64, results: Vec<pb::OffloadResult>) {
+pub(crate) async fn report_results(
+    m: &Master,
+    owner: u64,
+    epoch: u64,
+    results: Vec<pb::OffloadResult>,
+) {
     m.report_offload(pb::ReportOffloadRequest {
         instance_proof: PROOF.to_vec(),
         owner_id: owner,
@@ -105,7 +119,7 @@ async fn report_results(m: &Master, owner: u64, epoch: u64, results: Vec<pb::Off
     .unwrap();
 }
 
-fn on_ssd(m: &Master, key: &str) -> bool {
+pub(crate) fn on_ssd(m: &Master, key: &str) -> bool {
     m.objects()
         .shard(key)
         .get(key)
@@ -192,123 +206,6 @@ async fn on_evict_offloads_victims_before_freeing_and_drops_what_ssd_cannot_take
     assert!(m2.evict_to_watermark() > 0);
     assert!(m2.objects().len() < 12);
     assert!(m2.ssd().queued_tasks().into_iter().next().is_none());
-}
-
-#[tokio::test]
-async fn a_put_that_needs_room_queues_its_victims_first_and_drops_none() {
-    for policy in [OffloadPolicy::OnEvict, OffloadPolicy::Eager] {
-        let (m, owner, epoch) = with_owner(policy, 1 << 20, 0.99).await;
-        for i in 0..16 {
-            put(&m, &format!("k{i:02}"), 64 << 10);
-        }
-        // Full, and no victim has its SSD copy yet: a put that cannot wait
-        // gets a retryable no_space naming the flag; nothing is dropped.
-        let e = m
-            .put_start(crate::tests::spec("new", 64 << 10, 1))
-            .unwrap_err();
-        assert_eq!(e.code, strata_common::Code::NoSpace, "{policy:?}");
-        assert!(e.retryable() && e.message.contains("--put-wait"), "{e}");
-        assert!(!queued_keys(&m).is_empty());
-        // A waiting put gets its room as soon as the copies land.
-        let waiting = {
-            let m = m.clone();
-            tokio::spawn(async move {
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-                m.put_start_waiting(crate::tests::spec("new", 64 << 10, 1), deadline)
-                    .await
-            })
-        };
-        assert!(
-            crate::tests::wait_for(|| m.pressure().waiting() == 1).await,
-            "the put waits"
-        );
-        assert!(m.metrics.urgent_offloads.get() >= 1, "{policy:?}");
-        persist_all(&m, owner, epoch).await;
-        waiting.await.unwrap().unwrap();
-        assert_eq!(m.metrics.put_waits.get(), 1);
-        for i in 0..16 {
-            assert!(
-                m.exists(&format!("k{i:02}")).unwrap(),
-                "{policy:?}: k{i:02} kept"
-            );
-        }
-        let dropped = &m.metrics.dropped_objects;
-        for why in ["policy", "admission", "no_owner", "offload_failed"] {
-            assert_eq!(dropped.with_label_values(&[why]).get(), 0, "{why}");
-        }
-    }
-}
-
-#[tokio::test]
-async fn a_put_whose_wait_runs_out_fails_retryably_and_leaks_nothing() {
-    let (m, _, _) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.99).await;
-    for i in 0..16 {
-        put(&m, &format!("k{i:02}"), 64 << 10);
-    }
-    let allocated = m.allocated_bytes();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
-    let e = m
-        .put_start_waiting(crate::tests::spec("new", 64 << 10, 1), deadline)
-        .await
-        .unwrap_err();
-    assert_eq!(e.code, strata_common::Code::NoSpace);
-    assert!(e.retryable() && e.message.contains("--put-wait"), "{e}");
-    assert_eq!(m.metrics.put_wait_timeouts.get(), 1);
-    assert_eq!(m.pressure().waiting(), 0);
-    assert_eq!(m.metrics.put_waiters.get(), 0);
-    assert_eq!(m.allocated_bytes(), allocated, "no allocation left behind");
-    assert!(!m.exists("new").unwrap());
-    assert_eq!(m.total_pins(), 0);
-    // A put dropped while waiting (its caller went away) leaks nothing either.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let spec = crate::tests::spec("gone", 64 << 10, 1);
-    let fut = m.put_start_waiting(spec, deadline);
-    assert!(
-        tokio::time::timeout(std::time::Duration::from_millis(50), fut)
-            .await
-            .is_err()
-    );
-    assert_eq!(m.pressure().waiting(), 0);
-    assert_eq!(m.allocated_bytes(), allocated);
-}
-
-#[tokio::test]
-async fn waiting_puts_get_their_room_in_arrival_order() {
-    let (m, owner, epoch) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.99).await;
-    for i in 0..16 {
-        put(&m, &format!("k{i:02}"), 64 << 10);
-    }
-    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..3 {
-        let (m2, order) = (m.clone(), order.clone());
-        tasks.push(tokio::spawn(async move {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            // The first needs two victims' room: the later ones, which
-            // would fit sooner, must not overtake it.
-            let (key, size) = (format!("w{i}"), if i == 0 { 128 << 10 } else { 64 << 10 });
-            m2.put_start_waiting(crate::tests::spec(&key, size, 1), deadline)
-                .await
-                .unwrap();
-            order.lock().push(i);
-        }));
-        // Each joins the queue before the next arrives.
-        assert!(crate::tests::wait_for(|| m.pressure().waiting() == i + 1).await);
-    }
-    // Copies land one at a time (bounded: 16 victims, at most 2,000 rounds).
-    for _ in 0..2000 {
-        if order.lock().len() == 3 {
-            break;
-        }
-        if let Some(t) = heartbeat(&m, owner, epoch, 1).tasks.first() {
-            report(&m, owner, epoch, t.task_id, t.task_id * 4096).await;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(*order.lock(), vec![0, 1, 2]);
 }
 
 #[tokio::test]
@@ -562,84 +459,8 @@ async fn a_corrupted_source_is_dropped_at_once_and_a_failed_read_retried() {
     assert_eq!(m.total_pins(), 0);
 }
 
-/// An idle owner's heartbeat waits (long poll) and answers at once when a
-/// put makes a victim's copy urgent; with nothing urgent it answers at its
-/// deadline, empty.
-#[tokio::test]
-async fn a_long_polling_owner_gets_urgent_copies_at_once() {
-    let (m, owner, epoch) = with_owner(OffloadPolicy::OnEvict, 1 << 20, 0.99).await;
-    let poll = |wait_ms: u32| {
-        let m = m.clone();
-        tokio::spawn(async move {
-            let t0 = std::time::Instant::now();
-            let r = m
-                .owner_heartbeat_wait(&pb::OwnerHeartbeatRequest {
-                    instance_proof: PROOF.to_vec(),
-                    owner_id: owner,
-                    epoch,
-                    capacity_bytes: 1 << 30,
-                    max_tasks: 100,
-                    wait_ms,
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
-            (r, t0.elapsed())
-        })
-    };
-    // Nothing to do: an empty answer once its (short) wait is over.
-    let (r, _) = poll(20).await.unwrap();
-    assert!(r.tasks.is_empty());
-    for i in 0..16 {
-        put(&m, &format!("k{i:02}"), 64 << 10);
-    }
-    // A poll of up to 1 s is waiting when a put needs a victim's room.
-    let waiting = poll(1000);
-    let put = {
-        let m = m.clone();
-        tokio::spawn(async move {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            m.put_start_waiting(crate::tests::spec("new", 64 << 10, 1), deadline)
-                .await
-        })
-    };
-    let (r, took) = waiting.await.unwrap();
-    assert!(!r.tasks.is_empty(), "the urgent copy is handed out");
-    assert!(
-        took < std::time::Duration::from_millis(1000),
-        "before its deadline: {took:?}"
-    );
-    report_results(&m, owner, epoch, persisted(&r.tasks)).await;
-    put.await.unwrap().unwrap();
-}
-
-/// At shutdown a waiting put answers at once, retryably, and leaks nothing.
-#[tokio::test]
-async fn a_waiting_put_answers_at_shutdown() {
-    let (m, _, _) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.99).await;
-    for i in 0..16 {
-        put(&m, &format!("k{i:02}"), 64 << 10);
-    }
-    let allocated = m.allocated_bytes();
-    let waiting = {
-        let m = m.clone();
-        tokio::spawn(async move {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-            m.put_start_waiting(crate::tests::spec("new", 64 << 10, 1), deadline)
-                .await
-        })
-    };
-    assert!(crate::tests::wait_for(|| m.pressure().waiting() == 1).await);
-    m.stop_waiting();
-    let e = waiting.await.unwrap().unwrap_err();
-    assert_eq!(e.code, strata_common::Code::Unavailable, "{e}");
-    assert!(e.retryable());
-    assert_eq!(m.pressure().waiting(), 0);
-    assert_eq!(m.allocated_bytes(), allocated);
-}
-
 /// The store node of `master_with` confirms everything it was sent.
-fn node_confirms_all(m: &Master) {
+pub(crate) fn node_confirms_all(m: &Master) {
     let node = m.cluster().node("n0").unwrap();
     if let Some(last) = node.log_page(0).unwrap().last() {
         node.ack(last.seq);

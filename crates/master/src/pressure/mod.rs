@@ -9,6 +9,8 @@
 
 pub mod backpressure;
 pub mod eviction;
+#[cfg(test)]
+mod tests;
 
 use crate::cluster::allocator::aligned_len;
 use crate::cluster::{Cluster, Replica};
@@ -40,6 +42,19 @@ pub(crate) struct Want {
     /// The master is young (rebuild window): an empty cluster is a
     /// retryable refusal, its nodes may still be registering.
     pub(crate) rebuilding: bool,
+}
+
+impl Want {
+    /// DRAM placed now, not ahead of copies in flight.
+    pub(crate) fn now(size: u64, n: u32, preferred: Option<u64>, rebuilding: bool) -> Want {
+        Want {
+            size,
+            n,
+            preferred,
+            urgent: false,
+            rebuilding,
+        }
+    }
 }
 
 /// The signals of DRAM pressure.

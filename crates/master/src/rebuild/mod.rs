@@ -8,6 +8,8 @@
 //! (`members.rs`) it waits for before taking writes.
 
 pub mod members;
+#[cfg(test)]
+mod tests;
 
 use crate::cluster::allocator::{aligned_len, ALIGN};
 use crate::cluster::Cluster;

@@ -12,6 +12,8 @@
 mod overwrite;
 pub(crate) mod records;
 mod removal;
+#[cfg(test)]
+mod tests;
 
 use crate::cluster::Replica;
 use crate::model::Model;

@@ -1,0 +1,216 @@
+//! Unit tests of `Cluster` through the master's API: placement, node
+//! membership, heartbeats and the keys members get.
+
+use crate::master::PutSpec;
+use crate::tests::{master_with, put, spec, NODE_PROOF};
+use std::time::Duration;
+use strata_common::Code;
+use strata_proto as pb;
+
+#[test]
+fn more_replicas_than_segments_gives_fewer_never_two_on_one_segment() {
+    let m = master_with(3, 1 << 20, |_| {});
+    let r = m.put_start(spec("k", 1000, 5)).unwrap();
+    assert_eq!(r.len(), 3);
+    let mut segs: Vec<u64> = r.iter().map(|r| r.segment_id).collect();
+    segs.sort();
+    segs.dedup();
+    assert_eq!(segs.len(), 3, "replicas must be on distinct segments");
+}
+
+#[test]
+fn expired_node_loses_its_replicas() {
+    let m = master_with(2, 1 << 20, |c| c.node_ttl = Duration::from_millis(100));
+    m.put_start(spec("both", 100, 2)).unwrap();
+    m.put_end("both", 0).unwrap();
+    let r = m.put_start(spec("one", 100, 1)).unwrap();
+    m.put_end("one", 0).unwrap();
+    let dead = r[0].node_id.clone();
+    let alive = if dead == "n0" { "n1" } else { "n0" };
+    let inc = m.cluster().node(alive).unwrap().incarnation;
+    let now = strata_common::time::unix_ms();
+    let hb = |node: &str, inc| pb::HeartbeatRequest {
+        node_id: node.into(),
+        incarnation: inc,
+        applied_seq: 0,
+        instance_proof: NODE_PROOF.to_vec(),
+        wait_ms: 0,
+        leaving: false,
+    };
+    assert!(m.heartbeat(&hb(alive, inc)).unwrap().known);
+    m.cluster()
+        .node(alive)
+        .unwrap()
+        .last_heartbeat_ms
+        .store(now + 1000, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(m.expire_nodes(now + 500), vec![dead.clone()]);
+    assert_eq!(m.get_replicas("one").unwrap_err().code, Code::NotFound);
+    assert_eq!(m.get_replicas("both").unwrap().replicas.len(), 1);
+    assert!(
+        !m.heartbeat(&hb(&dead, 1)).unwrap().known,
+        "a dropped node must re-register"
+    );
+    assert_eq!(m.stat().segments, 1);
+}
+
+#[test]
+fn a_leaving_node_is_dropped_at_once() {
+    let m = master_with(2, 1 << 20, |_| {});
+    m.put_start(spec("both", 100, 2)).unwrap();
+    m.put_end("both", 0).unwrap();
+    let r = m.put_start(spec("one", 100, 1)).unwrap();
+    m.put_end("one", 0).unwrap();
+    let leaving = r[0].node_id.clone();
+    let inc = m.cluster().node(&leaving).unwrap().incarnation;
+    let hb = |proof: &[u8], leaving_flag| pb::HeartbeatRequest {
+        node_id: leaving.clone(),
+        incarnation: inc,
+        applied_seq: 0,
+        instance_proof: proof.to_vec(),
+        wait_ms: 0,
+        leaving: leaving_flag,
+    };
+    // Another process's claim that the node leaves changes nothing.
+    let e = m.heartbeat(&hb(&[1u8; 32], true)).unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    assert!(m.heartbeat(&hb(NODE_PROOF, false)).unwrap().known);
+    assert_eq!(m.stat().segments, 2);
+    // The node's own: dropped now, not after --node-ttl.
+    assert!(!m.heartbeat(&hb(NODE_PROOF, true)).unwrap().known);
+    assert_eq!(m.stat().segments, 1);
+    assert_eq!(m.get_replicas("one").unwrap_err().code, Code::NotFound);
+    assert_eq!(m.get_replicas("both").unwrap().replicas.len(), 1);
+    // Housekeeping hands it on to be forgotten durably, once.
+    let now = strata_common::time::unix_ms();
+    assert_eq!(m.expire_nodes(now), vec![leaving.clone()]);
+    assert!(m.expire_nodes(now).is_empty());
+}
+
+#[test]
+fn nodes_learn_commits_and_frees_through_heartbeats() {
+    let m = master_with(1, 1 << 20, |_| {});
+    put(&m, "a", 100);
+    put(&m, "b", 100);
+    m.remove("a", true).unwrap();
+    let inc = m.cluster().node("n0").unwrap().incarnation;
+    let r = m
+        .heartbeat(&pb::HeartbeatRequest {
+            node_id: "n0".into(),
+            incarnation: inc,
+            applied_seq: 0,
+            instance_proof: NODE_PROOF.to_vec(),
+            wait_ms: 0,
+            leaving: false,
+        })
+        .unwrap();
+    let ops: Vec<String> = r
+        .log
+        .iter()
+        .map(|e| match e.op.as_ref().unwrap() {
+            pb::object_log_entry::Op::Commit(c) => format!("commit {}", c.key),
+            pb::object_log_entry::Op::Free(_) => "free".to_string(),
+            pb::object_log_entry::Op::Pending(p) => format!("pending {}", p.key),
+        })
+        .collect();
+    assert_eq!(ops, ["commit a", "commit b", "free"]);
+    let last = r.log.last().unwrap().seq;
+    let hb = |applied_seq, proof: &[u8]| {
+        m.heartbeat(&pb::HeartbeatRequest {
+            node_id: "n0".into(),
+            incarnation: inc,
+            applied_seq,
+            instance_proof: proof.to_vec(),
+            wait_ms: 0,
+            leaving: false,
+        })
+    };
+    // Both sides of each check: another process's proof and a claim beyond
+    // what was sent are refused and trim nothing; the real one trims.
+    let e = hb(last, &[1u8; 32]).unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    let e = hb(last + 1, NODE_PROOF).unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument, "{e}");
+    let e = hb(u64::MAX, NODE_PROOF).unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument, "{e}");
+    assert_eq!(hb(0, NODE_PROOF).unwrap().log.len(), 3, "nothing trimmed");
+    let r = hb(last, NODE_PROOF).unwrap();
+    assert!(r.log.is_empty(), "acknowledged entries are trimmed");
+}
+
+#[test]
+fn allocations_get_increasing_generations_in_their_grants() {
+    let m = master_with(1, 1 << 20, |_| {});
+    let a = m.put_start(spec("a", 100, 1)).unwrap();
+    m.put_revoke("a").unwrap();
+    // The same range again: a newer generation, so the node can tell the
+    // revoked put's grant from the new one.
+    let b = m.put_start(spec("b", 100, 1)).unwrap();
+    assert_eq!(
+        (a[0].segment_id, a[0].offset),
+        (b[0].segment_id, b[0].offset)
+    );
+    let (ga, gb) = (
+        a[0].grant.as_ref().unwrap().generation,
+        b[0].grant.as_ref().unwrap().generation,
+    );
+    assert!(gb > ga && ga > 0, "{ga} then {gb}");
+    m.put_end("b", 0).unwrap();
+    let r = m.get_replicas("b").unwrap();
+    assert_eq!(r.replicas[0].grant.as_ref().unwrap().generation, gb);
+}
+
+#[test]
+fn preferred_segment_is_used_when_it_fits() {
+    let m = master_with(4, 1 << 20, |_| {});
+    for target in 1..=4 {
+        let r = m
+            .put_start(PutSpec {
+                preferred_segment: Some(target),
+                ..spec(&format!("k{target}"), 10, 1)
+            })
+            .unwrap();
+        assert_eq!(r[0].segment_id, target);
+    }
+}
+
+#[test]
+fn most_free_first_spreads_evenly() {
+    let m = master_with(4, 1 << 20, |c| {
+        c.alloc_strategy = crate::config::AllocStrategy::MostFreeFirst
+    });
+    for i in 0..40 {
+        m.put_start(spec(&format!("k{i}"), 1024, 1)).unwrap();
+    }
+    let st = m.stat();
+    for s in &st.segment_info {
+        assert_eq!(s.allocated_bytes, 10 * 1024, "segment {}", s.segment_id);
+    }
+}
+
+/// A member's grant key is derived for its id *and* the registering process:
+/// the same process registering again keeps its key; another process that
+/// registers the same id never receives it.
+#[test]
+fn member_keys_are_per_process() {
+    let m = master_with(0, 1 << 20, |_| {});
+    let reg = |proof: &[u8]| {
+        m.register_node(pb::RegisterNodeRequest {
+            node_id: "x".into(),
+            data_addr: "127.0.0.1:9999".into(),
+            segments: vec![pb::SegmentSpec {
+                local_id: 0,
+                size: 1 << 20,
+                ..Default::default()
+            }],
+            instance: "i".into(),
+            instance_proof: proof.to_vec(),
+            held_objects: 0,
+            ..Default::default()
+        })
+        .unwrap()
+        .grant_key
+    };
+    let a = reg(&[1; 32]);
+    assert_eq!(a, reg(&[1; 32]));
+    assert_ne!(a, reg(&[2; 32]));
+}
