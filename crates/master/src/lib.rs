@@ -7,6 +7,7 @@ pub mod config;
 pub mod durable;
 pub mod election;
 pub mod grants;
+mod lock_order;
 pub mod master;
 pub mod metrics;
 mod model;

@@ -41,6 +41,11 @@
 //!   freed only after the shard lock is released.
 //!
 //! `parking_lot` guards are not `Send`: none lives across an `.await`.
+//!
+//! Debug builds check the first three rules as locks are taken
+//! (`lock_order.rs`: shards, the offload queue, `nodes` and `segments` are
+//! `Ordered*` locks that panic when one is taken under a lock it must never
+//! meet), so every test drives the order, not just this list.
 
 use crate::cluster::Cluster;
 use crate::cluster::Replica;

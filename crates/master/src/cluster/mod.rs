@@ -13,7 +13,8 @@ pub mod ucx_routes;
 pub use node::{NodeEntry, NodeIdentity, Replica, SegmentEntry};
 
 use crate::config::AllocStrategy;
-use parking_lot::{Mutex, RwLock};
+use crate::lock_order::{Lock, OrderedRwLock};
+use parking_lot::Mutex;
 use rand::seq::SliceRandom;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +27,8 @@ use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
 /// The store nodes of one term, their segments, and the ids and
 /// generations the master hands out to them.
 pub struct Cluster {
-    segments: RwLock<HashMap<u64, Arc<SegmentEntry>>>,
-    nodes: RwLock<HashMap<String, Arc<NodeEntry>>>,
+    segments: OrderedRwLock<HashMap<u64, Arc<SegmentEntry>>>,
+    nodes: OrderedRwLock<HashMap<String, Arc<NodeEntry>>>,
     next_segment_id: AtomicU64,
     next_incarnation: AtomicU64,
     /// Generation of the next allocation; grants carry it so a freed range's
@@ -46,8 +47,8 @@ pub struct Cluster {
 impl Cluster {
     pub(crate) fn new() -> Cluster {
         Cluster {
-            segments: RwLock::new(HashMap::new()),
-            nodes: RwLock::new(HashMap::new()),
+            segments: OrderedRwLock::new(Lock::Segments, HashMap::new()),
+            nodes: OrderedRwLock::new(Lock::Nodes, HashMap::new()),
             next_segment_id: AtomicU64::new(1),
             next_incarnation: AtomicU64::new(1),
             next_generation: AtomicU64::new(unix_ms() << 16),

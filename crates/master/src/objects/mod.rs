@@ -2,8 +2,9 @@
 //! serialises the rest.
 
 use crate::cluster::Replica;
+use crate::lock_order::{Guard, Lock, OrderedMutex};
 use crate::sync::Unsynced;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::MutexGuard;
 use std::hash::BuildHasher;
 use std::time::Instant;
 use strata_common::{Error, Result};
@@ -362,27 +363,34 @@ impl Object {
     }
 }
 
+/// A locked shard.
+pub type ShardGuard<'a> = Guard<MutexGuard<'a, Shard>>;
+
 pub struct ObjectTable {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[OrderedMutex<Shard>]>,
     hasher: std::collections::hash_map::RandomState,
 }
 
 impl Default for ObjectTable {
     fn default() -> Self {
         ObjectTable {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| OrderedMutex::new(Lock::Shard, Shard::default()))
+                .collect(),
             hasher: Default::default(),
         }
     }
 }
 
 impl ObjectTable {
-    pub fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+    /// The locked shard of `key` (a leaf but for the node log, tombstone
+    /// map, owner registry and rebuild members: `master.rs`).
+    pub fn shard(&self, key: &str) -> ShardGuard<'_> {
         let i = self.hasher.hash_one(key) as usize % self.shards.len();
         self.shards[i].lock()
     }
 
-    pub fn shards(&self) -> impl Iterator<Item = &Mutex<Shard>> {
+    pub(crate) fn shards(&self) -> impl Iterator<Item = &OrderedMutex<Shard>> {
         self.shards.iter()
     }
 

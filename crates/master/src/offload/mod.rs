@@ -14,6 +14,7 @@ pub(crate) mod tests;
 use crate::cluster::Replica;
 use crate::config::{MasterConfig, SsdAdmission};
 use crate::durable::DurableKv;
+use crate::lock_order::{Lock, OrderedMutex};
 use crate::metrics::MasterMetrics;
 use crate::model::Model;
 use crate::objects::SsdReplica;
@@ -39,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 /// `offload/`; the rest of the master goes through the methods below.
 pub(crate) struct SsdTier {
     owners: OwnerRegistry,
-    queue: Mutex<OffloadQueue>,
+    queue: OrderedMutex<OffloadQueue>,
     policy: Box<dyn AdmissionPolicy>,
     /// `on-evict`: which DRAM victims the SSD tier takes.
     admission: AdmissionFilter,
@@ -67,7 +68,7 @@ impl SsdTier {
         );
         Ok(SsdTier {
             owners: OwnerRegistry::new(kv, cfg.node_ttl.as_millis() as u64),
-            queue: Mutex::new(OffloadQueue::new(5, 500)),
+            queue: OrderedMutex::new(Lock::OffloadQueue, OffloadQueue::new(5, 500)),
             policy,
             admission,
             drops: removal::Drops::new(term),
