@@ -69,25 +69,17 @@ pub(crate) fn split_incoming(
     )
 }
 
-/// Whether a connection opens with the quick lookup [`wire::MAGIC`]; an
-/// HTTP/2 client differs at its first byte, so gRPC waits for nothing.
+/// Whether a connection opens with the quick call [`wire::MAGIC`]. HTTP/2
+/// (gRPC) opens with its preface, `PRI * HTTP/2.0…`, which differs from the
+/// magic at the first byte: one byte decides, so nothing polls for the rest
+/// (a peer trickling the magic waits in `greet`'s read instead, which checks
+/// all of it).
 async fn is_quick(s: &TcpStream) -> std::io::Result<bool> {
-    let mut first = [0u8; 8];
-    for _ in 0..1000 {
-        let n = s.peek(&mut first).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        if first[..n] != wire::MAGIC[..n] {
-            return Ok(false);
-        }
-        if n == wire::MAGIC.len() {
-            return Ok(true);
-        }
-        // The magic's start arrived alone: wait for the rest.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+    let mut first = [0u8; 1];
+    if s.peek(&mut first).await? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
-    Err(std::io::ErrorKind::TimedOut.into())
+    Ok(first[0] == wire::MAGIC[0])
 }
 
 /// Serves one quick call connection until it closes or `stop` fires.
@@ -157,6 +149,11 @@ async fn greet<R: tokio::io::AsyncRead + Unpin>(rd: &mut R, creds: &Credentials)
     rd.read_exact(&mut magic)
         .await
         .map_err(|e| Error::unavailable(format!("quick call connection: {e}")))?;
+    if &magic != wire::MAGIC {
+        return Err(Error::invalid(
+            "not a quick call connection: it opened with neither the quick call magic nor HTTP/2",
+        ));
+    }
     let (version, token) = wire::read_hello(rd).await?;
     if version != wire::VERSION {
         return Err(Error::invalid(format!(
@@ -231,6 +228,48 @@ async fn call(
 mod tests {
     use super::*;
     use strata_common::Code;
+
+    /// A connected pair on loopback.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        (c, l.accept().await.unwrap().0)
+    }
+
+    /// The first byte decides at once: a peer that sent only the magic's
+    /// first byte is not polled for the rest (it used to be, every
+    /// millisecond, until it gave up), and HTTP/2's preface goes to gRPC.
+    #[tokio::test]
+    async fn the_first_byte_tells_the_protocols_apart_without_waiting_for_more() {
+        use tokio::io::AsyncWriteExt;
+        for (sent, quick) in [(&b"S"[..], true), (&b"PRI * HTTP/2.0"[..], false)] {
+            let (mut c, s) = pair().await;
+            c.write_all(sent).await.unwrap();
+            let r = tokio::time::timeout(Duration::from_millis(500), is_quick(&s)).await;
+            assert_eq!(r.expect("decided at once").unwrap(), quick, "{sent:?}");
+        }
+        let (c, s) = pair().await;
+        drop(c);
+        assert!(is_quick(&s).await.is_err(), "closed before a byte");
+    }
+
+    /// `greet` checks the whole magic: a connection that shares only its
+    /// first byte is refused, not served.
+    #[tokio::test]
+    async fn a_connection_with_a_wrong_magic_is_refused() {
+        let creds = Credentials::default();
+        let hello = |magic: &[u8]| {
+            let mut b = magic.to_vec();
+            b.extend_from_slice(&wire::VERSION.to_le_bytes());
+            b.extend_from_slice(&0u16.to_le_bytes());
+            b
+        };
+        let right = hello(wire::MAGIC);
+        assert!(greet(&mut right.as_slice(), &creds).await.is_ok());
+        let wrong = hello(b"SXXXXXXX");
+        let e = greet(&mut wrong.as_slice(), &creds).await.unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument, "{e}");
+    }
 
     #[tokio::test]
     async fn a_master_that_does_not_lead_answers_not_leader_and_unknown_ops_are_refused() {

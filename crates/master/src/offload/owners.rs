@@ -215,7 +215,11 @@ impl OwnerRegistry {
             .filter(|o| o.capacity.saturating_sub(q.pending_bytes(o.owner_id)) >= need)
             .map(|o| {
                 let pending = q.pending_bytes(o.owner_id);
-                (o.capacity.saturating_sub(o.used + pending), o.owner_id)
+                // `used` is the owner's own number: saturate, never wrap.
+                (
+                    o.capacity.saturating_sub(o.used.saturating_add(pending)),
+                    o.owner_id,
+                )
             })
             .max()
             .map(|(_, id)| id)

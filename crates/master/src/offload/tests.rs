@@ -704,3 +704,34 @@ async fn a_copy_of_an_overwritten_version_is_never_taken_for_the_new_one() {
     assert_eq!(n, 1, "the new version was queued at its PutEnd");
     assert!(on_ssd(&m, "k"));
 }
+
+/// An owner's reported use is its own number: one reporting nearly
+/// `u64::MAX` bytes used neither overflows the master's sums (debug builds
+/// panicked) nor wraps into looking like the freest owner (release builds
+/// steered offloads to it).
+#[tokio::test]
+async fn an_owner_reporting_absurd_use_is_never_preferred() {
+    let m = master_with(1, 8 << 20, |c| c.offload_policy = OffloadPolicy::Eager);
+    let liar = register(&m, "a/nvme0").await;
+    put(&m, "first", 4096);
+    assert_eq!(m.ssd().queued_tasks().len(), 1, "queued for the only owner");
+    let honest = register(&m, "b/nvme0").await;
+    for (r, used) in [(&liar, u64::MAX - 100), (&honest, 1 << 20)] {
+        m.owner_heartbeat(&pb::OwnerHeartbeatRequest {
+            instance_proof: PROOF.to_vec(),
+            owner_id: r.owner_id,
+            epoch: r.epoch,
+            capacity_bytes: 1 << 30,
+            used_bytes: used,
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    for i in 0..4 {
+        put(&m, &format!("k{i}"), 4096);
+    }
+    let tasks = m.ssd().queued_tasks();
+    assert_eq!(tasks.len(), 5);
+    let to_honest = tasks.iter().filter(|t| t.owner == honest.owner_id).count();
+    assert_eq!(to_honest, 4, "every later copy goes to the honest owner");
+}
