@@ -296,6 +296,7 @@ async fn store_nodes_record_committed_objects() {
     let (status, body) = http_get(c.nodes[0].admin_addr, "/api/v1/objects").await;
     assert_eq!(status, 200);
     assert!(body.contains("rec-b") && !body.contains("rec-a"), "{body}");
+    assert!(!body.contains("crc32c"), "no checksum published: {body}");
     c.shutdown().await;
 }
 
@@ -314,6 +315,7 @@ async fn admin_endpoints_and_metrics() {
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["size"], 5);
+    assert!(v.get("crc32c").is_none(), "no checksum published: {v}");
     assert_eq!(v["replicas"][0]["kind"], "memory");
     assert!(v["lease_until"].as_u64().unwrap() > 0);
     assert_eq!(http_get(a, "/api/v1/keys/absent").await.0, 404);
@@ -337,6 +339,11 @@ async fn admin_endpoints_and_metrics() {
         "strata_master_evictions_total",
         "strata_master_is_leader 1",
         "strata_master_term",
+        // Known label values at zero from the start (a DRAM-only cluster
+        // drops, promotes and offloads nothing).
+        "strata_master_dropped_objects_total{reason=\"no_owner\"} 0",
+        "strata_master_promotions_total{outcome=\"promoted\"} 0",
+        "strata_master_offload_results_total{outcome=\"persisted\"} 0",
     ] {
         assert!(m.contains(name), "missing {name} in master metrics");
     }

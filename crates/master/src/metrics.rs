@@ -7,6 +7,42 @@ use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
+// The label values of the labelled families, each exported at zero from
+// the start (`strata_common::metrics::counter_vec`): dashboards and alerts
+// over them read 0, not "no data". A new value is added here.
+pub(crate) const RECEIPT_OUTCOMES: &[&str] = &["accepted", "refused"];
+pub(crate) const DROP_REASONS: &[&str] = &["policy", "admission", "no_owner", "offload_failed"];
+pub(crate) const REBUILD_OUTCOMES: &[&str] = &[
+    "adopted",
+    "older_version_dropped",
+    "malformed",
+    "range_in_use",
+    "other_version",
+    "removed",
+];
+pub(crate) const LOOKUP_TIERS: &[&str] = &["dram", "ssd", "miss"];
+pub(crate) const OWNER_STATES: &[&str] = &["live", "gone"];
+pub(crate) const TASK_STATES: &[&str] = &["queued", "assigned"];
+pub(crate) const OFFLOAD_RESULTS: &[&str] = &[
+    "persisted",
+    "persisted_orphan",
+    "failed_requeued",
+    "expired_requeued",
+    "dropped",
+    "source_gone",
+    "reassigned",
+];
+pub(crate) const PROMOTION_OUTCOMES: &[&str] = &[
+    "queued",
+    "queue_full",
+    "promoted",
+    "failed",
+    "expired",
+    "no_room",
+    "stale",
+];
+pub(crate) const ADMISSION_DECISIONS: &[&str] = &["admitted", "refused"];
+
 #[derive(Clone)]
 pub struct MasterMetrics {
     pub registry: Registry,
@@ -61,18 +97,19 @@ impl MasterMetrics {
         let r = Registry::new();
         let g = |n: &str, h: &str| strata_common::metrics::gauge(&r, n, h);
         let c = |n: &str, h: &str| strata_common::metrics::counter(&r, n, h);
-        let receipts = reg(
-            &r,
-            IntCounterVec::new(
-                Opts::new(
-                    "strata_master_put_receipts_total",
-                    "Store nodes' put receipts PutEnds brought, by outcome: accepted (the commit is not waited for on that node) or refused (did not verify: another checksum, a node registered again since; the PutEnd waits for the node instead)",
-                ),
-                &["outcome"],
-            )
-            .expect("valid metric"),
-        );
-        let m = MasterMetrics {
+        let cv = |n: &str, h: &str, label: &str, values: &[&str]| {
+            strata_common::metrics::counter_vec(&r, n, h, label, values)
+        };
+        let gv = |n: &str, h: &str, label: &str, values: &[&str]| {
+            strata_common::metrics::gauge_vec(&r, n, h, label, values)
+        };
+        let receipts = cv(
+                "strata_master_put_receipts_total",
+                "Store nodes' put receipts PutEnds brought, by outcome: accepted (the commit is not waited for on that node) or refused (did not verify: another checksum, a node registered again since; the PutEnd waits for the node instead)",
+                "outcome",
+                RECEIPT_OUTCOMES,
+            );
+        MasterMetrics {
             keys: g(
                 "strata_master_keys",
                 "Objects in the metadata (complete and in flight)",
@@ -112,27 +149,17 @@ impl MasterMetrics {
                 "strata_master_evictions_total",
                 "Objects evicted to make room",
             ),
-            dropped_objects: reg(
-                &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "strata_master_dropped_objects_total",
-                        "Objects that left the cache with no copy anywhere, by reason: policy (the offload policy keeps them out of SSD), admission (--ssd-admission auto refused them), no_owner (no SSD owner had room), offload_failed (their copy failed for good)",
-                    ),
-                    &["reason"],
-                )
-                .expect("valid metric"),
+            dropped_objects: cv(
+                "strata_master_dropped_objects_total",
+                "Objects that left the cache with no copy anywhere, by reason: policy (the offload policy keeps them out of SSD), admission (--ssd-admission auto refused them), no_owner (no SSD owner had room), offload_failed (their copy failed for good)",
+                "reason",
+                DROP_REASONS,
             ),
-            rebuilt_objects: reg(
-                &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "strata_master_rebuilt_objects_total",
-                        "Objects store nodes reported holding after a master start: adopted, or refused (range_in_use, other_version, removed, malformed)",
-                    ),
-                    &["outcome"],
-                )
-                .expect("valid metric"),
+            rebuilt_objects: cv(
+                "strata_master_rebuilt_objects_total",
+                "Objects store nodes reported holding after a master start: adopted (older_version_dropped counts the older versions an adopted one replaced), or refused (range_in_use, other_version, removed, malformed)",
+                "outcome",
+                REBUILD_OUTCOMES,
             ),
             urgent_offloads: c(
                 "strata_master_urgent_offloads_total",
@@ -163,70 +190,43 @@ impl MasterMetrics {
                 "strata_master_put_waiters",
                 "Puts waiting for DRAM right now",
             ),
-            lookups: reg(
-                &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "strata_master_lookups_total",
-                        "Key lookups (GetReplicas) by the tier that answered: dram, ssd or miss",
-                    ),
-                    &["tier"],
-                )
-                .expect("valid metric"),
+            lookups: cv(
+                "strata_master_lookups_total",
+                "Key lookups (GetReplicas) by the tier that answered: dram, ssd or miss",
+                "tier",
+                LOOKUP_TIERS,
             ),
-            ssd_owners: reg(
-                &r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "strata_master_ssd_owners",
-                        "Registered SSD owners by state (live: heartbeating within --node-ttl; gone)",
-                    ),
-                    &["state"],
-                )
-                .expect("valid metric"),
+            ssd_owners: gv(
+                "strata_master_ssd_owners",
+                "Registered SSD owners by state (live: heartbeating within --node-ttl; gone)",
+                "state",
+                OWNER_STATES,
             ),
-            offload_tasks: reg(
-                &r,
-                IntGaugeVec::new(
-                    Opts::new("strata_master_offload_tasks", "Offload tasks by state"),
-                    &["state"],
-                )
-                .expect("valid metric"),
+            offload_tasks: gv(
+                "strata_master_offload_tasks",
+                "Offload tasks by state",
+                "state",
+                TASK_STATES,
             ),
-            offload_results: reg(
-                &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "strata_master_offload_results_total",
-                        "Offload task outcomes: persisted, failed_requeued, expired_requeued, dropped, source_gone, reassigned (queued for an owner that went away)",
-                    ),
-                    &["outcome"],
-                )
-                .expect("valid metric"),
+            offload_results: cv(
+                "strata_master_offload_results_total",
+                "Offload task outcomes: persisted, persisted_orphan (copied, but its object was gone meanwhile), failed_requeued, expired_requeued, dropped, source_gone, reassigned (queued for an owner that went away)",
+                "outcome",
+                OFFLOAD_RESULTS,
             ),
-            promotions: reg(
-                &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "strata_master_promotions_total",
-                        "SSD hits copied back to DRAM: queued, queue_full, promoted, failed, expired, no_room, stale",
-                    ),
-                    &["outcome"],
-                )
-                .expect("valid metric"),
+            promotions: cv(
+                "strata_master_promotions_total",
+                "SSD hits copied back to DRAM: queued, queue_full, promoted, failed, expired, no_room, stale",
+                "outcome",
+                PROMOTION_OUTCOMES,
             ),
             admission: crate::offload::admission::AdmissionMetrics {
-                decisions: reg(
-                    &r,
-                    IntCounterVec::new(
-                        Opts::new(
-                            "strata_master_ssd_admission_total",
-                            "DRAM victims the SSD tier admitted or refused (on-evict, --ssd-admission auto)",
-                        ),
-                        &["decision"],
-                    )
-                    .expect("valid metric"),
-                ),
+                decisions: cv(
+                "strata_master_ssd_admission_total",
+                "DRAM victims the SSD tier admitted or refused (on-evict, --ssd-admission auto)",
+                "decision",
+                ADMISSION_DECISIONS,
+            ),
                 mode: g(
                     "strata_master_ssd_admission_mode",
                     "SSD admission mode: 0 admits every DRAM victim, 1 keeps what the SSD holds",
@@ -286,20 +286,14 @@ impl MasterMetrics {
                 "Removals whose tombstone could not be written to --state-dir",
             ),
             registry: r,
-        };
-        // Every tier's series from the start, at zero (dashboards divide
-        // by them).
-        for tier in ["dram", "ssd", "miss"] {
-            m.lookups.with_label_values(&[tier]);
         }
-        m
     }
 }
 
 impl MasterMetrics {
     /// Objects dropped with no copy left, all reasons.
     pub fn dropped(&self) -> u64 {
-        ["policy", "admission", "no_owner", "offload_failed"]
+        DROP_REASONS
             .iter()
             .map(|r| self.dropped_objects.with_label_values(&[r]).get())
             .sum()
@@ -346,6 +340,49 @@ impl Default for MasterMetrics {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn labelled_families_export_their_known_values_at_zero_from_the_start() {
+        let m = MasterMetrics::new();
+        let families: [(&str, &str, &[&str]); 9] = [
+            (
+                "strata_master_put_receipts_total",
+                "outcome",
+                RECEIPT_OUTCOMES,
+            ),
+            (
+                "strata_master_dropped_objects_total",
+                "reason",
+                DROP_REASONS,
+            ),
+            (
+                "strata_master_rebuilt_objects_total",
+                "outcome",
+                REBUILD_OUTCOMES,
+            ),
+            ("strata_master_lookups_total", "tier", LOOKUP_TIERS),
+            ("strata_master_ssd_owners", "state", OWNER_STATES),
+            ("strata_master_offload_tasks", "state", TASK_STATES),
+            (
+                "strata_master_offload_results_total",
+                "outcome",
+                OFFLOAD_RESULTS,
+            ),
+            (
+                "strata_master_promotions_total",
+                "outcome",
+                PROMOTION_OUTCOMES,
+            ),
+            (
+                "strata_master_ssd_admission_total",
+                "decision",
+                ADMISSION_DECISIONS,
+            ),
+        ];
+        strata_common::metrics::check_at_zero(&m.registry, &families).unwrap();
+    }
+
     #[test]
     fn put_wait_quantiles_interpolate_within_buckets() {
         let m = super::MasterMetrics::new();

@@ -2,8 +2,13 @@
 //! contract with the dashboard and alerts (`deploy/`); add, never rename.
 
 use crate::{eviction, staging};
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Registry};
 use strata_transport::tcp::ServerMetrics;
+
+// The label values of the labelled families, each exported at zero from
+// the start: dashboards and alerts over them read 0, not "no data".
+pub(crate) const OFFLOAD_OUTCOMES: &[&str] = &["persisted", "failed"];
+pub(crate) const CHECKSUM_STAGES: &[&str] = &["read", "promotion", "offload_source"];
 
 pub(crate) struct AgentMetrics {
     pub(crate) registry: Registry,
@@ -34,24 +39,20 @@ impl AgentMetrics {
         let r = Registry::new();
         let g = |n: &str, h: &str| strata_common::metrics::gauge(&r, n, h);
         let c = |n: &str, h: &str| strata_common::metrics::counter(&r, n, h);
-        let outcomes = IntCounterVec::new(
-            Opts::new(
-                "strata_ssd_agent_offload_tasks_total",
-                "Offload tasks by outcome",
-            ),
-            &["outcome"],
-        )
-        .expect("valid metric");
-        let _ = r.register(Box::new(outcomes.clone()));
-        let checksum_failures = IntCounterVec::new(
-            Opts::new(
-                "strata_ssd_agent_checksum_failures_total",
-                "Objects whose bytes failed their checksum, by stage (read, promotion, offload_source)",
-            ),
-            &["stage"],
-        )
-        .expect("valid metric");
-        let _ = r.register(Box::new(checksum_failures.clone()));
+        let outcomes = strata_common::metrics::counter_vec(
+            &r,
+            "strata_ssd_agent_offload_tasks_total",
+            "Offload tasks by outcome (persisted, failed)",
+            "outcome",
+            OFFLOAD_OUTCOMES,
+        );
+        let checksum_failures = strata_common::metrics::counter_vec(
+            &r,
+            "strata_ssd_agent_checksum_failures_total",
+            "Objects whose bytes failed their checksum, by stage (read, promotion, offload_source)",
+            "stage",
+            CHECKSUM_STAGES,
+        );
         let wait = Histogram::with_opts(
             HistogramOpts::new(
                 "strata_ssd_agent_staging_wait_seconds",
@@ -182,5 +183,28 @@ impl AgentMetrics {
             },
             registry: r,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labelled_families_export_their_known_values_at_zero_from_the_start() {
+        let m = AgentMetrics::new();
+        let families: [(&str, &str, &[&str]); 2] = [
+            (
+                "strata_ssd_agent_offload_tasks_total",
+                "outcome",
+                OFFLOAD_OUTCOMES,
+            ),
+            (
+                "strata_ssd_agent_checksum_failures_total",
+                "stage",
+                CHECKSUM_STAGES,
+            ),
+        ];
+        strata_common::metrics::check_at_zero(&m.registry, &families).unwrap();
     }
 }

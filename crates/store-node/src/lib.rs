@@ -131,10 +131,11 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
             let (rec, m2) = (rec.clone(), m2.clone());
             async move {
                 m2.objects.set(rec.len() as i64);
+                // Never the checksum (see the master's `describe`).
                 let view = |c: &pb::CommittedObject| {
                     serde_json::json!({
                         "key": c.key, "segment_id": c.segment_id, "offset": c.offset,
-                        "length": c.length, "crc32c": c.crc32c,
+                        "length": c.length,
                     })
                 };
                 Json(serde_json::json!({
