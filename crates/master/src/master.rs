@@ -483,8 +483,14 @@ impl Master {
         let (queued, assigned) = self.queue_counts();
         pb::StatResponse {
             keys: self.objects.len() as u64,
-            capacity_bytes: info.iter().map(|s| s.capacity_bytes).sum(),
-            allocated_bytes: info.iter().map(|s| s.allocated_bytes).sum(),
+            capacity_bytes: info
+                .iter()
+                .map(|s| s.capacity_bytes)
+                .fold(0, u64::saturating_add),
+            allocated_bytes: info
+                .iter()
+                .map(|s| s.allocated_bytes)
+                .fold(0, u64::saturating_add),
             nodes: self.cluster.node_count() as u32,
             segments: info.len() as u32,
             evictions: self.metrics.evictions.get(),
@@ -498,8 +504,9 @@ impl Master {
     /// Updates gauges that are cheaper to compute at scrape time.
     pub fn refresh_gauges(&self) {
         let m = &self.metrics;
-        m.capacity_bytes.set(self.capacity_bytes() as i64);
-        m.allocated_bytes.set(self.allocated_bytes() as i64);
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        m.capacity_bytes.set(gauge(self.capacity_bytes()));
+        m.allocated_bytes.set(gauge(self.allocated_bytes()));
         m.nodes.set(self.cluster.node_count() as i64);
         self.ssd.refresh_owner_gauges(m);
         m.segments.set(self.cluster.segment_count() as i64);

@@ -1,6 +1,7 @@
 //! The gRPC front end: decodes requests, calls [`Master`], records metrics
 //! and maps errors to statuses (through `strata_common::Error`).
 
+use crate::cluster::check_data_addr_reachable;
 use crate::master::{Master, PutSpec};
 use crate::rebuild::members::Member;
 use std::sync::Arc;
@@ -482,9 +483,14 @@ impl MasterRpc for MasterService {
         req: Request<pb::RegisterNodeRequest>,
     ) -> Result<Response<pb::RegisterNodeResponse>, Status> {
         let t0 = Instant::now();
+        let peer = req.remote_addr().map(|a| a.ip());
         let req = req.into_inner();
         let id = req.node_id.clone();
-        let r = match self.master.check_node_takeover(&req).await {
+        let r = match check_data_addr_reachable(&req.data_addr, peer) {
+            Ok(()) => self.master.check_node_takeover(&req).await,
+            Err(e) => Err(e),
+        };
+        let r = match r {
             Ok(()) => self.blocking(move |m| m.register_node(req)).await,
             Err(e) => Err(e),
         };
@@ -525,7 +531,12 @@ impl MasterRpc for MasterService {
         req: Request<pb::RegisterOwnerRequest>,
     ) -> Result<Response<pb::RegisterOwnerResponse>, Status> {
         let t0 = Instant::now();
-        let r = self.master.register_owner(req.into_inner()).await;
+        let peer = req.remote_addr().map(|a| a.ip());
+        let req = req.into_inner();
+        let r = match check_data_addr_reachable(&req.data_addr, peer) {
+            Ok(()) => self.master.register_owner(req).await,
+            Err(e) => Err(e),
+        };
         self.done("register_owner", t0, r)
     }
 

@@ -5,7 +5,8 @@
 
 pub mod allocator;
 mod node;
-mod registration;
+pub(crate) mod registration;
+pub(crate) use registration::check_data_addr_reachable;
 #[cfg(test)]
 mod tests;
 pub mod ucx_routes;
@@ -82,7 +83,7 @@ impl Cluster {
             .values()
             .filter(|s| s.is_mounted())
             .map(|s| s.capacity)
-            .sum()
+            .fold(0u64, u64::saturating_add)
     }
 
     pub fn allocated_bytes(&self) -> u64 {
@@ -91,7 +92,7 @@ impl Cluster {
             .values()
             .filter(|s| s.is_mounted())
             .map(|s| s.allocated())
-            .sum()
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Places `n` replicas of `size` bytes (`len` with alignment) in

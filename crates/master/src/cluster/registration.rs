@@ -16,6 +16,30 @@ use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 use tokio_util::sync::CancellationToken;
 
+/// Segments one node may register, and the largest (256 TiB): the master
+/// sums what nodes report, so each number is bounded before it is kept.
+pub(crate) const MAX_SEGMENTS_PER_NODE: usize = 4096;
+pub(crate) const MAX_SEGMENT_BYTES: u64 = 1 << 48;
+
+/// Refuses a member's loopback `data_addr` when the member itself
+/// connected from another host: others could not reach it there, and a
+/// client that tried would reach whatever listens on its own loopback.
+pub(crate) fn check_data_addr_reachable(
+    data_addr: &str,
+    peer: Option<std::net::IpAddr>,
+) -> Result<()> {
+    let (Ok(addr), Some(peer)) = (data_addr.parse::<std::net::SocketAddr>(), peer) else {
+        return Ok(());
+    };
+    if addr.ip().is_loopback() && !peer.is_loopback() {
+        return Err(Error::invalid(format!(
+            "data_addr {data_addr} is a loopback address but this member connected from {peer}: \
+             advertise an address other hosts reach (--advertise-addr)"
+        )));
+    }
+    Ok(())
+}
+
 /// What a node's registration got.
 pub(crate) struct Registered {
     pub(crate) segment_ids: Vec<u64>,
@@ -52,6 +76,14 @@ impl Cluster {
             return Err(Error::invalid(
                 "a node must register at least one segment of at least 64 bytes",
             ));
+        }
+        // A node's own numbers: bounded, so every sum over segments fits.
+        if req.segments.len() > MAX_SEGMENTS_PER_NODE
+            || req.segments.iter().any(|s| s.size > MAX_SEGMENT_BYTES)
+        {
+            return Err(Error::invalid(format!(
+                "a node registers at most {MAX_SEGMENTS_PER_NODE} segments of at most {MAX_SEGMENT_BYTES} bytes each"
+            )));
         }
         let proof = ProofHash::of(&req.instance_proof)?;
         let worker: Arc<[u8]> = req.ucx_worker.as_slice().into();

@@ -214,3 +214,60 @@ fn member_keys_are_per_process() {
     assert_eq!(a, reg(&[1; 32]));
     assert_ne!(a, reg(&[2; 32]));
 }
+
+/// A node's numbers are bounded when it registers (segment count and size),
+/// and the sums over every node saturate: 17 nodes of the largest
+/// registration hold more than `u64::MAX` bytes between them.
+#[test]
+fn registered_sizes_are_bounded_and_their_sums_never_wrap() {
+    use crate::cluster::registration::{MAX_SEGMENTS_PER_NODE, MAX_SEGMENT_BYTES};
+    let m = master_with(0, 1 << 20, |_| {});
+    let reg = |id: &str, n: usize, size: u64| {
+        m.register_node(pb::RegisterNodeRequest {
+            node_id: id.into(),
+            data_addr: "127.0.0.1:9999".into(),
+            segments: (0..n)
+                .map(|i| pb::SegmentSpec {
+                    local_id: i as u64,
+                    size,
+                    ..Default::default()
+                })
+                .collect(),
+            instance: "i".into(),
+            instance_proof: NODE_PROOF.to_vec(),
+            ..Default::default()
+        })
+    };
+    let refused = [
+        reg("big", 1, MAX_SEGMENT_BYTES + 1),
+        reg("many", MAX_SEGMENTS_PER_NODE + 1, 1 << 20),
+    ];
+    for r in refused {
+        assert_eq!(r.unwrap_err().code, Code::InvalidArgument);
+    }
+    assert_eq!(m.capacity_bytes(), 0, "nothing of a refused node is kept");
+    for i in 0..17 {
+        reg(&format!("n{i}"), MAX_SEGMENTS_PER_NODE, MAX_SEGMENT_BYTES).unwrap();
+    }
+    assert_eq!(m.capacity_bytes(), u64::MAX);
+    let stat = m.stat();
+    assert_eq!((stat.nodes, stat.capacity_bytes), (17, u64::MAX));
+    m.refresh_gauges();
+    assert_eq!(m.metrics.capacity_bytes.get(), i64::MAX);
+}
+
+/// A loopback data address is refused only from a member that connected
+/// from another host (others could not reach it there).
+#[test]
+fn a_loopback_data_addr_is_refused_from_another_host() {
+    use crate::cluster::check_data_addr_reachable as check;
+    let remote = Some("10.0.0.7".parse().unwrap());
+    let local = Some("127.0.0.1".parse().unwrap());
+    let e = check("127.0.0.1:7500", remote).unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument);
+    assert!(e.message.contains("10.0.0.7"), "{e}");
+    assert!(check("[::1]:7500", remote).is_err());
+    assert!(check("127.0.0.1:7500", local).is_ok());
+    assert!(check("10.0.0.7:7500", remote).is_ok());
+    assert!(check("127.0.0.1:7500", None).is_ok(), "no peer known");
+}
