@@ -116,18 +116,30 @@ impl Secret {
         self.1 == *presented
     }
 
-    /// Writes the secret to `path`, readable by its owner only.
+    /// Writes the secret to `path`, readable by its owner only, whatever
+    /// file was there before (its mode is reset to 0600). A symlink at
+    /// `path` is refused: the secret would land wherever it points.
     pub fn write_file(&self, path: &Path) -> Result<()> {
         use std::io::Write;
         #[cfg(unix)]
-        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let fail = |e: &dyn std::fmt::Display| {
+            Error::internal(format!("cannot write {}: {e}", path.display()))
+        };
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(fail(
+                &"it is a symlink; a token is written only to a plain file",
+            ));
+        }
         let mut o = std::fs::OpenOptions::new();
         o.write(true).create(true).truncate(true);
         #[cfg(unix)]
         o.mode(0o600);
-        let mut f = o
-            .open(path)
-            .map_err(|e| Error::internal(format!("cannot write {}: {e}", path.display())))?;
+        let mut f = o.open(path).map_err(|e| fail(&e))?;
+        // `mode` applies only to a file created now.
+        #[cfg(unix)]
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| fail(&e))?;
         f.write_all(self.0.as_bytes())
             .and_then(|_| f.write_all(b"\n"))
             .map_err(|e| Error::internal(format!("cannot write {}: {e}", path.display())))
@@ -181,6 +193,27 @@ impl Credentials {
             admin: Some(Secret::generate()),
             rdma: Some(Secret::generate()),
         }
+    }
+
+    /// Refuses one secret given for two roles: a member token that is also
+    /// the client token would let every client act as a member (and the
+    /// roles a token proves could not be told apart).
+    pub fn check_distinct(&self) -> Result<()> {
+        let all = [Role::Member, Role::Client, Role::Admin, Role::Rdma];
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                if let (Some(x), Some(y)) = (self.secret(*a), self.secret(*b)) {
+                    if x.matches_hash(&y.1) {
+                        return Err(Error::invalid(format!(
+                            "the {} and {} token files hold the same secret: each role needs its own",
+                            a.as_str(),
+                            b.as_str()
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// No secret at all: protected mode.
@@ -411,6 +444,48 @@ mod tests {
         assert!(s.matches(s.expose().as_bytes()));
         assert!(!s.matches(&s.expose().as_bytes()[1..]));
         assert!(!s.matches(b""));
+    }
+
+    #[test]
+    fn one_secret_is_never_accepted_for_two_roles() {
+        assert!(Credentials::generate().check_distinct().is_ok());
+        assert!(Credentials::default().check_distinct().is_ok());
+        let s = Secret::generate();
+        let twice = Credentials {
+            member: Some(s.clone()),
+            admin: Some(s),
+            ..Credentials::generate()
+        };
+        let e = twice.check_distinct().unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(
+            e.message.contains("member") && e.message.contains("admin"),
+            "{e}"
+        );
+    }
+
+    /// A token file is 0600 whatever was there before, and a symlink in
+    /// its place is refused (its target left as it was).
+    #[cfg(unix)]
+    #[test]
+    fn token_files_are_owner_only_and_never_written_through_a_symlink() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t");
+        std::fs::write(&p, "old\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let s = Secret::generate();
+        s.write_file(&p).unwrap();
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(Secret::from_file(&p, "--token-file").unwrap(), s);
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, "keep\n").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = s.write_file(&link).unwrap_err();
+        assert!(e.message.contains("symlink"), "{e}");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep\n");
     }
 
     #[test]

@@ -200,6 +200,7 @@ impl MasterConfig {
 
     /// Checks the settings; says how calls are guarded (protected mode).
     pub fn validate(&self) -> Result<strata_common::auth::Protection> {
+        self.credentials.check_distinct()?;
         strata_common::auth::check_advertise("--listen", self.listen, self.advertise.as_deref())?;
         if !(self.high_watermark > 0.0 && self.high_watermark <= 1.0) {
             return Err(Error::invalid(format!(
