@@ -483,10 +483,11 @@ impl MasterRpc for MasterService {
         req: Request<pb::RegisterNodeRequest>,
     ) -> Result<Response<pb::RegisterNodeResponse>, Status> {
         let t0 = Instant::now();
-        let peer = req.remote_addr().map(|a| a.ip());
+        let (peer, local) = (req.remote_addr(), req.local_addr());
+        let (peer, local) = (peer.map(|a| a.ip()), local.map(|a| a.ip()));
         let req = req.into_inner();
         let id = req.node_id.clone();
-        let r = match check_data_addr_reachable(&req.data_addr, peer) {
+        let r = match check_data_addr_reachable(&req.data_addr, peer, local) {
             Ok(()) => self.master.check_node_takeover(&req).await,
             Err(e) => Err(e),
         };
@@ -531,9 +532,10 @@ impl MasterRpc for MasterService {
         req: Request<pb::RegisterOwnerRequest>,
     ) -> Result<Response<pb::RegisterOwnerResponse>, Status> {
         let t0 = Instant::now();
-        let peer = req.remote_addr().map(|a| a.ip());
+        let (peer, local) = (req.remote_addr(), req.local_addr());
+        let (peer, local) = (peer.map(|a| a.ip()), local.map(|a| a.ip()));
         let req = req.into_inner();
-        let r = match check_data_addr_reachable(&req.data_addr, peer) {
+        let r = match check_data_addr_reachable(&req.data_addr, peer, local) {
             Ok(()) => self.master.register_owner(req).await,
             Err(e) => Err(e),
         };

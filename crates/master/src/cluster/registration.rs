@@ -24,14 +24,21 @@ pub(crate) const MAX_SEGMENT_BYTES: u64 = 1 << 48;
 /// Refuses a member's loopback `data_addr` when the member itself
 /// connected from another host: others could not reach it there, and a
 /// client that tried would reach whatever listens on its own loopback.
+/// `local` is the master's own address on that connection: a member that
+/// dialled one of this host's addresses (`strata up --listen 10.0.0.5:…`)
+/// comes from that address and is on this host.
 pub(crate) fn check_data_addr_reachable(
     data_addr: &str,
     peer: Option<std::net::IpAddr>,
+    local: Option<std::net::IpAddr>,
 ) -> Result<()> {
     let (Ok(addr), Some(peer)) = (data_addr.parse::<std::net::SocketAddr>(), peer) else {
         return Ok(());
     };
-    if addr.ip().is_loopback() && !peer.is_loopback() {
+    // `::ffff:127.0.0.1` (IPv4 through a dual-stack socket) is loopback too.
+    let peer = peer.to_canonical();
+    let same_host = peer.is_loopback() || local.map(|l| l.to_canonical()) == Some(peer);
+    if addr.ip().to_canonical().is_loopback() && !same_host {
         return Err(Error::invalid(format!(
             "data_addr {data_addr} is a loopback address but this member connected from {peer}: \
              advertise an address other hosts reach (--advertise-addr)"

@@ -257,17 +257,28 @@ fn registered_sizes_are_bounded_and_their_sums_never_wrap() {
 }
 
 /// A loopback data address is refused only from a member that connected
-/// from another host (others could not reach it there).
+/// from another host (others could not reach it there); a member that
+/// dialled this host's own address, or IPv4 loopback through a dual-stack
+/// socket, is on this host.
 #[test]
 fn a_loopback_data_addr_is_refused_from_another_host() {
     use crate::cluster::check_data_addr_reachable as check;
-    let remote = Some("10.0.0.7".parse().unwrap());
-    let local = Some("127.0.0.1".parse().unwrap());
-    let e = check("127.0.0.1:7500", remote).unwrap_err();
+    let ip = |s: &str| Some(s.parse::<std::net::IpAddr>().unwrap());
+    let master = ip("10.0.0.5");
+    let e = check("127.0.0.1:7500", ip("10.0.0.7"), master).unwrap_err();
     assert_eq!(e.code, Code::InvalidArgument);
     assert!(e.message.contains("10.0.0.7"), "{e}");
-    assert!(check("[::1]:7500", remote).is_err());
-    assert!(check("127.0.0.1:7500", local).is_ok());
-    assert!(check("10.0.0.7:7500", remote).is_ok());
-    assert!(check("127.0.0.1:7500", None).is_ok(), "no peer known");
+    assert!(check("[::1]:7500", ip("10.0.0.7"), master).is_err());
+    assert!(check("[::ffff:127.0.0.1]:7500", ip("10.0.0.7"), master).is_err());
+    assert!(check("127.0.0.1:7500", ip("127.0.0.1"), master).is_ok());
+    assert!(check("127.0.0.1:7500", ip("::ffff:127.0.0.1"), master).is_ok());
+    assert!(
+        check("127.0.0.1:7500", ip("10.0.0.5"), master).is_ok(),
+        "same host"
+    );
+    assert!(check("10.0.0.7:7500", ip("10.0.0.7"), master).is_ok());
+    assert!(
+        check("127.0.0.1:7500", None, master).is_ok(),
+        "no peer known"
+    );
 }
