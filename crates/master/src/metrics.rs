@@ -42,6 +42,37 @@ pub(crate) const PROMOTION_OUTCOMES: &[&str] = &[
     "stale",
 ];
 pub(crate) const ADMISSION_DECISIONS: &[&str] = &["admitted", "refused"];
+/// The master's RPCs as `strata_master_requests_total{op}` names them
+/// (`MasterService::done`; a test checks service.rs names no other).
+pub(crate) const REQUEST_OPS: &[&str] = &[
+    "batch_exists",
+    "batch_get_replicas",
+    "batch_put_end",
+    "batch_put_revoke",
+    "batch_put_start",
+    "evict_buckets",
+    "evict_memory",
+    "exists",
+    "get_replicas",
+    "get_ucx_routes",
+    "heartbeat",
+    "inspect",
+    "list",
+    "owner_heartbeat",
+    "put_end",
+    "put_revoke",
+    "put_start",
+    "register_node",
+    "register_owner",
+    "remove",
+    "remove_all",
+    "report_inventory",
+    "report_node_objects",
+    "report_offload",
+    "report_promotion",
+    "report_reads",
+    "stat",
+];
 
 #[derive(Clone)]
 pub struct MasterMetrics {
@@ -122,17 +153,25 @@ impl MasterMetrics {
                 "strata_master_allocated_bytes",
                 "DRAM bytes allocated to objects",
             ),
-            requests: reg(
-                &r,
-                IntCounterVec::new(
-                    Opts::new(
-                        "strata_master_requests_total",
-                        "Requests by operation and result code",
-                    ),
-                    &["op", "code"],
-                )
-                .expect("valid metric"),
-            ),
+            requests: {
+                let v = reg(
+                    &r,
+                    IntCounterVec::new(
+                        Opts::new(
+                            "strata_master_requests_total",
+                            "Requests by operation and result code",
+                        ),
+                        &["op", "code"],
+                    )
+                    .expect("valid metric"),
+                );
+                // Each operation's ok series from the start (error codes
+                // appear on first use: op x code would be hundreds).
+                for op in REQUEST_OPS {
+                    v.with_label_values(&[op, "ok"]);
+                }
+                v
+            },
             request_duration: reg(
                 &r,
                 HistogramVec::new(
@@ -380,6 +419,25 @@ mod tests {
                 ADMISSION_DECISIONS,
             ),
         ];
+        strata_common::metrics::check_at_zero(&m.registry, &families).unwrap();
+    }
+
+    /// Every operation's ok series exists from the start, and the list is
+    /// every operation `service.rs` counts (a new RPC must join it).
+    #[test]
+    fn every_operation_has_an_ok_series_from_the_start() {
+        let src = include_str!("service.rs");
+        let mut counted: Vec<&str> = src
+            .split("done(\"")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .collect();
+        counted.sort_unstable();
+        counted.dedup();
+        assert_eq!(counted.len(), REQUEST_OPS.len(), "{counted:?}");
+        assert_eq!(counted, REQUEST_OPS);
+        let m = MasterMetrics::new();
+        let families = [("strata_master_requests_total", "op", REQUEST_OPS)];
         strata_common::metrics::check_at_zero(&m.registry, &families).unwrap();
     }
 
