@@ -125,7 +125,10 @@ impl Locations {
         {
             return;
         }
-        let until = asked + Duration::from_millis(info.lease_ms).mul_f64(self.use_of_lease);
+        // The master's number, bounded: a lease beyond the cap (a broken or
+        // hostile master) is cached for the cap only, which is always safe.
+        let lease = Duration::from_millis(info.lease_ms).min(MAX_CACHED_LEASE);
+        let until = asked + lease.mul_f64(self.use_of_lease);
         let now = Instant::now();
         if until <= now {
             return;
@@ -240,9 +243,24 @@ pub(crate) fn spawn_reporter(
     });
 }
 
+/// The longest lease a location is cached for, whatever a master says.
+pub(crate) const MAX_CACHED_LEASE: Duration = Duration::from_secs(3600);
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lease from the master is believed up to a cap: a master saying
+    /// "forever" gets a location cached for at most an hour.
+    #[test]
+    fn a_masters_lease_is_believed_up_to_a_cap() {
+        let c = Locations::new(100, every());
+        let asked = Instant::now();
+        c.insert("k", &answer(u64::MAX, DRAM), asked);
+        let until = c.shard("k").get("k").map(|e| e.until).expect("cached");
+        assert!(until <= asked + MAX_CACHED_LEASE, "{:?}", until - asked);
+        assert!(until > asked + MAX_CACHED_LEASE / 2, "{:?}", until - asked);
+    }
 
     fn answer(lease_ms: u64, kinds: &[pb::ReplicaKind]) -> pb::GetReplicasResponse {
         pb::GetReplicasResponse {
