@@ -126,26 +126,24 @@ impl Secret {
         let fail = |e: &dyn std::fmt::Display| {
             Error::internal(format!("cannot write {}: {e}", path.display()))
         };
-        let symlink = || std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
-        let refused = || fail(&"it is a symlink; a token is written only to a plain file");
-        if symlink() {
-            return Err(refused());
-        }
         let mut o = std::fs::OpenOptions::new();
         o.write(true).create(true).truncate(true);
-        // O_NOFOLLOW: a symlink swapped in after the check is not followed.
+        // O_NOFOLLOW: opening a symlink fails (ELOOP), named as refused below.
         #[cfg(unix)]
         o.mode(0o600).custom_flags(libc::O_NOFOLLOW);
-        let mut f = o
-            .open(path)
-            .map_err(|e| if symlink() { refused() } else { fail(&e) })?;
+        let mut f = o.open(path).map_err(|e| {
+            match std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+                true => fail(&"it is a symlink; a token is written only to a plain file"),
+                false => fail(&e),
+            }
+        })?;
         // `mode` applies only to a file created now.
         #[cfg(unix)]
         f.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(|e| fail(&e))?;
         f.write_all(self.0.as_bytes())
             .and_then(|_| f.write_all(b"\n"))
-            .map_err(|e| Error::internal(format!("cannot write {}: {e}", path.display())))
+            .map_err(|e| fail(&e))
     }
 }
 

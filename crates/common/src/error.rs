@@ -201,6 +201,11 @@ impl Error {
         self.message = m.into();
         self
     }
+    /// The same error, its message prefixed with what was being done.
+    pub fn context(self, doing: &str) -> Self {
+        let m = format!("{doing}: {}", self.message);
+        self.with_message(m)
+    }
     pub fn invalid(m: impl Into<String>) -> Self {
         Self::new(Code::InvalidArgument, m)
     }

@@ -2,6 +2,7 @@
 //! in one process, so none uses the global registry).
 
 use prometheus::core::Collector;
+use prometheus::core::{MetricVec, MetricVecBuilder};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 /// Registers `c` on `r` and returns it. Names are static and unique per
@@ -31,14 +32,8 @@ pub fn counter_vec(
     label: &str,
     values: &[&str],
 ) -> IntCounterVec {
-    let v = register(
-        r,
-        IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric name"),
-    );
-    for value in values {
-        v.with_label_values(&[value]);
-    }
-    v
+    let v = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric name");
+    at_zero(register(r, v), values)
 }
 
 /// `counter_vec` for a gauge family.
@@ -49,10 +44,12 @@ pub fn gauge_vec(
     label: &str,
     values: &[&str],
 ) -> IntGaugeVec {
-    let v = register(
-        r,
-        IntGaugeVec::new(Opts::new(name, help), &[label]).expect("valid metric name"),
-    );
+    let v = IntGaugeVec::new(Opts::new(name, help), &[label]).expect("valid metric name");
+    at_zero(register(r, v), values)
+}
+
+/// `v` with a series for each of `values` (its one label's).
+fn at_zero<T: MetricVecBuilder>(v: MetricVec<T>, values: &[&str]) -> MetricVec<T> {
     for value in values {
         v.with_label_values(&[value]);
     }

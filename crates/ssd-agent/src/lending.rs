@@ -4,8 +4,6 @@ use crate::config::SsdAgentConfig;
 use crate::metrics::AgentMetrics;
 use crate::staging;
 use std::sync::Arc;
-#[cfg(feature = "ucx")]
-use strata_common::Error;
 use strata_common::Result;
 
 /// What lends reads one-sided, with `--transport ucx`: a window as large as
@@ -28,12 +26,7 @@ pub(crate) async fn lender(
     };
     let l = strata_transport::lend::start_ucx(cfg.staging_bytes, lend, m.lend.clone())
         .await
-        .map_err(|e| {
-            Error::new(
-                e.code,
-                format!("cannot serve --transport ucx: {}", e.message),
-            )
-        })?;
+        .map_err(|e| e.context("cannot serve --transport ucx"))?;
     tracing::info!(
         window_bytes = l.size(),
         slot_bytes = l.slot_bytes(),

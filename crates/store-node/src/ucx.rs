@@ -3,8 +3,6 @@
 
 use crate::config::StoreNodeConfig;
 use std::sync::Arc;
-#[cfg(feature = "ucx")]
-use strata_common::Error;
 use strata_common::Result;
 use strata_proto as pb;
 use strata_transport::region::Segment;
@@ -26,12 +24,7 @@ pub(crate) async fn expose_over_ucx(
     }
     let node = strata_transport::ucx::UcxNode::start(None, segments)
         .await
-        .map_err(|e| {
-            Error::new(
-                e.code,
-                format!("cannot serve --transport ucx: {}", e.message),
-            )
-        })?;
+        .map_err(|e| e.context("cannot serve --transport ucx"))?;
     tracing::info!(
         worker_address_bytes = node.worker_address().len(),
         segments = segments.len(),
