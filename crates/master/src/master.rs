@@ -399,9 +399,16 @@ impl Master {
         reads::get_replicas(self.model(), &self.ssd, &self.gate, key, stage)
     }
 
-    /// Counts reads a client served from its location cache (`reads.rs`).
-    pub fn report_reads(&self, reads: &[pb::KeyReads]) -> Result<()> {
-        reads::report_reads(self.model(), &self.ssd, reads)
+    /// Counts reads a client served from its location cache and ends the
+    /// leases its reads are done with (`reads.rs`).
+    pub fn report_reads(&self, req: &pb::ReportReadsRequest) -> Result<()> {
+        // All or nothing: every key is checked before anything is applied.
+        let keys = req.reads.iter().map(|r| &r.key);
+        for k in keys.chain(req.ended.iter().map(|e| &e.key)) {
+            crate::objects::validate_key(k)?;
+        }
+        reads::end_leases(self.model(), &req.ended)?;
+        reads::report_reads(self.model(), &self.ssd, &req.reads)
     }
 
     pub fn inspect(&self, key: &str) -> Result<pb::InspectResponse> {

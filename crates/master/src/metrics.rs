@@ -21,6 +21,9 @@ pub(crate) const REBUILD_OUTCOMES: &[&str] = &[
     "removed",
 ];
 pub(crate) const LOOKUP_TIERS: &[&str] = &["dram", "ssd", "miss"];
+/// Readers' lease ends (`LeaseEnd`): `ended` a running lease's reader,
+/// `stale` named a lease that had ended already or another version.
+pub(crate) const LEASE_END_OUTCOMES: &[&str] = &["ended", "stale"];
 pub(crate) const OWNER_STATES: &[&str] = &["live", "gone"];
 pub(crate) const TASK_STATES: &[&str] = &["queued", "assigned"];
 pub(crate) const OFFLOAD_RESULTS: &[&str] = &[
@@ -107,6 +110,8 @@ pub struct MasterMetrics {
     /// Reads clients served from their location cache (inside a lease the
     /// master gave), as they report them: DRAM hits no lookup counted.
     pub cached_reads: IntCounter,
+    /// Lease ends readers sent, by `outcome` (`LEASE_END_OUTCOMES`).
+    pub lease_ends: IntCounterVec,
     /// Registered SSD owners by `state`: live (heartbeating) or gone.
     pub ssd_owners: IntGaugeVec,
     pub segments: IntGauge,
@@ -292,6 +297,12 @@ impl MasterMetrics {
             term: g("strata_master_term", "Leadership term of this master"),
             nodes: g("strata_master_nodes", "Live store nodes"),
             segments: g("strata_master_segments", "Mounted segments"),
+            lease_ends: cv(
+                "strata_master_lease_ends_total",
+                "Read leases readers ended when their reads were done, by outcome: ended (the reader's lease; with the last reader the object may be evicted again) or stale (it had ended already, by its TTL, or names a replaced version)",
+                "outcome",
+                LEASE_END_OUTCOMES,
+            ),
             cached_reads: c(
                 "strata_master_cached_reads_total",
                 "Reads clients served from their location cache within a read lease (reported by them; DRAM hits beside lookups_total)",
@@ -384,7 +395,12 @@ mod tests {
     #[test]
     fn labelled_families_export_their_known_values_at_zero_from_the_start() {
         let m = MasterMetrics::new();
-        let families: [(&str, &str, &[&str]); 9] = [
+        let families: [(&str, &str, &[&str]); 10] = [
+            (
+                "strata_master_lease_ends_total",
+                "outcome",
+                LEASE_END_OUTCOMES,
+            ),
             (
                 "strata_master_put_receipts_total",
                 "outcome",

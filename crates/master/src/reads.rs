@@ -1,6 +1,7 @@
 //! The read path: a lookup leases a committed object to its reader and
-//! grants its replicas (`get_replicas`), reads a client served from its
-//! location cache are counted as lookups (`report_reads`), and `inspect`,
+//! grants its replicas (`get_replicas`), the reader ends its lease when its
+//! read is done (`end_leases`), reads a client served from its location
+//! cache are counted as lookups (`report_reads`), and `inspect`,
 //! `exists` and `committed_size` answer without a lease. Reads change no
 //! owner's state but the objects' leases and read counts, so these are
 //! functions over the shared model; the SSD tier hears of each read for its
@@ -43,9 +44,7 @@ pub(crate) fn get_replicas(
                 format!("key {key:?} is not ready: it is still being written (no PutEnd yet)"),
             ));
         }
-        obj.lease_until_ms = obj
-            .lease_until_ms
-            .max(now + m.cfg.lease_ttl.as_millis() as u64);
+        obj.lease(now, now + m.cfg.lease_ttl.as_millis() as u64);
         obj.last_access_ms = now;
         if !obj.replicas().is_empty() {
             obj.reads = obj.reads.saturating_add(1);
@@ -126,6 +125,48 @@ pub(crate) fn report_reads(m: Model, tier: &SsdTier, reads: &[pb::KeyReads]) -> 
     }
     m.metrics.cached_reads.inc_by(total);
     Ok(())
+}
+
+/// Ends the leases readers are done with (`LeaseEnd`): each names the
+/// version it read by a memory replica's generation (0: it read an SSD
+/// copy, and the object still has no memory replica). A lease of another
+/// version, or one that ended already, is left alone. Returns the leases
+/// ended and those left alone.
+///
+/// Any client may end a lease, its own or another's: that costs the other
+/// reader at most a retried read (an evicted range is refused by its node
+/// and a changed one fails its checksum), never wrong bytes.
+pub(crate) fn end_leases(m: Model, ended: &[pb::LeaseEnd]) -> Result<(u64, u64)> {
+    for e in ended {
+        validate_key(&e.key)?;
+    }
+    let now = unix_ms();
+    let (mut done, mut stale) = (0u64, 0u64);
+    for e in ended {
+        let mut shard = m.objects.shard(&e.key);
+        let ended = shard.get_mut(&e.key).is_some_and(|o| {
+            let same = match e.generation {
+                0 => o.replicas().is_empty(),
+                g => o.is_version(g),
+            };
+            same && o.is_complete() && o.end_lease(now)
+        });
+        drop(shard);
+        if ended {
+            done += 1;
+        } else {
+            stale += 1;
+        }
+    }
+    m.metrics
+        .lease_ends
+        .with_label_values(&["ended"])
+        .inc_by(done);
+    m.metrics
+        .lease_ends
+        .with_label_values(&["stale"])
+        .inc_by(stale);
+    Ok((done, stale))
 }
 
 /// A key's metadata for `strata inspect`: no lease, no grants.

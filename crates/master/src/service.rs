@@ -345,10 +345,10 @@ impl MasterRpc for MasterService {
         req: Request<pb::ReportReadsRequest>,
     ) -> Result<Response<pb::ReportReadsResponse>, Status> {
         let t0 = Instant::now();
-        let reads = req.into_inner().reads;
-        let r = match check_batch(reads.len()) {
+        let req = req.into_inner();
+        let r = match check_batch(req.reads.len() + req.ended.len()) {
             Ok(()) => self
-                .blocking(move |m| m.report_reads(&reads))
+                .blocking(move |m| m.report_reads(&req))
                 .await
                 .map(|()| pb::ReportReadsResponse {}),
             Err(e) => Err(e),

@@ -72,7 +72,12 @@ pub struct Object {
     spill: Option<Box<Spill>>,
     pub crc32c: u32,
     /// Offload tasks copying a DRAM replica right now: no eviction or free.
-    pub pins: u32,
+    pub pins: u16,
+    /// Readers holding the lease that have not said they are done
+    /// (`end_lease`): the lease ends with the last of them, or at
+    /// `lease_until_ms` for readers that died. Saturated, it counts no
+    /// more and the lease runs its time.
+    readers: u16,
     /// Demand reads served while the object was in DRAM (`reads:N`),
     /// saturating.
     pub reads: u16,
@@ -99,6 +104,7 @@ impl Object {
             spill: None,
             crc32c,
             pins: 0,
+            readers: 0,
             reads: 0,
             soft_pin: false,
             hard_pin: false,
@@ -322,6 +328,38 @@ impl Object {
 
     pub fn leased(&self, now_ms: u64) -> bool {
         self.lease_until_ms > now_ms
+    }
+
+    /// Leases it to one more reader until at least `until_ms`.
+    pub fn lease(&mut self, now_ms: u64, until_ms: u64) {
+        if !self.leased(now_ms) {
+            self.readers = 0; // those readers' leases ran out
+        }
+        self.readers = self.readers.saturating_add(1);
+        self.lease_until_ms = self.lease_until_ms.max(until_ms);
+    }
+
+    /// One reader is done: the lease ends at `now_ms` with the last one.
+    /// False when no lease of its was running (it ended already, by its
+    /// TTL or with its readers, or the count saturated).
+    pub fn end_lease(&mut self, now_ms: u64) -> bool {
+        if !self.leased(now_ms) || self.readers == 0 || self.readers == u16::MAX {
+            return false;
+        }
+        self.readers -= 1;
+        if self.readers == 0 {
+            self.lease_until_ms = now_ms;
+        }
+        true
+    }
+
+    /// Readers of a running lease that have not said they are done.
+    pub fn readers(&self, now_ms: u64) -> u16 {
+        if self.leased(now_ms) {
+            self.readers
+        } else {
+            0
+        }
     }
     /// Eviction may take its DRAM: committed, unleased, not hard-pinned,
     /// not being offloaded, and holding DRAM at all.

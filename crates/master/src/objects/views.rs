@@ -41,6 +41,7 @@ impl ObjectTable {
             "pins": o.pins,
             "lease_until": o.lease_until_ms,
             "leased": o.leased(now),
+            "readers": o.readers(now),
             "last_access": o.last_access_ms,
             "pinned": o.hard_pin,
             "soft_pinned": o.soft_pin,

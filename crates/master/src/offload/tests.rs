@@ -542,15 +542,19 @@ async fn reads_served_from_client_caches_count_towards_admission_but_extend_no_l
         "time left: {}",
         r.lease_ms
     );
-    let reads = |key: &str, count| pb::KeyReads {
+    let read = |key: &str, count| pb::KeyReads {
         key: key.into(),
         count,
     };
+    let reads = |r: &[pb::KeyReads]| pb::ReportReadsRequest {
+        reads: r.to_vec(),
+        ended: Vec::new(),
+    };
     // One lookup plus one cached read: two of three.
-    m.report_reads(&[reads("k", 1), reads("gone", 5), reads("other", 0)])
+    m.report_reads(&reads(&[read("k", 1), read("gone", 5), read("other", 0)]))
         .unwrap();
     assert!(queued_keys(&m).is_empty());
-    m.report_reads(&[reads("k", 1)]).unwrap();
+    m.report_reads(&reads(&[read("k", 1)])).unwrap();
     assert_eq!(queued_keys(&m), ["k"]);
     assert_eq!(
         m.metrics.cached_reads.get(),
@@ -559,11 +563,11 @@ async fn reads_served_from_client_caches_count_towards_admission_but_extend_no_l
     );
     // Counting never leases: the object stays evictable.
     std::thread::sleep(std::time::Duration::from_millis(5));
-    m.report_reads(&[reads("other", 100)]).unwrap();
+    m.report_reads(&reads(&[read("other", 100)])).unwrap();
     assert!(m.inspect("other").unwrap().lease_until_unix_ms == 0);
     // A bad key fails the whole report, before anything is counted.
     let e = m
-        .report_reads(&[reads("other", 1), reads("", 1)])
+        .report_reads(&reads(&[read("other", 1), read("", 1)]))
         .unwrap_err();
     assert_eq!(e.code, strata_common::Code::InvalidArgument);
     assert_eq!(m.metrics.cached_reads.get(), 102);

@@ -32,6 +32,139 @@ fn leased_object_cannot_be_removed_or_evicted_until_lease_ends() {
     assert_eq!(m.allocated_bytes(), 0);
 }
 
+/// A reader's end of its lease (`ReportReadsRequest.ended`).
+fn ended(m: &crate::master::Master, key: &str, generation: u64) {
+    m.report_reads(&pb::ReportReadsRequest {
+        reads: Vec::new(),
+        ended: vec![pb::LeaseEnd {
+            key: key.into(),
+            generation,
+        }],
+    })
+    .unwrap();
+}
+
+/// The generation a lookup's lease end names (as the client does).
+fn version(r: &pb::GetReplicasResponse) -> u64 {
+    r.replicas
+        .iter()
+        .find(|r| r.kind == pb::ReplicaKind::Memory as i32)
+        .map_or(0, |r| r.grant.as_ref().unwrap().generation)
+}
+
+fn lease_ends(m: &crate::master::Master, outcome: &str) -> u64 {
+    m.metrics.lease_ends.with_label_values(&[outcome]).get()
+}
+
+/// Leases end with their reads: with two readers the object stays leased
+/// until both said they are done, then it is evictable and removable at
+/// once, long before the TTL. An end with nothing left to end changes
+/// nothing.
+#[test]
+fn a_lease_ends_with_its_last_reader() {
+    let m = master_with(1, 1 << 20, |c| c.lease_ttl = Duration::from_secs(60));
+    put(&m, "k", 1000);
+    let a = m.get_replicas("k").unwrap();
+    let b = m.get_replicas("k").unwrap();
+    assert_eq!(version(&a), version(&b));
+    assert_ne!(version(&a), 0);
+    ended(&m, "k", version(&a));
+    assert_eq!(m.remove("k", false).unwrap_err().code, Code::Leased);
+    assert_eq!(m.evict(u64::MAX), 0, "one reader still reads");
+    ended(&m, "k", version(&b));
+    assert_eq!(lease_ends(&m, "ended"), 2);
+    assert!(m.evict(u64::MAX) > 0, "no reader left: evictable");
+    assert!(!m.exists("k").unwrap());
+
+    put(&m, "r", 1000);
+    let r = m.get_replicas("r").unwrap();
+    ended(&m, "r", version(&r));
+    ended(&m, "r", version(&r)); // once too often
+    assert_eq!(lease_ends(&m, "stale"), 1);
+    m.remove("r", false).unwrap();
+    assert_eq!(m.allocated_bytes(), 0);
+}
+
+/// A lease end names the version it read: one of a replaced version, or
+/// an SSD read's (generation 0) of an object in DRAM, leaves the current
+/// version's lease alone.
+#[test]
+fn a_lease_end_of_another_version_is_left_alone() {
+    let m = master_with(1, 1 << 20, |c| c.lease_ttl = Duration::from_secs(60));
+    put(&m, "k", 1000);
+    let old = version(&m.get_replicas("k").unwrap());
+    let g = m
+        .put_start(PutSpec {
+            overwrite: true,
+            ..spec("k", 2000, 1)
+        })
+        .unwrap()[0]
+        .grant
+        .as_ref()
+        .unwrap()
+        .generation;
+    m.put_end_of("k", 0, &[], Some(g)).unwrap();
+    let new = m.get_replicas("k").unwrap();
+    assert_eq!((version(&new), new.size), (g, 2000));
+    ended(&m, "k", old);
+    ended(&m, "k", 0);
+    ended(&m, "absent", 7);
+    assert_eq!((lease_ends(&m, "ended"), lease_ends(&m, "stale")), (0, 3));
+    assert_eq!(m.remove("k", false).unwrap_err().code, Code::Leased);
+    ended(&m, "k", g);
+    assert_eq!(lease_ends(&m, "ended"), 1);
+    m.remove("k", false).unwrap();
+}
+
+/// A reader that died never ends its lease: the TTL does. Its count is
+/// forgotten with the lease, so the next reader's end ends the next lease.
+#[test]
+fn a_dead_readers_lease_runs_its_ttl_and_is_forgotten() {
+    let m = master_with(1, 1 << 20, |c| c.lease_ttl = Duration::from_millis(200));
+    put(&m, "k", 1000);
+    m.get_replicas("k").unwrap(); // its reader dies
+    assert_eq!(m.remove("k", false).unwrap_err().code, Code::Leased);
+    let t0 = std::time::Instant::now();
+    while m.inspect("k").unwrap().lease_until_unix_ms > strata_common::time::unix_ms() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the TTL ends it");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = m.get_replicas("k").unwrap();
+    ended(&m, "k", version(&r));
+    assert_eq!(lease_ends(&m, "ended"), 1);
+    m.remove("k", false).unwrap();
+}
+
+/// Readers done with their reads leave eviction its LRU order: after 20
+/// objects were read (and their leases ended), a full segment makes room
+/// for new puts from the oldest objects, never from the newest put.
+#[test]
+fn after_reads_end_eviction_takes_the_oldest_never_the_fresh_puts() {
+    let size = 16 * 1024;
+    let m = master_with(1, 24 * size, |c| c.lease_ttl = Duration::from_secs(60));
+    for i in 0..24 {
+        put(&m, &format!("old{i}"), size);
+    }
+    std::thread::sleep(Duration::from_millis(2));
+    for i in 0..20 {
+        let r = m.get_replicas(&format!("old{i}")).unwrap();
+        ended(&m, &format!("old{i}"), version(&r));
+    }
+    assert_eq!(lease_ends(&m, "ended"), 20);
+    for i in 0..10 {
+        std::thread::sleep(Duration::from_millis(2));
+        put(&m, &format!("fresh{i}"), size);
+    }
+    for i in 0..10 {
+        assert!(
+            m.exists(&format!("fresh{i}")).unwrap(),
+            "fresh{i} was evicted"
+        );
+    }
+    let unread = (20..24).filter(|i| m.exists(&format!("old{i}")).unwrap());
+    assert_eq!(unread.count(), 0, "the unread, older objects went first");
+}
+
 #[test]
 fn eviction_prefers_old_unpinned_then_soft_pinned_never_hard_pinned() {
     let m = master_with(1, 64 * 1024, |_| {});
