@@ -83,6 +83,7 @@ class Store(_native.Store):
         node_id: Optional[str] = None,
         segment_token_file: Optional[PathLike] = None,
         segment_listen: Optional[str] = None,
+        end_leases: bool = True,
     ) -> "Store":
         """Connects to the cluster whose master is ``master``.
 
@@ -102,6 +103,12 @@ class Store(_native.Store):
         ``segment_listen`` (default ``127.0.0.1:0``). It leaves on
         :meth:`close`.
 
+        Every read leases its object for the read (the master neither evicts
+        it nor lets an unforced :meth:`remove` take it meanwhile); with
+        ``end_leases`` (the default) the lease ends when the read is done, so
+        objects just read stay evictable in LRU order. ``end_leases=False``
+        keeps each lease for the master's ``--lease-ttl``.
+
         Raises :class:`Unavailable` when the master does not answer in time,
         :class:`PermissionDenied` when it refuses the token.
         """
@@ -115,6 +122,7 @@ class Store(_native.Store):
                 node_id=node_id,
                 segment_token_file=_path(segment_token_file),
                 segment_listen=segment_listen,
+                end_leases=end_leases,
             )
         )
 
@@ -157,6 +165,7 @@ class AsyncStore(_native.Store):
         node_id: Optional[str] = None,
         segment_token_file: Optional[PathLike] = None,
         segment_listen: Optional[str] = None,
+        end_leases: bool = True,
     ) -> "AsyncStore":
         """Connects without blocking the event loop; see :meth:`Store.connect`."""
         conn = await _native.connect_async(
@@ -168,6 +177,7 @@ class AsyncStore(_native.Store):
             node_id=node_id,
             segment_token_file=_path(segment_token_file),
             segment_listen=segment_listen,
+            end_leases=end_leases,
         )
         return cls(conn)
 

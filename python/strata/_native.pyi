@@ -27,6 +27,7 @@ def connect(
     node_id: Optional[str] = None,
     segment_token_file: Optional[str] = None,
     segment_listen: Optional[str] = None,
+    end_leases: bool = True,
 ) -> Connection: ...
 def connect_async(
     master: Optional[str] = None,
@@ -38,6 +39,7 @@ def connect_async(
     node_id: Optional[str] = None,
     segment_token_file: Optional[str] = None,
     segment_listen: Optional[str] = None,
+    end_leases: bool = True,
 ) -> Any: ...
 
 class Store:

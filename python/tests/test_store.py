@@ -294,14 +294,31 @@ def test_environment_names_master_and_token(cluster: Cluster, store: strata.Stor
         assert c.get(keys + "env") == b"e"
 
 
-def test_leased_remove(store: strata.Store, keys: str) -> None:
+def test_leased_remove(cluster: Cluster, store: strata.Store, keys: str) -> None:
     store.put(keys + "l", b"leased")
-    assert store.get(keys + "l") == b"leased"
+    # A reader whose leases run the master's TTL (as one that died would).
+    with strata.Store.connect(cluster.master, token_file=cluster.admin_token, end_leases=False) as r:
+        assert r.get(keys + "l") == b"leased"
     with pytest.raises(strata.Leased) as e:
         store.remove(keys + "l")
     assert e.value.code == "leased"
     store.remove(keys + "l", force=True)
     assert not store.exists(keys + "l")
+
+
+def test_a_read_ends_its_lease(cluster: Cluster, store: strata.Store, keys: str) -> None:
+    """Leases end with the read: once the reader closed (which sends what
+    it has not sent yet), an unforced remove goes through at once, though
+    the master's lease TTL (2 s) is far from over."""
+    ks = [keys + f"e{i}" for i in range(4)]
+    for k in ks:
+        store.put(k, b"read")
+    with strata.Store.connect(cluster.master, token_file=cluster.admin_token) as r:
+        assert r.get(ks[0]) == b"read"
+        assert r.batch_get(ks[1:]) == [b"read"] * 3
+    for k in ks:
+        store.remove(k)
+    assert not any(store.batch_exists(ks))
 
 
 def test_closed_store(cluster: Cluster) -> None:

@@ -114,6 +114,55 @@ async fn filling_far_past_capacity_keeps_every_read_byte_identical() {
     c.shutdown().await;
 }
 
+/// A reader's lease ends with its read: with a TTL of a minute, an
+/// unforced remove (and remove_all) of what was just read goes through as
+/// soon as the reader told the master, whichever read call it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_read_ends_its_lease_long_before_the_ttl() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .master(|m| m.lease_ttl = Duration::from_secs(60))
+        .build()
+        .await
+        .unwrap();
+    let cl = strata_client::Client::connect(c.client_config().with_location_cache(0))
+        .await
+        .unwrap();
+    for k in ["a", "b", "c", "d"] {
+        cl.put(k, b"read bytes", &PutOptions::default())
+            .await
+            .unwrap();
+    }
+    cl.get("a").await.unwrap();
+    let mut buf = [0u8; 64];
+    cl.get_into("b", &mut buf).await.unwrap();
+    let got = cl.batch_get(&["c", "d", "missing"]).await.unwrap();
+    assert_eq!(got.len(), 3);
+    assert!(got[0].is_ok() && got[1].is_ok() && got[2].is_err());
+    let t0 = std::time::Instant::now();
+    loop {
+        match cl.remove("a", false).await {
+            Ok(()) => break,
+            Err(e) => assert_eq!(e.code, Code::Leased, "{e}"),
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the read's lease ends"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cl.flush_lease_ends(Duration::from_secs(5)).await;
+    assert_eq!(cl.remove_all(false).await.unwrap(), (3, 0), "b, c, d");
+    let (_, body) = http_get(c.master_admin, "/metrics").await;
+    assert_eq!(
+        strata_tests::metric(&body, "strata_master_lease_ends_total{outcome=\"ended\"}"),
+        4.0
+    );
+    c.shutdown().await;
+}
+
+/// A reader whose leases run their TTL (one that ends none, as one that
+/// died): its reads keep the objects from unforced removes until then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_blocks_remove_until_it_ends_and_force_works() {
     let c = ClusterBuilder::new()
@@ -122,7 +171,9 @@ async fn lease_blocks_remove_until_it_ends_and_force_works() {
         .build()
         .await
         .unwrap();
-    let cl = c.client().await.unwrap();
+    let cl = strata_client::Client::connect(c.client_config().with_end_leases(false))
+        .await
+        .unwrap();
     for k in ["a", "b", "c"] {
         cl.put(k, b"leased bytes", &PutOptions::default())
             .await

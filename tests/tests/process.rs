@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use strata_client::{Client, ClientConfig, Code, PutOptions};
-use strata_tests::procs::{start_master, start_node};
+use strata_tests::procs::{start_master, start_node, start_node_with};
 use strata_tests::{bin, http_get, payload};
 
 async fn live_nodes(admin: std::net::SocketAddr) -> usize {
@@ -180,12 +180,15 @@ async fn cli_moves_bytes_and_uses_documented_exit_codes() {
     let (code, _, err) = run_cli(&["--master", mm, "get", "missing"], None);
     assert_eq!(code, 1);
     assert!(err.contains("not found"), "{err}");
-    // The get above leased the object: a plain rm is refused, --force works.
+    // The get above leased the object and ended its lease before exiting
+    // (the master's TTL is 5 s): a plain rm works at once.
+    let (code, _, err) = run_cli(&["--master", mm, "rm", "piped"], None);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run_cli(&["--master", mm, "rm", "--force", "file-key"], None);
+    assert_eq!(code, 0, "{err}");
     let (code, _, err) = run_cli(&["--master", mm, "rm", "piped"], None);
     assert_eq!(code, 1);
-    assert!(err.contains("leased"), "{err}");
-    let (code, _, _) = run_cli(&["--master", mm, "rm", "--force", "piped"], None);
-    assert_eq!(code, 0);
+    assert!(err.contains("not found"), "{err}");
     let (code, _, _) = run_cli(&["frobnicate"], None);
     assert_eq!(code, 2, "usage errors exit 2");
     let (code, _, _) = run_cli(&["--master", mm, "put"], None);
@@ -290,5 +293,67 @@ fn check_config_validates_without_starting() {
             assert_eq!(out.status.code(), Some(2), "{b} {args:?} passed: {stdout}");
             assert!(stderr.contains("error"), "{b} {args:?}: {stderr}");
         }
+    }
+}
+
+/// The DRAM acceptance check that once lost fresh writes (#32): a reader
+/// reads every object of a full tier, then 10 two-replica objects are put.
+/// Each read's lease ended with it, so eviction makes room from the
+/// objects read, oldest first, and never takes a fresh put; each fresh
+/// object then survives the SIGKILL of one of the three nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_puts_into_a_tier_full_of_read_objects_all_stay_and_survive_a_node() {
+    let m = start_master(&["--node-ttl", "1s", "--high-watermark", "1"]).await;
+    let mut nodes = Vec::new();
+    for n in ["n1", "n2", "n3"] {
+        nodes.push(start_node_with(&m.addr, n, &["--capacity", "8MiB"]).await.0);
+    }
+    let t0 = std::time::Instant::now();
+    while live_nodes(m.admin).await != 3 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "3 nodes register");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cl = Client::connect(ClientConfig::new(&m.addr)).await.unwrap();
+    const SIZE: usize = 120_000;
+    // 200 objects fill the 24 MiB tier (all but 4 objects' worth).
+    for i in 0..200u64 {
+        cl.put(
+            &format!("old-{i}"),
+            &payload(i, SIZE),
+            &PutOptions::default(),
+        )
+        .await
+        .unwrap();
+    }
+    for i in 0..200u64 {
+        assert_eq!(cl.get(&format!("old-{i}")).await.unwrap(), payload(i, SIZE));
+    }
+    let two = PutOptions {
+        replicas: 2,
+        ..Default::default()
+    };
+    for i in 0..10u64 {
+        cl.put(&format!("fresh-{i}"), &payload(1000 + i, SIZE), &two)
+            .await
+            .unwrap();
+    }
+    let stat = cl.stat().await.unwrap();
+    assert!(stat.evictions > 0, "the tier was full: room was made");
+    for i in 0..10u64 {
+        let k = format!("fresh-{i}");
+        assert_eq!(cl.inspect(&k).await.unwrap().replicas.len(), 2, "{k}");
+    }
+    drop(nodes.remove(0)); // SIGKILL
+    let t0 = std::time::Instant::now();
+    while live_nodes(m.admin).await != 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the node is dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 0..10u64 {
+        let k = format!("fresh-{i}");
+        assert_eq!(cl.get(&k).await.unwrap(), payload(1000 + i, SIZE), "{k}");
     }
 }

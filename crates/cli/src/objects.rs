@@ -70,7 +70,10 @@ pub struct GetArgs {
 }
 
 pub async fn get(master: &Conn, a: GetArgs) -> anyhow::Result<()> {
-    let data = client(master).await?.get(&a.key).await?;
+    let c = client(master).await?;
+    let data = c.get(&a.key).await?;
+    // The read is done: its lease ends now, not at the master's TTL.
+    c.flush_lease_ends(std::time::Duration::from_secs(2)).await;
     if is_stdio(&a.file) {
         let mut out = std::io::stdout().lock();
         out.write_all(&data)?;

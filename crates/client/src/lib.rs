@@ -13,6 +13,7 @@
 
 mod client;
 mod engine_calls;
+mod lease_ends;
 mod locations;
 mod lookups;
 mod placement;

@@ -218,6 +218,7 @@ pub(crate) fn spawn_reporter(
             for chunk in reads.chunks(REPORT_CHUNK) {
                 let req = pb::ReportReadsRequest {
                     reads: chunk.to_vec(),
+                    ended: Vec::new(),
                 };
                 let mut m = master.clone();
                 let sent =

@@ -407,7 +407,11 @@ impl Master {
         for k in keys.chain(req.ended.iter().map(|e| &e.key)) {
             crate::objects::validate_key(k)?;
         }
-        reads::end_leases(self.model(), &req.ended)?;
+        let (ended, _) = reads::end_leases(self.model(), &req.ended)?;
+        if ended > 0 {
+            // Objects may have become evictable: a waiting put looks again.
+            self.pressure.space_freed();
+        }
         reads::report_reads(self.model(), &self.ssd, &req.reads)
     }
 

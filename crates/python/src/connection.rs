@@ -23,6 +23,8 @@ pub struct Settings {
     pub node_id: Option<String>,
     pub segment_token_file: Option<PathBuf>,
     pub segment_listen: Option<String>,
+    /// End each read's lease when the read is done (`ClientConfig::end_leases`).
+    pub end_leases: bool,
 }
 
 /// A store node running in this process.
@@ -130,10 +132,16 @@ impl Shared {
     /// heartbeating; the master drops its segments). Idempotent.
     pub async fn close(&self) -> Result<()> {
         self.check_process()?;
-        self.client
+        let client = self
+            .client
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+        if let Some(c) = client {
+            // Reads done before the close end their leases now, not at the
+            // master's TTL (bounded: a master away leaves them to it).
+            c.flush_lease_ends(Duration::from_secs(2)).await;
+        }
         if let Some(locals) = &self.locals {
             // A thread still in a call keeps its runtime until it returns.
             crate::thread_io::dispose(locals.take_all(), self.pid);
@@ -220,7 +228,8 @@ pub async fn connect(s: Settings) -> Result<Shared> {
     };
     let mut cfg = ClientConfig::new(master.clone())
         .with_token(token.clone())
-        .with_transport(transport);
+        .with_transport(transport)
+        .with_end_leases(s.end_leases);
     cfg.backoff.deadline = timeout;
     let client = Client::connect(cfg).await?;
     // The first call: an unreachable master or a refused credential is

@@ -123,6 +123,7 @@ fn settings(
     node_id: Option<String>,
     segment_token_file: Option<PathBuf>,
     segment_listen: Option<String>,
+    end_leases: bool,
 ) -> Settings {
     Settings {
         master,
@@ -133,12 +134,13 @@ fn settings(
         node_id,
         segment_token_file,
         segment_listen,
+        end_leases,
     }
 }
 
 /// Connects to a cluster (blocking, the GIL released).
 #[pyfunction]
-#[pyo3(signature = (master=None, *, token_file=None, transport="tcp".to_string(), segment_bytes=0, timeout=20.0, node_id=None, segment_token_file=None, segment_listen=None))]
+#[pyo3(signature = (master=None, *, token_file=None, transport="tcp".to_string(), segment_bytes=0, timeout=20.0, node_id=None, segment_token_file=None, segment_listen=None, end_leases=true))]
 #[allow(clippy::too_many_arguments)]
 pub fn connect(
     py: Python<'_>,
@@ -150,6 +152,7 @@ pub fn connect(
     node_id: Option<String>,
     segment_token_file: Option<PathBuf>,
     segment_listen: Option<String>,
+    end_leases: bool,
 ) -> PyResult<Connection> {
     let s = settings(
         master,
@@ -160,6 +163,7 @@ pub fn connect(
         node_id,
         segment_token_file,
         segment_listen,
+        end_leases,
     );
     Ok(Connection {
         shared: Arc::new(connect_blocking(py, s)?),
@@ -182,7 +186,7 @@ impl Ret for Connected {
 
 /// Connects to a cluster; an awaitable of the `Connection`.
 #[pyfunction]
-#[pyo3(signature = (master=None, *, token_file=None, transport="tcp".to_string(), segment_bytes=0, timeout=20.0, node_id=None, segment_token_file=None, segment_listen=None))]
+#[pyo3(signature = (master=None, *, token_file=None, transport="tcp".to_string(), segment_bytes=0, timeout=20.0, node_id=None, segment_token_file=None, segment_listen=None, end_leases=true))]
 #[allow(clippy::too_many_arguments)]
 pub fn connect_async(
     py: Python<'_>,
@@ -194,6 +198,7 @@ pub fn connect_async(
     node_id: Option<String>,
     segment_token_file: Option<PathBuf>,
     segment_listen: Option<String>,
+    end_leases: bool,
 ) -> PyResult<Py<PyAny>> {
     let s = settings(
         master,
@@ -204,6 +209,7 @@ pub fn connect_async(
         node_id,
         segment_token_file,
         segment_listen,
+        end_leases,
     );
     // On a blocking thread of the runtime: starting an embedded segment
     // (UCX builds) is not a future that may move between threads.

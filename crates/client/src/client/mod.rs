@@ -4,6 +4,7 @@
 mod reads;
 mod writes;
 
+use crate::lease_ends::LeaseEnds;
 use crate::locations::{spawn_reporter, Locations};
 use crate::lookups::Lookups;
 use crate::put_steps::PutSteps;
@@ -61,6 +62,13 @@ pub struct ClientConfig {
     pub quick_calls: bool,
     /// Times each step of every put (`Client::put_steps`): for benchmarks.
     pub put_steps: bool,
+    /// Tells the master when each read is done, so its lease ends with it
+    /// (`lease_ends.rs`): objects just read are evictable again at once,
+    /// and eviction keeps its LRU order. Off, every read's lease runs the
+    /// master's `--lease-ttl`: objects stay where a reader found them for
+    /// that long (unforced removes of them are refused meanwhile), at the
+    /// cost of eviction working around them.
+    pub end_leases: bool,
 }
 
 impl ClientConfig {
@@ -78,7 +86,15 @@ impl ClientConfig {
             put_receipts: true,
             quick_calls: true,
             put_steps: false,
+            end_leases: true,
         }
+    }
+
+    /// Ends each read's lease when the read is done (`true`, the default)
+    /// or leaves it to the master's TTL (`false`).
+    pub fn with_end_leases(mut self, on: bool) -> Self {
+        self.end_leases = on;
+        self
     }
 
     /// Times each step of every put (`Client::put_steps`).
@@ -167,6 +183,7 @@ pub struct Client {
     cfg: Arc<ClientConfig>,
     locations: Option<Arc<Locations>>,
     lookups: Lookups,
+    lease_ends: LeaseEnds,
     quick: Option<Arc<crate::quick::QuickCalls>>,
     steps: Option<Arc<PutSteps>>,
     pub(crate) node_segments: Arc<crate::placement::NodeSegments>,
@@ -228,10 +245,16 @@ impl Client {
             spawn_reporter(Arc::downgrade(&l), master.clone(), cfg.read_report_interval);
             l
         });
+        let lease_ends = if cfg.end_leases {
+            LeaseEnds::start(master.clone())
+        } else {
+            LeaseEnds::off()
+        };
         Ok(Client {
             node_segments: Arc::default(),
             steps: cfg.put_steps.then(Arc::default),
             lookups: Lookups::start(master.clone(), quick.clone()),
+            lease_ends,
             quick,
             master,
             transport,
@@ -261,6 +284,9 @@ impl Client {
             node_segments: self.node_segments.clone(),
             steps: self.steps.clone(),
             lookups: Lookups::start(master.clone(), quick.clone()),
+            // Ends go from the first client's task: this one's runtime runs
+            // only while its caller waits.
+            lease_ends: self.lease_ends.clone(),
             quick,
             master,
             transport: Arc::new(TcpTransport::new(self.cfg.transport.clone())),
@@ -414,6 +440,13 @@ impl Client {
             })
             .await;
         Ok(r.map_err(Error::from)?.into_inner())
+    }
+
+    /// Waits (up to `within`) until the master was told of every read this
+    /// client finished, so their leases ended: for a process about to exit
+    /// or a client being closed (otherwise those leases run their TTL).
+    pub async fn flush_lease_ends(&self, within: std::time::Duration) {
+        self.lease_ends.flush(within).await;
     }
 
     /// Raw access to the master API, for tools and tests.

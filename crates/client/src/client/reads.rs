@@ -3,16 +3,20 @@
 //! checksum-verified reads that fall back replica by replica.
 
 use super::{Client, Tier, Tiered};
+use crate::lease_ends::{Lease, Leases};
 use futures::StreamExt;
 use std::sync::Arc;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 use strata_transport::{parts, remote_range, RemoteRange};
 
-/// A batch's replicas, per key, and which came from the location cache.
+/// A batch's replicas, per key, which came from the location cache, and
+/// the leases of those the master was asked for (held until the batch's
+/// reads are done).
 struct Located {
     infos: Vec<Result<pb::GetReplicasResponse>>,
     cached: Vec<bool>,
+    leases: Leases,
 }
 
 impl Client {
@@ -45,7 +49,7 @@ impl Client {
                 return Ok(buf);
             }
         }
-        let info = self.lookup(key).await?;
+        let (info, _lease) = self.lookup(key).await?;
         let mut buf = sized(info.size as usize)?;
         self.read_verified(key, info, &mut [buf.as_mut()]).await?;
         Ok(buf)
@@ -61,7 +65,7 @@ impl Client {
                 return Ok(n);
             }
         }
-        let info = self.lookup(key).await?;
+        let (info, _lease) = self.lookup(key).await?;
         let n = info.size as usize;
         if buf.len() < n {
             return Err(Error::invalid(format!(
@@ -84,7 +88,7 @@ impl Client {
                 return Ok(have);
             }
         }
-        let info = self.lookup(key).await?;
+        let (info, _lease) = self.lookup(key).await?;
         let n = info.size as usize;
         if have != n {
             return Err(Error::invalid(format!(
@@ -102,17 +106,19 @@ impl Client {
         self.locations.as_ref().and_then(|l| l.get(key))
     }
 
-    /// Asks the master where `key`'s bytes are (and caches the answer).
-    async fn lookup(&self, key: &str) -> Result<pb::GetReplicasResponse> {
+    /// Asks the master where `key`'s bytes are (and caches the answer),
+    /// with the lease to hold until the read is done.
+    async fn lookup(&self, key: &str) -> Result<(pb::GetReplicasResponse, Option<Lease>)> {
         self.cfg
             .backoff
             .run(|| async {
                 let asked = std::time::Instant::now();
                 let info = self.lookups.get(key).await?;
+                let lease = self.lease_ends.lease(key, &info);
                 if let Some(l) = &self.locations {
                     l.insert(key, &info, asked);
                 }
-                Ok(info)
+                Ok((info, lease))
             })
             .await
     }
@@ -162,7 +168,7 @@ impl Client {
     /// Reads `key` into `buf` after a cached location failed: asks the
     /// master, and reads if the object still has `buf`'s size.
     async fn reread(&self, key: &str, buf: &mut [&mut [u8]]) -> Result<()> {
-        let info = self.lookup(key).await?;
+        let (info, _lease) = self.lookup(key).await?;
         if info.size != parts::total_len(buf) as u64 {
             return Err(Error::unavailable(format!(
                 "key {key:?} was replaced by an object of another size while being read; read it again"
@@ -192,6 +198,7 @@ impl Client {
         mut info: pb::GetReplicasResponse,
         buf: &mut [&mut [u8]],
     ) -> Result<()> {
+        let mut _again = None;
         for round in 0..2 {
             let mut last = Error::unavailable(format!("key {key:?} has no readable replica"));
             let mut expired = false;
@@ -222,7 +229,7 @@ impl Client {
             // ask the master again, once.
             if round == 0 && (expired || last.retryable() || last.code == Code::NotFound) {
                 self.forget(key);
-                info = self.lookup(key).await?;
+                (info, _again) = self.lookup(key).await?;
                 if parts::total_len(buf) as u64 != info.size {
                     return Err(Error::unavailable(format!(
                         "key {key:?} changed while being read"
@@ -250,7 +257,11 @@ impl Client {
     /// engines that account cache hits per tier.
     #[tracing::instrument(name = "strata.batch_get", skip_all, fields(items = keys.len()))]
     pub async fn batch_get_tiered(&self, keys: &[&str]) -> Result<Vec<Result<Tiered>>> {
-        let Located { infos, cached } = self.batch_replicas(keys).await?;
+        let Located {
+            infos,
+            cached,
+            leases: _leases,
+        } = self.batch_replicas(keys).await?;
         let tiers: Vec<Tier> = infos
             .iter()
             .map(|i| match i {
@@ -282,7 +293,11 @@ impl Client {
         keys: &[&str],
         alloc: impl FnMut(usize) -> Result<B>,
     ) -> Result<Vec<Result<B>>> {
-        let Located { infos, cached } = self.batch_replicas(keys).await?;
+        let Located {
+            infos,
+            cached,
+            leases: _leases,
+        } = self.batch_replicas(keys).await?;
         self.batch_read_new(keys, infos, &cached, alloc).await
     }
 
@@ -341,7 +356,11 @@ impl Client {
         if keys.len() != items.len() {
             return Err(Error::internal("a batch read with more keys than buffers"));
         }
-        let Located { infos, cached } = self.batch_replicas(keys).await?;
+        let Located {
+            infos,
+            cached,
+            leases: _leases,
+        } = self.batch_replicas(keys).await?;
         let mut sizes = Vec::with_capacity(items.len());
         let mut slices = Vec::with_capacity(items.len());
         let mut infos_ok = Vec::with_capacity(items.len());
@@ -471,6 +490,7 @@ impl Client {
             })
             .collect();
         let cached: Vec<bool> = infos.iter().map(Option::is_some).collect();
+        let mut leases = Leases::new();
         let missing: Vec<&str> = keys
             .iter()
             .zip(&cached)
@@ -485,8 +505,11 @@ impl Client {
                 .into_iter();
             for (slot, key) in infos.iter_mut().zip(keys).filter(|(s, _)| s.is_none()) {
                 let info = res.next().expect("one answer per missing key");
-                if let (Ok(i), Some(l)) = (&info, &self.locations) {
-                    l.insert(key, i, asked);
+                if let Ok(i) = &info {
+                    leases.push(self.lease_ends.lease(key, i));
+                    if let Some(l) = &self.locations {
+                        l.insert(key, i, asked);
+                    }
                 }
                 *slot = Some(info);
             }
@@ -497,6 +520,7 @@ impl Client {
                 .map(|i| i.expect("filled above"))
                 .collect(),
             cached,
+            leases,
         })
     }
 }

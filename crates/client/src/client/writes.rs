@@ -194,6 +194,8 @@ impl Client {
             .await
             .map_err(Error::from)?
             .into_inner();
+        // Nothing is read: the lookup's lease ends at once.
+        drop(self.lease_ends.lease(key, &r));
         if r.size == size && r.crc32c == crc {
             Ok(())
         } else {

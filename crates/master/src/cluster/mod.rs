@@ -95,8 +95,23 @@ impl Cluster {
             .fold(0u64, u64::saturating_add)
     }
 
-    /// Places `n` replicas of `size` bytes (`len` with alignment) in
-    /// mounted segments with room, `preferred` first.
+    /// How many distinct nodes could ever hold a copy of `len` bytes (a
+    /// mounted segment at least that large): the most copies a put can get.
+    pub(crate) fn nodes_for(&self, len: u64) -> usize {
+        let segments = self.segments.read();
+        let mut nodes: Vec<&Arc<NodeEntry>> = segments
+            .values()
+            .filter(|s| s.is_mounted() && s.capacity >= len)
+            .map(|s| &s.node)
+            .collect();
+        nodes.sort_by_key(|n| Arc::as_ptr(n));
+        nodes.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        nodes.len()
+    }
+
+    /// Places up to `n` replicas of `size` bytes (`len` with alignment) in
+    /// mounted segments with room, `preferred` first, each on another node:
+    /// a lost node takes every copy it holds, so two there are one.
     pub(crate) fn try_place(
         &self,
         strategy: AllocStrategy,
@@ -124,10 +139,13 @@ impl Cluster {
                 cands.insert(0, s);
             }
         }
-        let mut out = Vec::with_capacity(n);
+        let mut out: Vec<Replica> = Vec::with_capacity(n);
         for seg in cands {
             if out.len() == n {
                 break;
+            }
+            if out.iter().any(|r| Arc::ptr_eq(&r.seg.node, &seg.node)) {
+                continue;
             }
             if let Some((offset, alloc_len)) = seg.alloc(size) {
                 out.push(Replica {

@@ -121,26 +121,43 @@ impl Pressure {
         // freed something but still did not make a range fit (fragments)
         // must not turn a wait into a final refusal.
         let mut pending = 0;
-        for _ in 0..=EVICT_ROUNDS {
-            let placed = cluster.try_place(
+        let place = || {
+            cluster.try_place(
                 m.cfg.alloc_strategy,
                 size,
                 len,
                 want.n as usize,
                 want.preferred,
-            );
-            if !placed.is_empty() {
+            )
+        };
+        // Every copy asked for that the nodes could hold: a put acknowledged
+        // with fewer would not survive the loss of a node it counted on.
+        let all = (want.n.max(1) as usize).min(cluster.nodes_for(len).max(1));
+        for _ in 0..EVICT_ROUNDS {
+            let placed = place();
+            if placed.len() >= all {
                 return Ok(Placement::Placed(placed));
+            }
+            // Fewer: eviction may make room for the rest.
+            let missing = (all - placed.len()) as u64;
+            for r in placed {
+                r.seg.free(r.offset, r.alloc_len);
             }
             check_fits(cluster, size, len, want.rebuilding)?;
             let cap = cluster.capacity_bytes();
-            let goal = len + (cap as f64 * m.cfg.eviction_ratio) as u64;
+            let goal = len.saturating_mul(missing) + (cap as f64 * m.cfg.eviction_ratio) as u64;
             let ev = self.evict_with(m, ssd, goal, want.urgent);
             pending = pending.max(ev.pending);
             if ev.freed == 0 {
                 break;
             }
         }
+        // Eviction freed what it could: as many copies as fit (at least one).
+        let placed = place();
+        if !placed.is_empty() {
+            return Ok(Placement::Placed(placed));
+        }
+        check_fits(cluster, size, len, want.rebuilding)?;
         // Copies in flight (pinned, so not among the victims scanned) free
         // DRAM too once they land, and so do versions an overwrite replaced
         // once their readers' leases end (housekeeping frees them): those

@@ -165,6 +165,56 @@ fn after_reads_end_eviction_takes_the_oldest_never_the_fresh_puts() {
     assert_eq!(unread.count(), 0, "the unread, older objects went first");
 }
 
+/// A put of two copies into a full tier gets both, on two nodes: eviction
+/// makes room for the second instead of the put being acknowledged with
+/// one (which a lost node would take).
+#[test]
+fn a_full_tier_makes_room_for_every_copy_asked_for() {
+    let size = 16 * 1024;
+    let m = master_with(2, 8 * size, |_| {});
+    for i in 0..16 {
+        put(&m, &format!("old{i}"), size);
+    }
+    assert_eq!(m.allocated_bytes(), 16 * size, "full");
+    for i in 0..4 {
+        let k = format!("two{i}");
+        let r = m.put_start(spec(&k, size, 2)).unwrap();
+        assert_eq!(r.len(), 2, "{k}");
+        assert_ne!(r[0].node_id, r[1].node_id, "{k}");
+        m.put_end(&k, 0).unwrap();
+    }
+    // Three copies asked of two nodes: two, the most there can be.
+    let r = m.put_start(spec("three", size, 3)).unwrap();
+    assert_eq!(r.len(), 2);
+}
+
+/// Copies go to distinct nodes, not merely distinct segments: two copies
+/// in two segments of one node are one node loss from none.
+#[test]
+fn copies_go_to_distinct_nodes() {
+    let m = master_with(1, 1 << 20, |_| {});
+    m.register_node(pb::RegisterNodeRequest {
+        node_id: "wide".into(),
+        data_addr: "127.0.0.1:9100".into(),
+        segments: (0..4)
+            .map(|i| pb::SegmentSpec {
+                local_id: i,
+                size: 1 << 20,
+                ..Default::default()
+            })
+            .collect(),
+        instance: "w".into(),
+        instance_proof: crate::tests::NODE_PROOF.to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+    for i in 0..20 {
+        let r = m.put_start(spec(&format!("k{i}"), 1000, 2)).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_ne!(r[0].node_id, r[1].node_id, "k{i}: {r:?}");
+    }
+}
+
 #[test]
 fn eviction_prefers_old_unpinned_then_soft_pinned_never_hard_pinned() {
     let m = master_with(1, 64 * 1024, |_| {});
