@@ -463,3 +463,33 @@ async fn corrupted_replica_is_never_served() {
     );
     c.shutdown().await;
 }
+
+/// A client bounds what it believes of a master's answer: a size over its
+/// `max_object_bytes` is refused before a buffer is made for it, in a
+/// single get and per item of a batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_refuses_an_answer_over_its_object_limit() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("big", &payload(1, 100), &PutOptions::default())
+        .await
+        .unwrap();
+    cl.put("small", &payload(2, 64), &PutOptions::default())
+        .await
+        .unwrap();
+    let mut cfg = c.client_config();
+    cfg.max_object_bytes = 64;
+    let bounded = strata_client::Client::connect(cfg).await.unwrap();
+    let e = bounded.get("big").await.unwrap_err();
+    assert!(e.message.contains("max_object_bytes"), "{e}");
+    assert_eq!(bounded.get("small").await.unwrap(), payload(2, 64));
+    let got = bounded.batch_get(&["small", "big"]).await.unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].as_ref().unwrap(), &payload(2, 64));
+    assert!(got[1]
+        .as_ref()
+        .unwrap_err()
+        .message
+        .contains("max_object_bytes"));
+    c.shutdown().await;
+}

@@ -301,9 +301,44 @@ impl Route {
         }
     }
 
-    fn follow(&self, leader: &str) {
+    /// Moves to the leader a master's answer named, if it may be believed
+    /// (`redirect_ok`); otherwise looks again next call. True if it moved.
+    fn follow(&self, leader: &str) -> bool {
+        if !redirect_ok(&self.target, leader) {
+            tracing::debug!(
+                leader,
+                "a master named a leader not followed; looking again"
+            );
+            *self.current.lock() = None;
+            return false;
+        }
         *self.current.lock() = Some(leader.to_string());
+        true
     }
+}
+
+/// Whether a "not leader" answer's leader may be dialled: a plain
+/// `HOST:PORT` (no scheme, path or user part; a port; bounded length), and
+/// only where the masters are given as addresses. With etcd, the leader
+/// record there is the truth: the answer only says to read it again. A
+/// master cannot send a client (and its token) anywhere it likes.
+fn redirect_ok(target: &MasterTarget, leader: &str) -> bool {
+    if matches!(target, MasterTarget::Etcd { .. }) || leader.len() > 262 {
+        return false;
+    }
+    let Some((host, port)) = leader.rsplit_once(':') else {
+        return false;
+    };
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let host_ok = !host.is_empty()
+        && (host.parse::<std::net::IpAddr>().is_ok()
+            || host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'));
+    host_ok && port.parse::<u16>().is_ok_and(|p| p != 0)
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -338,7 +373,7 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for LeaderChannel 
                     let h = resp.headers();
                     if let Some(leader) = h.get(LEADER_HEADER).and_then(|v| v.to_str().ok()) {
                         if leader != addr {
-                            route.follow(leader);
+                            let _ = route.follow(leader);
                         } else {
                             // It names itself but does not serve (it just
                             // stepped down): look again next time.
@@ -442,12 +477,44 @@ mod tests {
         let a = futures::executor::block_on(r.pick()).unwrap();
         assert_eq!(a, "a:1");
         assert_eq!(futures::executor::block_on(r.pick()).unwrap(), "a:1");
-        r.follow("b:2");
+        assert!(r.follow("b:2"));
         assert_eq!(ch.current().as_deref(), Some("b:2"));
         r.forget("a:1");
         assert_eq!(ch.current().as_deref(), Some("b:2"), "forgetting another");
         r.forget("b:2");
         assert_eq!(ch.current(), None);
         assert_eq!(futures::executor::block_on(r.pick()).unwrap(), "b:2");
+    }
+
+    /// A master's redirect is followed only to a plain HOST:PORT, and never
+    /// where etcd names the leader: anything else sends the next call to
+    /// look again, not to the named place.
+    #[test]
+    fn only_plain_redirects_are_followed_and_never_past_etcd() {
+        let ch = LeaderChannel::new(MasterTarget::Addrs(vec!["a:1".into()]));
+        let r = &ch.route;
+        for good in ["10.0.0.7:7400", "[fe80::1]:7400", "master-1.ns.svc:7400"] {
+            assert!(r.follow(good), "{good}");
+            assert_eq!(ch.current().as_deref(), Some(good));
+        }
+        for bad in [
+            "evil.example:80/steal",
+            "user@host:1",
+            "http://host:1",
+            "host:0",
+            "host",
+            ":7400",
+            "host:99999",
+            &format!("{}:1", "a".repeat(300)),
+        ] {
+            assert!(!r.follow(bad), "{bad:?} followed");
+            assert_eq!(ch.current(), None, "{bad:?}");
+        }
+        let etcd = LeaderChannel::new(MasterTarget::Etcd {
+            endpoints: vec!["http://e:2379".into()],
+            cluster: "c".into(),
+        });
+        assert!(!etcd.route.follow("10.0.0.7:7400"));
+        assert_eq!(etcd.current(), None);
     }
 }

@@ -21,6 +21,10 @@ use strata_transport::{Transport, TransportKind};
 /// (`ClientConfig::announce_up_to`).
 pub const ANNOUNCE_UP_TO: usize = 4 << 20;
 
+/// Default `ClientConfig::max_object_bytes`: far beyond any KV block, far
+/// below what would exhaust a host.
+pub const MAX_OBJECT_BYTES: u64 = 16 << 30;
+
 /// How to reach the cluster and how hard to try.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -69,6 +73,10 @@ pub struct ClientConfig {
     /// that long (unforced removes of them are refused meanwhile), at the
     /// cost of eviction working around them.
     pub end_leases: bool,
+    /// The largest object a master's answer may describe: a lookup naming a
+    /// larger size (a broken or hostile master) is refused before any
+    /// buffer is made for it.
+    pub max_object_bytes: u64,
 }
 
 impl ClientConfig {
@@ -87,6 +95,7 @@ impl ClientConfig {
             quick_calls: true,
             put_steps: false,
             end_leases: true,
+            max_object_bytes: MAX_OBJECT_BYTES,
         }
     }
 

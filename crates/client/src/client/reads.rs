@@ -115,12 +115,33 @@ impl Client {
                 let asked = std::time::Instant::now();
                 let info = self.lookups.get(key).await?;
                 let lease = self.lease_ends.lease(key, &info);
+                self.check_answer(key, &info)?;
                 if let Some(l) = &self.locations {
                     l.insert(key, &info, asked);
                 }
                 Ok((info, lease))
             })
             .await
+    }
+
+    /// Refuses a master's answer no buffer should be made for: a size over
+    /// `max_object_bytes`, or a replica of another length than the object.
+    fn check_answer(&self, key: &str, info: &pb::GetReplicasResponse) -> Result<()> {
+        if info.size > self.cfg.max_object_bytes {
+            return Err(Error::internal(format!(
+                "the master says {key:?} holds {} bytes, over this client's limit of {} \
+                 (ClientConfig::max_object_bytes); refused",
+                info.size, self.cfg.max_object_bytes
+            )));
+        }
+        if let Some(r) = info.replicas.iter().find(|r| r.length != info.size) {
+            return Err(Error::internal(format!(
+                "the master answered {key:?} with a replica of {} bytes for an object of {}; \
+                 refused",
+                r.length, info.size
+            )));
+        }
+        Ok(())
     }
 
     pub(super) fn forget(&self, key: &str) {
@@ -505,12 +526,14 @@ impl Client {
                 .into_iter();
             for (slot, key) in infos.iter_mut().zip(keys).filter(|(s, _)| s.is_none()) {
                 let info = res.next().expect("one answer per missing key");
-                if let Ok(i) = &info {
-                    leases.push(self.lease_ends.lease(key, i));
+                let info = info.and_then(|i| {
+                    leases.push(self.lease_ends.lease(key, &i));
+                    self.check_answer(key, &i)?;
                     if let Some(l) = &self.locations {
-                        l.insert(key, i, asked);
+                        l.insert(key, &i, asked);
                     }
-                }
+                    Ok(i)
+                });
                 *slot = Some(info);
             }
         }
