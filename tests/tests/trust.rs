@@ -407,3 +407,62 @@ async fn test_clusters_run_with_and_without_credentials() {
         c.shutdown().await;
     }
 }
+
+/// Another client cannot end a put it did not start: a bound put (every
+/// put of this library) is committed or revoked only with its put token,
+/// over gRPC and batched alike; the writer's own PutEnd still commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_client_cannot_end_or_revoke_a_put_it_did_not_start() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    let mut writer = cl.master_client();
+    let mut other = c.client().await.unwrap().master_client();
+    let started = writer
+        .put_start(pb::PutStartRequest {
+            key: "victim".into(),
+            size: 5,
+            replica_num: 1,
+            bind: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!started.put_token.is_empty(), "a bound put has a token");
+    let g = started.replicas[0].grant.as_ref().unwrap().generation;
+    let end = |token: &[u8]| pb::PutEndRequest {
+        key: "victim".into(),
+        crc32c: crc32c::crc32c(b"hello"),
+        generation: Some(g),
+        put_token: token.to_vec(),
+        ..Default::default()
+    };
+    let e = other.put_end(end(&[])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    let e = other
+        .put_revoke(pb::PutRevokeRequest {
+            key: "victim".into(),
+            generation: Some(g),
+            put_token: vec![0; 16],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    let batch = other
+        .batch_put_revoke(pb::BatchPutRevokeRequest {
+            keys: vec!["victim".into()],
+            generations: vec![g],
+            put_tokens: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(batch.results.len(), 1);
+    assert_eq!(batch.results[0].code, Code::PermissionDenied as u32);
+    // The writer's bytes and its own PutEnd.
+    let range = strata_client::remote_range(&started.replicas[0]).unwrap();
+    cl.transport().write(&range, 0, b"hello").await.unwrap();
+    writer.put_end(end(&started.put_token)).await.unwrap();
+    assert_eq!(cl.get("victim").await.unwrap(), b"hello");
+    c.shutdown().await;
+}

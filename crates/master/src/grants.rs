@@ -5,7 +5,7 @@
 
 use crate::durable::DurableKv;
 use strata_common::auth::ProofHash;
-use strata_common::grant::{owner_member, GrantKey};
+use strata_common::grant::{owner_member, GrantKey, MAC_LEN};
 use strata_common::{Code, Error, Result};
 
 /// The term and the master's grant key.
@@ -29,6 +29,20 @@ impl TermKeys {
     pub fn member_key(&self, member: &str, proof: &ProofHash) -> GrantKey {
         self.grant_key
             .derive(&format!("{}@term{}", proof.member_name(member), self.term))
+    }
+
+    /// The token that binds a put (`PutStartRequest.bind`) to its starter:
+    /// a MAC of the key and the generation its first replica was given, for
+    /// this term (a new leader knows no put of the old one as bound).
+    pub fn put_token(&self, key: &str, generation: u64) -> [u8; MAC_LEN] {
+        let mut h = blake3::Hasher::new_keyed(self.grant_key.as_bytes());
+        h.update(b"strata put token v1\0");
+        h.update(&self.term.to_le_bytes());
+        h.update(&generation.to_le_bytes());
+        h.update(key.as_bytes());
+        let mut out = [0u8; MAC_LEN];
+        out.copy_from_slice(&h.finalize().as_bytes()[..MAC_LEN]);
+        out
     }
 
     /// The key the process registered as owner `owner_id` verifies its

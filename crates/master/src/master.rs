@@ -63,7 +63,7 @@ use crate::rebuild::members::Member;
 use crate::rebuild::RebuildGate;
 use crate::sync::Unsynced;
 pub use crate::writes::PutSpec;
-use crate::writes::{PutEnd, Writes};
+use crate::writes::{Proof, PutEnd, Writes};
 use std::sync::Arc;
 use std::time::Instant;
 use strata_common::auth::ProofHash;
@@ -230,11 +230,33 @@ impl Master {
         receipts: &[pb::PutReceipt],
         generation: Option<u64>,
     ) -> Result<Unsynced> {
+        self.put_end_proved(key, crc32c, receipts, generation, None)
+    }
+
+    /// A client's PutEnd: `put_end_of` with the put token it brings (a
+    /// bound put's must be its own).
+    pub(crate) fn put_end_request(&self, r: &pb::PutEndRequest) -> Result<Unsynced> {
+        let token = (!r.put_token.is_empty()).then_some(&r.put_token[..]);
+        self.put_end_proved(&r.key, r.crc32c, &r.receipts, r.generation, token)
+    }
+
+    fn put_end_proved(
+        &self,
+        key: &str,
+        crc32c: u32,
+        receipts: &[pb::PutReceipt],
+        generation: Option<u64>,
+        token: Option<&[u8]>,
+    ) -> Result<Unsynced> {
         let end = PutEnd {
             key,
             crc32c,
             receipts,
             generation,
+            proof: Proof {
+                keys: &self.keys,
+                token,
+            },
         };
         let (unsynced, admit) = self
             .writes
@@ -258,8 +280,35 @@ impl Master {
     /// `put_revoke_unsynced` of the put whose first replica has
     /// `generation` (an overwrite's revoke names its version so).
     pub(crate) fn put_revoke_of(&self, key: &str, generation: Option<u64>) -> Result<Unsynced> {
-        self.writes
-            .revoke(self.model(), &self.ssd, &self.pressure, key, generation)
+        self.put_revoke_proved(key, generation, None)
+    }
+
+    /// A client's revoke: `put_revoke_of` with the put token it brings
+    /// (empty: none; a bound put's must be its own).
+    pub(crate) fn put_revoke_proved(
+        &self,
+        key: &str,
+        generation: Option<u64>,
+        token: Option<&[u8]>,
+    ) -> Result<Unsynced> {
+        let proof = Proof {
+            keys: &self.keys,
+            token: token.filter(|t| !t.is_empty()),
+        };
+        self.writes.revoke(
+            self.model(),
+            &self.ssd,
+            &self.pressure,
+            key,
+            generation,
+            proof,
+        )
+    }
+
+    /// The token a bound put (`PutStartRequest.bind`) of `key` whose first
+    /// replica has `generation` is ended with.
+    pub fn put_token(&self, key: &str, generation: u64) -> Vec<u8> {
+        self.keys.put_token(key, generation).to_vec()
     }
 
     /// Frees the versions an overwrite replaced whose readers are done

@@ -136,15 +136,29 @@ fn status_of(r: Result<()>) -> pb::Status {
     }
 }
 
-fn put_result(r: Result<Vec<pb::Replica>>) -> pb::PutStartResult {
+/// The put token of a started put that asked to be bound (empty if not).
+fn put_token(m: &Master, key: &str, bind: bool, replicas: &[pb::Replica]) -> Vec<u8> {
+    match replicas.first().and_then(|r| r.grant.as_ref()) {
+        Some(g) if bind => m.put_token(key, g.generation),
+        _ => Vec::new(),
+    }
+}
+
+fn put_result(
+    m: &Master,
+    (key, bind): (String, bool),
+    r: Result<Vec<pb::Replica>>,
+) -> pb::PutStartResult {
     match r {
         Ok(replicas) => pb::PutStartResult {
             status: Some(pb::Status::default()),
+            put_token: put_token(m, &key, bind, &replicas),
             replicas,
         },
         Err(e) => pb::PutStartResult {
             status: Some(status_of(Err(e))),
             replicas: vec![],
+            put_token: Vec::new(),
         },
     }
 }
@@ -166,11 +180,16 @@ impl MasterRpc for MasterService {
     ) -> Result<Response<pb::PutStartResponse>, Status> {
         let t0 = Instant::now();
         let deadline = Instant::now() + self.master.config().put_wait;
+        let spec = PutSpec::from(req.into_inner());
+        let (key, bind) = (spec.key.clone(), spec.bind);
         let r = self
             .master
-            .put_start_waiting(PutSpec::from(req.into_inner()), deadline)
+            .put_start_waiting(spec, deadline)
             .await
-            .map(|replicas| pb::PutStartResponse { replicas });
+            .map(|replicas| pb::PutStartResponse {
+                put_token: put_token(&self.master, &key, bind, &replicas),
+                replicas,
+            });
         self.done("put_start", t0, r)
     }
 
@@ -184,7 +203,7 @@ impl MasterRpc for MasterService {
             .master
             .when_synced(
                 self.master
-                    .put_end_of(&r.key, r.crc32c, &r.receipts, r.generation)
+                    .put_end_request(r)
                     .map(|u| (pb::PutEndResponse {}, u)),
                 "commit",
             )
@@ -201,7 +220,11 @@ impl MasterRpc for MasterService {
             .master
             .when_synced(
                 self.master
-                    .put_revoke_of(&req.get_ref().key, req.get_ref().generation)
+                    .put_revoke_proved(
+                        &req.get_ref().key,
+                        req.get_ref().generation,
+                        Some(&req.get_ref().put_token),
+                    )
                     .map(|u| (pb::PutRevokeResponse {}, u)),
                 "revoke",
             )
@@ -220,6 +243,7 @@ impl MasterRpc for MasterService {
             .into_iter()
             .map(PutSpec::from)
             .collect();
+        let names: Vec<(String, bool)> = specs.iter().map(|s| (s.key.clone(), s.bind)).collect();
         // One --put-wait for the whole batch; items are placed in order. What
         // need not wait is done off the async workers; the first item that
         // must wait, and every one after it, waits here.
@@ -230,11 +254,15 @@ impl MasterRpc for MasterService {
         {
             Err(e) => Err(e),
             Ok((done, rest)) => {
-                let mut results: Vec<pb::PutStartResult> =
-                    done.into_iter().map(put_result).collect();
-                for spec in rest {
+                let mut names = names.into_iter();
+                let mut results: Vec<pb::PutStartResult> = done
+                    .into_iter()
+                    .zip(names.by_ref())
+                    .map(|(r, n)| put_result(&self.master, n, r))
+                    .collect();
+                for (spec, n) in rest.into_iter().zip(names) {
                     let r = self.master.put_start_waiting(spec, deadline).await;
-                    results.push(put_result(r));
+                    results.push(put_result(&self.master, n, r));
                 }
                 Ok(pb::BatchPutStartResponse { results })
             }
@@ -253,12 +281,7 @@ impl MasterRpc for MasterService {
                 let mut all = crate::sync::Unsynced::default();
                 let results = items
                     .iter()
-                    .map(|it| {
-                        status_of(
-                            m.put_end_of(&it.key, it.crc32c, &it.receipts, it.generation)
-                                .map(|u| all.extend(u)),
-                        )
-                    })
+                    .map(|it| status_of(m.put_end_request(it).map(|u| all.extend(u))))
                     .collect();
                 (pb::BatchStatusResponse { results }, all)
             })
@@ -272,7 +295,11 @@ impl MasterRpc for MasterService {
         req: Request<pb::BatchPutRevokeRequest>,
     ) -> Result<Response<pb::BatchStatusResponse>, Status> {
         let t0 = Instant::now();
-        let pb::BatchPutRevokeRequest { keys, generations } = req.into_inner();
+        let pb::BatchPutRevokeRequest {
+            keys,
+            generations,
+            put_tokens,
+        } = req.into_inner();
         let r = self
             .batch(keys.len(), move |m| {
                 let mut all = crate::sync::Unsynced::default();
@@ -281,7 +308,11 @@ impl MasterRpc for MasterService {
                     .enumerate()
                     .map(|(i, k)| {
                         let generation = generations.get(i).copied().filter(|&g| g > 0);
-                        status_of(m.put_revoke_of(k, generation).map(|u| all.extend(u)))
+                        let token = put_tokens.get(i).map(|t| &t[..]);
+                        status_of(
+                            m.put_revoke_proved(k, generation, token)
+                                .map(|u| all.extend(u)),
+                        )
                     })
                     .collect();
                 (pb::BatchStatusResponse { results }, all)

@@ -91,6 +91,7 @@ impl Client {
                     crc32c: announced,
                     receipts: announced.is_some() && self.receipts_for(key, len),
                     overwrite: opts.overwrite,
+                    bind: true,
                 };
                 let started = mark();
                 let start = self.put_start(req);
@@ -105,8 +106,8 @@ impl Client {
                     }
                 };
                 let crc = *crc.get().expect("set by the first attempt");
-                let replicas = match start {
-                    Ok(r) => r.replicas,
+                let (replicas, token) = match start {
+                    Ok(r) => (r.replicas, r.put_token),
                     Err(e)
                         if e.code == Code::AlreadyExists
                             && unsure.load(std::sync::atomic::Ordering::Relaxed) =>
@@ -125,7 +126,7 @@ impl Client {
                 let receipts = match written {
                     Ok(r) => r,
                     Err(e) => {
-                        self.revoke(key, generation).await;
+                        self.revoke(key, generation, &token).await;
                         // A grant refused by its node came from a leader that
                         // was deposed meanwhile (the node re-registered with a
                         // newer term's key): a new grant will do.
@@ -142,6 +143,7 @@ impl Client {
                         crc32c: crc,
                         receipts,
                         generation,
+                        put_token: token.clone(),
                     })
                     .await;
                 if let (Some(s), Some(crc), Some(a), Some(b), Some(c), Some(d)) =
@@ -156,7 +158,7 @@ impl Client {
                         // PutEnd never arrived, must not hold the key
                         // (NotReady) until --put-timeout. A version that
                         // did commit is not touched by a revoke.
-                        self.revoke(key, generation).await;
+                        self.revoke(key, generation, &token).await;
                     }
                 }
                 end.map(|_| ())
@@ -173,12 +175,13 @@ impl Client {
     /// Revokes this client's put of `key` (an overwrite's by its
     /// `generation`), best effort: what is not revoked, --put-timeout
     /// reclaims.
-    async fn revoke(&self, key: &str, generation: Option<u64>) {
+    async fn revoke(&self, key: &str, generation: Option<u64>, put_token: &[u8]) {
         let _ = self
             .m()
             .put_revoke(pb::PutRevokeRequest {
                 key: key.to_string(),
                 generation,
+                put_token: put_token.to_vec(),
             })
             .await;
     }
@@ -374,6 +377,7 @@ impl Client {
                     crc32c: *crc,
                     receipts: crc.is_some() && self.receipts_for(k, n),
                     overwrite: opts.overwrite,
+                    bind: true,
                 })
                 .collect(),
         };
@@ -395,7 +399,7 @@ impl Client {
                 // Whether this put started: only ours may be revoked (a
                 // refused PutStart may be another writer's key in flight).
                 if let Err(e) = from_status(st.status) {
-                    return (Err(e), false, None);
+                    return (Err(e), false, None, Vec::new());
                 }
                 let generation = version_of(&st.replicas);
                 // Records come only with a declared checksum.
@@ -409,17 +413,17 @@ impl Client {
                         Code::PermissionDenied => e.retry_later(),
                         _ => e,
                     });
-                (w, true, generation)
+                (w, true, generation, st.put_token)
             });
         }
-        type Written = (Result<Vec<pb::PutReceipt>>, bool, Option<u64>);
+        type Written = (Result<Vec<pb::PutReceipt>>, bool, Option<u64>, Vec<u8>);
         let mut writes: Vec<Written> = futures::stream::iter(futs)
             .buffered(self.cfg.batch_concurrency.max(1))
             .collect()
             .await;
         let mut ends = Vec::new();
         let mut revokes = pb::BatchPutRevokeRequest::default();
-        for (i, (w, started, generation)) in writes.iter_mut().enumerate() {
+        for (i, (w, started, generation, token)) in writes.iter_mut().enumerate() {
             match w {
                 Ok(receipts) => ends.push((
                     i,
@@ -428,18 +432,20 @@ impl Client {
                         crc32c: crcs[i].unwrap_or_else(|| parts::crc32c(items[i].1)),
                         receipts: std::mem::take(receipts),
                         generation: *generation,
+                        put_token: std::mem::take(token),
                     },
                 )),
                 Err(_) if *started => {
                     revokes.keys.push(items[i].0.to_string());
                     revokes.generations.push(generation.unwrap_or(0));
+                    revokes.put_tokens.push(std::mem::take(token));
                 }
                 Err(_) => {}
             }
         }
         let mut out: Vec<(Result<()>, bool)> = writes
             .into_iter()
-            .map(|(w, _, _)| (w.map(|_| ()), false))
+            .map(|(w, _, _, _)| (w.map(|_| ()), false))
             .collect();
         if !revokes.keys.is_empty() {
             let _ = self.m().batch_put_revoke(revokes).await;

@@ -48,6 +48,9 @@ struct Spill {
     replicas: Vec<Replica>,
     ssd: Vec<SsdReplica>,
     pending: Option<(u64, Instant)>,
+    /// A bound put (`PutStartRequest.bind`): the generation its first
+    /// replica was given at PutStart, which its token signs.
+    bound: Option<u64>,
     /// What the nodes were told at PutStart (`Object::set_announced`).
     announced: Option<Announced>,
 }
@@ -165,6 +168,24 @@ impl Object {
         if let Some(s) = self.spill.as_mut() {
             s.announced = Some(a);
         }
+    }
+
+    /// Binds the put being written to its starter (`PutStartRequest.bind`):
+    /// its end or revoke must bring the token of its first replica's
+    /// generation.
+    pub fn bind(&mut self) {
+        let g = self.replicas().first().map(|r| r.generation);
+        if let Some(s) = self.spill.as_mut() {
+            s.bound = g;
+        }
+    }
+
+    /// While a bound put is written: the generation its token signs.
+    pub fn bound_generation(&self) -> Option<u64> {
+        self.spill
+            .as_ref()
+            .filter(|s| s.pending.is_some())
+            .and_then(|s| s.bound)
     }
 
     pub fn announced(&self) -> Option<&Announced> {

@@ -16,6 +16,7 @@ mod removal;
 mod tests;
 
 use crate::cluster::Replica;
+use crate::grants::TermKeys;
 use crate::model::Model;
 use crate::objects::{validate_key, ObjState, Object, MAX_REPLICAS};
 use crate::offload::SsdTier;
@@ -25,7 +26,7 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
-use strata_common::grant::PERM_WRITE;
+use strata_common::grant::{same_mac, PERM_WRITE};
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
@@ -46,6 +47,9 @@ pub struct PutSpec {
     pub receipts: bool,
     /// Replace a committed key atomically (`overwrite.rs`).
     pub overwrite: bool,
+    /// Bind the put to its starter (`PutStartRequest.bind`): its end or
+    /// revoke must bring the put token.
+    pub bind: bool,
 }
 
 impl From<pb::PutStartRequest> for PutSpec {
@@ -60,17 +64,46 @@ impl From<pb::PutStartRequest> for PutSpec {
             crc32c: r.crc32c,
             receipts: r.receipts,
             overwrite: r.overwrite,
+            bind: r.bind,
         }
     }
 }
 
 /// What a PutEnd names: the put's key, its checksum, its nodes' receipts
-/// and, for an overwrite, its version.
+/// and, for an overwrite, its version; and what proves it is the put's.
 pub(crate) struct PutEnd<'a> {
     pub(crate) key: &'a str,
     pub(crate) crc32c: u32,
     pub(crate) receipts: &'a [pb::PutReceipt],
     pub(crate) generation: Option<u64>,
+    pub(crate) proof: Proof<'a>,
+}
+
+/// What a PutEnd or revoke brings to show it belongs to the put: the put
+/// token (`PutStartRequest.bind`), which a bound put's must be.
+#[derive(Clone, Copy)]
+pub(crate) struct Proof<'a> {
+    pub(crate) keys: &'a TermKeys,
+    pub(crate) token: Option<&'a [u8]>,
+}
+
+impl Proof<'_> {
+    /// Refuses to end a bound put being written without its token.
+    pub(crate) fn check(&self, key: &str, o: &Object) -> Result<()> {
+        let Some(g) = o.bound_generation() else {
+            return Ok(());
+        };
+        match self.token {
+            Some(t) if same_mac(&self.keys.put_token(key, g), t) => Ok(()),
+            _ => Err(Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "the put of {key:?} being written is bound to the client that started it: \
+                     only a PutEnd or PutRevoke with the put token PutStart answered ends it"
+                ),
+            )),
+        }
+    }
 }
 
 /// The puts this term started and has not seen end.
@@ -169,6 +202,9 @@ impl Writes {
                 return Err(e);
             }
             let mut obj = Object::processing(spec.size, replicas, put_id, deadline, now);
+            if spec.bind {
+                obj.bind();
+            }
             obj.soft_pin = spec.soft_pin;
             obj.hard_pin = spec.hard_pin;
             if let Some(crc) = spec.crc32c {
@@ -208,25 +244,26 @@ impl Writes {
         pressure: &Pressure,
         end: PutEnd,
     ) -> Result<(Unsynced, Option<u64>)> {
+        if end.receipts.len() > MAX_REPLICAS as usize {
+            return Err(Error::invalid(format!(
+                "{} receipts for one put; a put has at most {MAX_REPLICAS} replicas",
+                end.receipts.len()
+            )));
+        }
+        if let Some(g) = end.generation {
+            return overwrite::commit_version(m, ssd, pressure, &end, g);
+        }
         let PutEnd {
             key,
             crc32c,
             receipts,
-            generation,
+            proof,
+            ..
         } = end;
-        if receipts.len() > MAX_REPLICAS as usize {
-            return Err(Error::invalid(format!(
-                "{} receipts for one put; a put has at most {MAX_REPLICAS} replicas",
-                receipts.len()
-            )));
-        }
-        if let Some(g) = generation {
-            return overwrite::commit_version(m, ssd, pressure, key, crc32c, receipts, g);
-        }
         validate_key(key)?;
         let mut shard = m.objects.shard(key);
         let obj = shard.get_mut(key).ok_or_else(|| no_put_in_progress(key))?;
-        commit_object(m, key, obj, crc32c, receipts)
+        commit_object(m, key, obj, crc32c, receipts, proof)
     }
 
     /// Revokes a put (the version whose first replica has `generation`,
@@ -240,10 +277,11 @@ impl Writes {
         pressure: &Pressure,
         key: &str,
         generation: Option<u64>,
+        proof: Proof,
     ) -> Result<Unsynced> {
         validate_key(key)?;
         if let Some(g) = generation {
-            if let Some(u) = overwrite::revoke(m, pressure, key, g) {
+            if let Some(u) = overwrite::revoke(m, pressure, key, g, proof)? {
                 return Ok(u);
             }
         }
@@ -264,7 +302,10 @@ impl Writes {
                 Some(o) if generation.is_some_and(|g| !o.is_version(g)) => {
                     return Err(no_put_in_progress(key))
                 }
-                Some(_) => shard.remove(key),
+                Some(o) => {
+                    proof.check(key, o)?;
+                    shard.remove(key)
+                }
             }
         };
         let Some(o) = obj else {
@@ -342,7 +383,9 @@ fn commit_object(
     obj: &mut Object,
     crc32c: u32,
     receipts: &[pb::PutReceipt],
+    proof: Proof,
 ) -> Result<(Unsynced, Option<u64>)> {
+    proof.check(key, obj)?;
     // These very bytes committed already: a put a restarted master
     // adopted from its nodes (announced, bytes whole) before its PutEnd
     // came. Answered once its nodes have its commit in their records:

@@ -20,7 +20,7 @@
 //! Locks: the shard lock is taken alone; `Retired`'s (`objects/retired.rs`)
 //! after it is released.
 
-use super::{commit_object, no_put_in_progress};
+use super::{commit_object, no_put_in_progress, Proof, PutEnd};
 use crate::model::Model;
 use crate::objects::validate_key;
 use crate::objects::{Object, Shard};
@@ -29,7 +29,6 @@ use crate::pressure::Pressure;
 use crate::sync::Unsynced;
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
-use strata_proto as pb;
 
 /// Why an overwrite of `key` cannot start now (under its shard lock):
 /// another put of it is being written.
@@ -52,11 +51,10 @@ pub(super) fn commit_version(
     m: Model,
     ssd: &SsdTier,
     pressure: &Pressure,
-    key: &str,
-    crc32c: u32,
-    receipts: &[pb::PutReceipt],
+    end: &PutEnd,
     generation: u64,
 ) -> Result<(Unsynced, Option<u64>)> {
+    let (key, crc32c, receipts, proof) = (end.key, end.crc32c, end.receipts, end.proof);
     validate_key(key)?;
     let mut shard = m.objects.shard(key);
     let Some(mut new) = shard.take_overwrite_if(key, |o| o.is_version(generation)) else {
@@ -64,9 +62,9 @@ pub(super) fn commit_version(
             .get_mut(key)
             .filter(|o| o.is_version(generation))
             .ok_or_else(|| no_put_in_progress(key))?;
-        return commit_object(m, key, obj, crc32c, receipts);
+        return commit_object(m, key, obj, crc32c, receipts, proof);
     };
-    let (mut unsynced, admit) = match commit_object(m, key, &mut new, crc32c, receipts) {
+    let (mut unsynced, admit) = match commit_object(m, key, &mut new, crc32c, receipts, proof) {
         Ok(c) => c,
         Err(e) => {
             shard.insert_overwrite(key, new);
@@ -95,15 +93,20 @@ pub(super) fn revoke(
     pressure: &Pressure,
     key: &str,
     generation: u64,
-) -> Option<Unsynced> {
-    let o = m
-        .objects
-        .shard(key)
-        .take_overwrite_if(key, |o| o.is_version(generation))?;
+    proof: Proof,
+) -> Result<Option<Unsynced>> {
+    let o = {
+        let mut shard = m.objects.shard(key);
+        if let Some(o) = shard.overwrite(key).filter(|o| o.is_version(generation)) {
+            proof.check(key, o)?;
+        }
+        shard.take_overwrite_if(key, |o| o.is_version(generation))
+    };
+    let Some(o) = o else { return Ok(None) };
     m.metrics.keys.dec();
     let (_, unsynced) = o.release_unsynced();
     pressure.space_freed();
-    Some(unsynced)
+    Ok(Some(unsynced))
 }
 
 /// Puts a replaced version away: its SSD copies are dropped (and

@@ -382,3 +382,97 @@ async fn put_end_with_the_nodes_receipt_waits_for_nothing() {
         Some(pb::object_log_entry::Op::Pending(ref p)) if p.key == "z"
     ));
 }
+
+fn bound(key: &str, overwrite: bool) -> PutSpec {
+    PutSpec {
+        bind: true,
+        overwrite,
+        ..spec(key, 1000, 1)
+    }
+}
+
+fn end_req(key: &str, generation: Option<u64>, token: &[u8]) -> pb::PutEndRequest {
+    pb::PutEndRequest {
+        key: key.into(),
+        crc32c: 7,
+        receipts: Vec::new(),
+        generation,
+        put_token: token.to_vec(),
+    }
+}
+
+/// A bound put (`PutStartRequest.bind`) is ended or revoked only with the
+/// put token its PutStart answered: no other client can commit or revoke
+/// it by naming its key and (guessable) generation.
+#[test]
+fn a_bound_put_ends_only_with_its_token() {
+    let m = master_with(1, 1 << 20, |_| {});
+    for key in ["k", "r"] {
+        let r = m.put_start(bound(key, false)).unwrap();
+        let g = r[0].grant.as_ref().unwrap().generation;
+        let token = m.put_token(key, g);
+        let other = m.put_token("another", g);
+        for (generation, t) in [
+            (None, &[][..]),
+            (Some(g), &other[..]),
+            (Some(g), &token[..4]),
+        ] {
+            let e = m
+                .put_end_request(&end_req(key, generation, t))
+                .err()
+                .unwrap();
+            assert_eq!(e.code, Code::PermissionDenied, "{e}");
+            let e = m.put_revoke_proved(key, generation, Some(t)).err().unwrap();
+            assert_eq!(e.code, Code::PermissionDenied, "{e}");
+        }
+        assert!(!m.exists(key).unwrap(), "still being written");
+        if key == "k" {
+            m.put_end_request(&end_req(key, Some(g), &token)).unwrap();
+            assert_eq!(m.get_replicas(key).unwrap().crc32c, 7);
+            // Ended: a repeat of its own PutEnd is still fine.
+            m.put_end_request(&end_req(key, Some(g), &token)).unwrap();
+        } else {
+            m.put_revoke_proved(key, None, Some(&token)).unwrap();
+            assert_eq!(m.get_replicas(key).unwrap_err().code, Code::NotFound);
+        }
+    }
+    // An unbound put (a client that predates tokens) needs none.
+    m.put_start(spec("old", 1000, 1)).unwrap();
+    m.put_end_request(&end_req("old", None, &[])).unwrap();
+}
+
+/// The same for an overwrite's new version: its swap and its revoke need
+/// the token, and the committed version is untouched meanwhile.
+#[test]
+fn a_bound_overwrite_ends_only_with_its_token() {
+    let m = master_with(1, 1 << 20, |_| {});
+    m.put_start(spec("k", 1000, 1)).unwrap();
+    m.put_end("k", 1).unwrap();
+    // Committed first, then revoked.
+    for revoke in [false, true] {
+        let before = m.get_replicas("k").unwrap().crc32c;
+        let r = m.put_start(bound("k", true)).unwrap();
+        let g = r[0].grant.as_ref().unwrap().generation;
+        let token = m.put_token("k", g);
+        let e = m
+            .put_end_request(&end_req("k", Some(g), &[]))
+            .err()
+            .unwrap();
+        assert_eq!(e.code, Code::PermissionDenied, "{e}");
+        let e = m.put_revoke_proved("k", Some(g), None).err().unwrap();
+        assert_eq!(e.code, Code::PermissionDenied, "{e}");
+        assert_eq!(
+            m.get_replicas("k").unwrap().crc32c,
+            before,
+            "the old version"
+        );
+        if revoke {
+            m.put_revoke_proved("k", Some(g), Some(&token)).unwrap();
+            assert_eq!(m.get_replicas("k").unwrap().crc32c, before);
+            assert!(m.put_end_request(&end_req("k", Some(g), &token)).is_err());
+        } else {
+            m.put_end_request(&end_req("k", Some(g), &token)).unwrap();
+            assert_eq!(m.get_replicas("k").unwrap().crc32c, 7);
+        }
+    }
+}
