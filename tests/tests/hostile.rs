@@ -675,3 +675,86 @@ async fn a_peer_presenting_bad_grants_is_cut_off() {
     assert_eq!(cl.get("a").await.unwrap(), payload(2, 100));
     c.shutdown().await;
 }
+
+/// Strangers cannot take the master's port: one address holding its share
+/// of connections (silent ones, here) gets no more, each refused at once
+/// and counted, while members and clients from other addresses are served;
+/// slots come back when the connections close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_the_masters_port() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .master(|m| {
+            m.max_connections = 64;
+            m.max_connections_per_peer = 8;
+        })
+        .build()
+        .await
+        .unwrap();
+    let addr: std::net::SocketAddr = c.master_addr().parse().unwrap();
+    let stranger = || async {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        s.connect(addr).await.unwrap()
+    };
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(stranger().await);
+    }
+    let metric = |body: &str, name: &str| strata_tests::metric(body, name);
+    let open = || async {
+        let (_, body) = strata_tests::http_get(c.master_admin, "/metrics").await;
+        metric(&body, "strata_master_open_connections")
+    };
+    let t0 = std::time::Instant::now();
+    while open().await < 8.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the stranger's 8 are held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The 9th is closed at once: end of stream, no answer.
+    let mut ninth = stranger().await;
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(5), ninth.read(&mut buf))
+        .await
+        .expect("closed, not held")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    // A client from another address is served meanwhile.
+    let cl = c.client().await.unwrap();
+    cl.put("k", &payload(1, 1000), &PutOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(cl.get("k").await.unwrap(), payload(1, 1000));
+    let (_, body) = strata_tests::http_get(c.master_admin, "/metrics").await;
+    assert_eq!(
+        metric(
+            &body,
+            "strata_master_refused_connections_total{reason=\"peer\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &body,
+            "strata_master_refused_connections_total{reason=\"total\"}"
+        ),
+        0.0
+    );
+    let before = open().await;
+    drop(held);
+    let t0 = std::time::Instant::now();
+    while open().await > before - 8.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "their slots come back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And the address may connect again.
+    let mut again = stranger().await;
+    again.write_all(b"x").await.unwrap();
+    c.shutdown().await;
+}

@@ -146,6 +146,10 @@ pub struct MasterConfig {
     /// HA mode: the leader's etcd lease; a dead leader is replaced after
     /// at most this long.
     pub election_ttl: Duration,
+    /// Connections the port holds at most (gRPC and quick calls).
+    pub max_connections: usize,
+    /// Of those, from one peer address at most.
+    pub max_connections_per_peer: usize,
 }
 
 impl Default for MasterConfig {
@@ -172,6 +176,8 @@ impl Default for MasterConfig {
             etcd: Vec::new(),
             cluster_id: "strata".into(),
             election_ttl: Duration::from_secs(6),
+            max_connections: 8192,
+            max_connections_per_peer: 1024,
         }
     }
 }
@@ -245,6 +251,16 @@ impl MasterConfig {
                     "--etcd endpoint {e:?} must look like http://HOST:PORT"
                 )));
             }
+        }
+        if self.max_connections == 0
+            || self.max_connections_per_peer == 0
+            || self.max_connections_per_peer > self.max_connections
+        {
+            return Err(Error::invalid(format!(
+                "--max-connections ({}) and --max-connections-per-peer ({}) must be positive, \
+                 the share of one peer no more than all",
+                self.max_connections, self.max_connections_per_peer
+            )));
         }
         if self.put_wait > MAX_PUT_WAIT {
             return Err(Error::invalid(format!(
@@ -360,6 +376,12 @@ pub struct MasterArgs {
     /// HA mode: the leader's etcd lease TTL; a dead leader is replaced within it (2s to 300s) [default: 6s]
     #[arg(long, env = "STRATA_ELECTION_TTL")]
     pub election_ttl: Option<HumanDuration>,
+    /// Connections the master's port holds at most; more are closed at once [default: 8192]
+    #[arg(long, env = "STRATA_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Connections one peer address may hold at most, so a few hosts cannot take every slot [default: 1024]
+    #[arg(long, env = "STRATA_MAX_CONNECTIONS_PER_PEER")]
+    pub max_connections_per_peer: Option<usize>,
     #[command(flatten)]
     #[serde(skip)]
     pub telemetry: strata_common::telemetry::TelemetryArgs,
@@ -401,7 +423,9 @@ impl MasterArgs {
                     insecure,
                     etcd,
                     cluster_id,
-                    election_ttl
+                    election_ttl,
+                    max_connections,
+                    max_connections_per_peer
                 ]
             );
         }
@@ -414,6 +438,10 @@ impl MasterArgs {
             etcd: self.etcd.as_deref().map(etcd_endpoints).unwrap_or_default(),
             cluster_id: self.cluster_id.unwrap_or(d.cluster_id.clone()),
             election_ttl: self.election_ttl.map_or(d.election_ttl, |v| v.0),
+            max_connections: self.max_connections.unwrap_or(d.max_connections),
+            max_connections_per_peer: self
+                .max_connections_per_peer
+                .unwrap_or(d.max_connections_per_peer),
             lease_ttl: self.lease_ttl.map_or(d.lease_ttl, |v| v.0),
             node_ttl: self.node_ttl.map_or(d.node_ttl, |v| v.0),
             put_timeout: self.put_timeout.map_or(d.put_timeout, |v| v.0),

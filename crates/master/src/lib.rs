@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod cluster;
 pub mod config;
+mod connections;
 pub mod durable;
 pub mod election;
 pub mod grants;
@@ -37,6 +38,12 @@ use std::time::{Duration, Instant};
 use strata_common::{Error, Result};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+
+/// Calls one gRPC connection may have in flight at once.
+const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+/// Longest any gRPC call may run: well past the clients' 30 s call
+/// timeout and a member's largest report, so only a stuck call meets it.
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A running master: its bound addresses and its tasks.
 pub struct MasterHandle {
@@ -149,14 +156,28 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
         service::policy_of,
     );
     let sd = shutdown.clone();
+    let conns = connections::Connections::new(
+        cfg.max_connections,
+        cfg.max_connections_per_peer,
+        metrics.clone(),
+    );
     let incoming = quick_calls::split_incoming(
         listener,
         serving.clone(),
         Arc::new(cfg.credentials.clone()),
+        conns,
         shutdown.clone(),
     );
     tasks.spawn(async move {
         let res = tonic::transport::Server::builder()
+            // A peer that stops answering pings is dropped (its slot with
+            // it); one connection carries a bounded number of calls; no
+            // call is left running for ever.
+            .http2_keepalive_interval(Some(Duration::from_secs(10)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .tcp_keepalive(Some(Duration::from_secs(60)))
+            .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+            .timeout(CALL_TIMEOUT)
             .add_service(svc)
             .serve_with_incoming_shutdown(incoming, sd.cancelled())
             .await;

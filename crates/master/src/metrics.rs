@@ -24,6 +24,7 @@ pub(crate) const LOOKUP_TIERS: &[&str] = &["dram", "ssd", "miss"];
 /// Readers' lease ends (`LeaseEnd`): `ended` a running lease's reader,
 /// `stale` named a lease that had ended already or another version.
 pub(crate) const LEASE_END_OUTCOMES: &[&str] = &["ended", "stale"];
+pub(crate) use crate::connections::REFUSALS as CONNECTION_REFUSALS;
 pub(crate) const OWNER_STATES: &[&str] = &["live", "gone"];
 pub(crate) const TASK_STATES: &[&str] = &["queued", "assigned"];
 pub(crate) const OFFLOAD_RESULTS: &[&str] = &[
@@ -112,6 +113,11 @@ pub struct MasterMetrics {
     pub cached_reads: IntCounter,
     /// Lease ends readers sent, by `outcome` (`LEASE_END_OUTCOMES`).
     pub lease_ends: IntCounterVec,
+    /// Connections open on the master's port (gRPC and quick calls).
+    pub open_connections: IntGauge,
+    /// Connections closed at once for want of a slot, by `reason`
+    /// (`CONNECTION_REFUSALS`: all slots taken, or the peer's share).
+    pub refused_connections: IntCounterVec,
     /// Registered SSD owners by `state`: live (heartbeating) or gone.
     pub ssd_owners: IntGaugeVec,
     pub segments: IntGauge,
@@ -297,6 +303,16 @@ impl MasterMetrics {
             term: g("strata_master_term", "Leadership term of this master"),
             nodes: g("strata_master_nodes", "Live store nodes"),
             segments: g("strata_master_segments", "Mounted segments"),
+            open_connections: g(
+                "strata_master_open_connections",
+                "Connections open on the master's port (gRPC and quick calls)",
+            ),
+            refused_connections: cv(
+                "strata_master_refused_connections_total",
+                "Connections to the master's port closed at once, by reason: total (--max-connections reached) or peer (that address's --max-connections-per-peer share)",
+                "reason",
+                CONNECTION_REFUSALS,
+            ),
             lease_ends: cv(
                 "strata_master_lease_ends_total",
                 "Read leases readers ended when their reads were done, by outcome: ended (the reader's lease; with the last reader the object may be evicted again) or stale (it had ended already, by its TTL, or names a replaced version)",
@@ -395,7 +411,12 @@ mod tests {
     #[test]
     fn labelled_families_export_their_known_values_at_zero_from_the_start() {
         let m = MasterMetrics::new();
-        let families: [(&str, &str, &[&str]); 10] = [
+        let families: [(&str, &str, &[&str]); 11] = [
+            (
+                "strata_master_refused_connections_total",
+                "reason",
+                CONNECTION_REFUSALS,
+            ),
             (
                 "strata_master_lease_ends_total",
                 "outcome",

@@ -5,6 +5,7 @@
 //! told apart by its first bytes and either served here or handed to the
 //! gRPC server.
 
+use crate::connections::{Connections, Held};
 use crate::service::MasterService;
 use crate::serving::Serving;
 use prost::Message;
@@ -23,6 +24,9 @@ use tokio_util::sync::CancellationToken;
 /// How long a new connection may take to send its first bytes (or a quick
 /// lookup client its hello) before it is closed.
 const FIRST_BYTES: Duration = Duration::from_secs(10);
+/// A quick call connection with no request for this long is closed (its
+/// client finds it closed before reuse and dials again).
+const IDLE: Duration = Duration::from_secs(300);
 
 /// Accepts on `listener` until `stop`: quick lookup connections are served
 /// here, the rest come out of the returned stream for the gRPC server.
@@ -30,9 +34,10 @@ pub(crate) fn split_incoming(
     listener: TcpListener,
     serving: Arc<Serving>,
     creds: Arc<Credentials>,
+    conns: Arc<Connections>,
     stop: CancellationToken,
-) -> impl futures::Stream<Item = std::io::Result<TcpStream>> {
-    let (tx, rx) = mpsc::channel::<TcpStream>(64);
+) -> impl futures::Stream<Item = std::io::Result<Held>> {
+    let (tx, rx) = mpsc::channel::<Held>(64);
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -40,15 +45,26 @@ pub(crate) fn split_incoming(
                 a = listener.accept() => a,
             };
             match accepted {
-                Ok((s, _)) => {
+                Ok((s, peer)) => {
+                    // Over the caps: closed before anything is read.
+                    let slot = match conns.admit(peer.ip()) {
+                        Ok(slot) => slot,
+                        Err(why) => {
+                            tracing::debug!(%peer, why, "master connection refused: no slot");
+                            continue;
+                        }
+                    };
                     let _ = s.set_nodelay(true);
                     let (tx, serving, creds, stop) =
                         (tx.clone(), serving.clone(), creds.clone(), stop.clone());
                     tokio::spawn(async move {
                         match tokio::time::timeout(FIRST_BYTES, is_quick(&s)).await {
-                            Ok(Ok(true)) => serve(s, &serving, &creds, stop).await,
+                            Ok(Ok(true)) => {
+                                serve(s, &serving, &creds, stop).await;
+                                drop(slot);
+                            }
                             Ok(Ok(false)) => {
-                                let _ = tx.send(s).await;
+                                let _ = tx.send(Held::new(s, slot)).await;
                             }
                             // Closed, failed, or silent: nothing to serve.
                             Ok(Err(_)) | Err(_) => {}
@@ -103,6 +119,7 @@ async fn serve(s: TcpStream, serving: &Serving, creds: &Credentials, stop: Cance
     loop {
         let request = tokio::select! {
             _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(IDLE) => return,
             r = wire::read_request(&mut rd) => r,
         };
         let (op, body) = match request {
