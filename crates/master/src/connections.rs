@@ -18,10 +18,6 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-/// Why a connection was refused (metric label of
-/// `strata_master_refused_connections_total`).
-pub(crate) const REFUSALS: &[&str] = &["total", "peer"];
-
 /// The slots of the master's port.
 pub(crate) struct Connections {
     max: usize,

@@ -24,7 +24,9 @@ pub(crate) const LOOKUP_TIERS: &[&str] = &["dram", "ssd", "miss"];
 /// Readers' lease ends (`LeaseEnd`): `ended` a running lease's reader,
 /// `stale` named a lease that had ended already or another version.
 pub(crate) const LEASE_END_OUTCOMES: &[&str] = &["ended", "stale"];
-pub(crate) use crate::connections::REFUSALS as CONNECTION_REFUSALS;
+/// Why a connection to the master's port was closed at once
+/// (`connections.rs`): all slots taken, or the peer's share.
+pub(crate) const CONNECTION_REFUSALS: &[&str] = &["total", "peer"];
 pub(crate) const OWNER_STATES: &[&str] = &["live", "gone"];
 pub(crate) const TASK_STATES: &[&str] = &["queued", "assigned"];
 pub(crate) const OFFLOAD_RESULTS: &[&str] = &[
