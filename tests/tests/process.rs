@@ -357,3 +357,30 @@ async fn fresh_puts_into_a_tier_full_of_read_objects_all_stay_and_survive_a_node
         assert_eq!(cl.get(&k).await.unwrap(), payload(1000 + i, SIZE), "{k}");
     }
 }
+
+/// The master keeps its state (the grant key among it) private whatever
+/// the umask it was started with: files 0600, its directory 0700, and a
+/// directory of its own that others could read is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_masters_state_is_private() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let d = tempfile::tempdir().unwrap();
+    let open = d.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for dir in [d.path().join("new"), open] {
+        let m = start_master(&["--state-dir", dir.to_str().unwrap()]).await;
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700, "{}", dir.display());
+        let files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file())
+            .collect();
+        assert!(!files.is_empty(), "the master wrote its state");
+        for f in &files {
+            assert_eq!(mode(f) & 0o077, 0, "{} is {:o}", f.display(), mode(f));
+        }
+        drop(m);
+    }
+}

@@ -53,6 +53,8 @@ pub async fn run(a: UpArgs, transport: crate::TransportKind) -> anyhow::Result<(
     );
     let (listen, admin) = (a.listen, a.admin_addr);
     anyhow::ensure!(a.ssd_agents <= 16, "--ssd-agents must be at most 16");
+    // Its state, tokens and SSD buckets are this user's alone.
+    strata_common::files::private_by_default();
     let ucx = transport == crate::TransportKind::Ucx;
     let mut b = ClusterBuilder::new()
         .node_transport(transport)

@@ -21,6 +21,7 @@ where
     F: FnOnce(C, CancellationToken) -> Fut,
     Fut: Future<Output = crate::Result<()>>,
 {
+    crate::files::private_by_default();
     let telemetry = match telemetry.resolve() {
         Ok(t) => t,
         Err(e) => {

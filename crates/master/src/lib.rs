@@ -92,6 +92,8 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
         std::fs::create_dir_all(dir).map_err(|e| {
             Error::invalid(format!("cannot create --state-dir {}: {e}", dir.display()))
         })?;
+        // It holds the grant key.
+        strata_common::files::tighten_dir(dir);
     }
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await

@@ -183,6 +183,8 @@ impl OwnerStore {
         for d in [&buckets_dir, &quarantine_dir] {
             std::fs::create_dir_all(d)
                 .map_err(|e| Error::invalid(format!("cannot create {}: {e}", d.display())))?;
+            // Users' data.
+            strata_common::files::tighten_dir(d);
         }
         index.bind_owner(owner_id, handle)?;
         Ok(OwnerStore {
