@@ -45,10 +45,38 @@ impl TermKeys {
         out
     }
 
+    /// What signs and checks the SSD tier's copy records.
+    pub(crate) fn copy_records(&self) -> CopyRecords {
+        CopyRecords(self.grant_key.clone())
+    }
+
     /// The key the process registered as owner `owner_id` verifies its
     /// grants with (derived for that owner and that process alone).
     pub fn owner_key(&self, owner_id: u64, proof: &ProofHash) -> GrantKey {
         self.member_key(&owner_member(owner_id), proof)
+    }
+}
+
+/// The records that a master gave a copy of a key (its size and crc32c)
+/// to an SSD owner (`OffloadTask.copy_record`). Under the durable grant
+/// key, not the term's: an owner's inventory is believed after any restart
+/// or failover, and only for copies a master made.
+pub(crate) struct CopyRecords(GrantKey);
+
+impl CopyRecords {
+    pub(crate) fn sign(&self, key: &str, size: u64, crc32c: u32) -> [u8; MAC_LEN] {
+        let mut h = blake3::Hasher::new_keyed(self.0.as_bytes());
+        h.update(b"strata ssd copy record v1\0");
+        h.update(&size.to_le_bytes());
+        h.update(&crc32c.to_le_bytes());
+        h.update(key.as_bytes());
+        let mut out = [0u8; MAC_LEN];
+        out.copy_from_slice(&h.finalize().as_bytes()[..MAC_LEN]);
+        out
+    }
+
+    pub(crate) fn verify(&self, key: &str, size: u64, crc32c: u32, record: &[u8]) -> bool {
+        strata_common::grant::same_mac(&self.sign(key, size, crc32c), record)
     }
 }
 

@@ -141,7 +141,7 @@ impl Master {
         };
         metrics.keys.set(0);
         metrics.term.set(term as i64);
-        let ssd = SsdTier::new(&cfg, kv.clone(), &metrics, term)?;
+        let ssd = SsdTier::new(&cfg, kv.clone(), &metrics, term, keys.copy_records())?;
         let gate = RebuildGate::load(kv.as_ref(), restarted, cfg.node_ttl).await?;
         Ok(Arc::new(Master {
             cfg,
@@ -661,6 +661,13 @@ impl Master {
 
     pub async fn report_offload(&self, req: pb::ReportOffloadRequest) -> Result<()> {
         self.ssd.report_offload(self.model(), &self.pressure, req)
+    }
+
+    /// The record a master gives an SSD owner with a copy of `key`
+    /// (`OffloadTask.copy_record`): for tests that play an owner.
+    #[doc(hidden)]
+    pub fn copy_record(&self, key: &str, size: u64, crc32c: u32) -> Vec<u8> {
+        self.keys.copy_records().sign(key, size, crc32c).to_vec()
     }
 
     pub async fn report_inventory(&self, req: pb::ReportInventoryRequest) -> Result<u64> {

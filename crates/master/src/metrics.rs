@@ -131,6 +131,8 @@ pub struct MasterMetrics {
     pub lost_replicas: IntCounter,
     pub tombstones: IntGauge,
     pub tombstoned_copies: IntCounter,
+    /// SSD copies reported without the master's record of making them.
+    pub unrecorded_copies: IntCounter,
     pub tombstone_failures: IntCounter,
 }
 
@@ -344,6 +346,10 @@ impl MasterMetrics {
             tombstones: g(
                 "strata_master_tombstones",
                 "Removal tombstones kept (removed objects whose SSD copies are never adopted again)",
+            ),
+            unrecorded_copies: c(
+                "strata_master_unrecorded_copies_total",
+                "SSD copies owners reported without a master's record of giving them the copy (made by an agent of an older release, or forged): dropped instead of adopted",
             ),
             tombstoned_copies: c(
                 "strata_master_tombstoned_copies_total",

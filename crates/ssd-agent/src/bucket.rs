@@ -118,6 +118,21 @@ pub struct Entry {
     pub offset: u64,
     pub length: u64,
     pub crc32c: u32,
+    /// The master's record of giving this owner the copy
+    /// (`OffloadTask.copy_record`), reported with it in inventories; kept
+    /// in the index only (a bucket file's table does not hold it, so a
+    /// copy known only from its file is not re-adopted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub record: Vec<u8>,
+}
+
+/// Whether a file's table and the index's record of it list the same
+/// objects (the records the index adds are not in the file).
+pub fn same_table(file: &[Entry], index: &[Entry]) -> bool {
+    file.len() == index.len()
+        && file.iter().zip(index).all(|(a, b)| {
+            (&a.key, a.offset, a.length, a.crc32c) == (&b.key, b.offset, b.length, b.crc32c)
+        })
 }
 
 /// Writes a new bucket file with O_EXCL and fsyncs it (and its directory).
@@ -180,6 +195,7 @@ fn write_inner(
             offset: off,
             length: data.len() as u64,
             crc32c: *crc,
+            record: Vec::new(),
         });
         off += data.len() as u64;
     }
@@ -318,6 +334,7 @@ fn parse_table(mut t: &[u8], h: &Header) -> std::result::Result<Vec<Entry>, Stri
             offset,
             length,
             crc32c,
+            record: Vec::new(),
         });
     }
     if !t.is_empty() {

@@ -192,17 +192,20 @@ impl Evictor {
             keep.iter().map(|o| (o.key.clone(), o.credit - 1)).collect();
         let written = tokio::task::spawn_blocking(move || {
             let mut data = Vec::with_capacity(keep.len());
+            let mut records = Vec::with_capacity(keep.len());
             for o in &keep {
                 let bytes = store.read_piece(o.bucket_id, o.offset, o.length)?;
                 if crc32c::crc32c(&bytes) == o.crc32c {
                     data.push((o.key.as_str(), bytes, o.crc32c));
+                    // The copy moves with the master's record of it.
+                    records.push(o.record.clone());
                 }
             }
             let objs: Vec<(&str, &[u8], u32)> = data
                 .iter()
                 .map(|(k, v, c)| (*k, v.as_slice(), *c))
                 .collect();
-            store.write_bucket_with_slack(&objs, slack)
+            store.write_bucket_with_slack(&objs, &records, slack)
         })
         .await
         .map_err(|e| Error::internal(e.to_string()))
@@ -229,6 +232,7 @@ impl Evictor {
                 offset: e.offset,
                 length: e.length,
                 crc32c: e.crc32c,
+                copy_record: e.record.clone(),
             })
             .collect();
         let kept = rec.objects.len() as u64;

@@ -297,6 +297,7 @@ mod tests {
                     offset: 64 + i * 4096,
                     length: 4000,
                     crc32c: 5,
+                    record: Vec::new(),
                 })
                 .collect();
             let rec = BucketRecord {
@@ -329,6 +330,7 @@ mod tests {
                     offset: 64,
                     length: 10,
                     crc32c: 5,
+                    record: b"the master's record".to_vec(),
                 }],
             };
             ix.add_bucket(&rec).unwrap();
@@ -345,6 +347,10 @@ mod tests {
         assert_eq!(ix.reserve_bucket_id().unwrap(), next + 1);
         let b = ix.buckets().unwrap();
         assert_eq!(b.len(), 1);
+        assert_eq!(
+            b[0].objects[0].record, b"the master's record",
+            "kept with the copy"
+        );
         assert_eq!(ix.key("k").unwrap().unwrap().bucket_id, 2);
         ix.mark_dead(&[("k", 2, 64)]).unwrap();
         assert!(ix.key("k").unwrap().is_none());

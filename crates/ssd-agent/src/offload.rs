@@ -140,11 +140,13 @@ impl Worker {
                 .await;
             let mut ok: Vec<usize> = Vec::new();
             let mut owned: Vec<(String, Vec<u8>, u32)> = Vec::new();
+            let mut records: Vec<Vec<u8>> = Vec::new();
             for (i, r) in fetched {
                 match r {
                     Ok(data) => {
                         ok.push(i);
                         owned.push((tasks[i].key.clone(), data, tasks[i].crc32c));
+                        records.push(tasks[i].copy_record.clone());
                     }
                     Err((why, code)) => results.push(failed(&tasks[i], why, code)),
                 }
@@ -164,7 +166,7 @@ impl Worker {
                         .iter()
                         .map(|(k, d, c)| (k.as_str(), d.as_slice(), *c))
                         .collect();
-                    store.write_bucket(&objs)
+                    store.write_bucket_with_slack(&objs, &records, 0)
                 }),
             });
         }

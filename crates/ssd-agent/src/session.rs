@@ -85,6 +85,7 @@ impl Session {
                 offset: e.offset,
                 length: e.length,
                 crc32c: e.crc32c,
+                copy_record: e.record,
             })
             .collect();
         let r = self

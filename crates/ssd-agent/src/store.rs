@@ -23,6 +23,8 @@ pub struct KeptObject {
     pub length: u64,
     pub crc32c: u32,
     pub credit: u8,
+    /// The master's record of the copy (`bucket::Entry::record`).
+    pub record: Vec<u8>,
 }
 
 /// Controls the benchmark uses (not faults: release builds have them).
@@ -232,7 +234,7 @@ impl OwnerStore {
         for rec in self.index.buckets()? {
             let path = self.path(rec.bucket_id);
             let ok = match bucket::verify(&path, self.owner_id, rec.bucket_id) {
-                Ok((_, entries)) if entries == rec.objects => true,
+                Ok((_, entries)) if bucket::same_table(&entries, &rec.objects) => true,
                 Ok(_) => {
                     tracing::error!(file = %path.display(), "bucket table disagrees with the index; dropping it");
                     false
@@ -296,16 +298,18 @@ impl OwnerStore {
     /// Writes one bucket holding `objects` (key, bytes, crc32c) and indexes
     /// it. Nothing is indexed unless the file is complete and synced.
     pub fn write_bucket(&self, objects: &[(&str, &[u8], u32)]) -> Result<BucketRecord> {
-        self.write_bucket_with_slack(objects, 0)
+        self.write_bucket_with_slack(objects, &[], 0)
     }
 
     /// Like [`OwnerStore::write_bucket`], allowed to pass the capacity by
     /// `slack` bytes: compaction writes the objects it keeps before the
     /// buckets it empties are deleted (disk use stays within the capacity
     /// plus one bucket).
+    /// `records[i]` is the master's record of object `i` (missing: none).
     pub fn write_bucket_with_slack(
         &self,
         objects: &[(&str, &[u8], u32)],
+        records: &[Vec<u8>],
         slack: u64,
     ) -> Result<BucketRecord> {
         fail::fail_point!("ssd-agent::bucket-write", |_| Err(Error::internal(
@@ -326,7 +330,11 @@ impl OwnerStore {
             ));
         }
         let id = self.index.reserve_bucket_id()?;
-        let (objects_out, file_len) = bucket::write(&self.buckets_dir, self.owner_id, id, objects)?;
+        let (mut objects_out, file_len) =
+            bucket::write(&self.buckets_dir, self.owner_id, id, objects)?;
+        for (e, r) in objects_out.iter_mut().zip(records) {
+            e.record.clone_from(r);
+        }
         let rec = BucketRecord {
             bucket_id: id,
             file_len,
@@ -401,6 +409,7 @@ impl OwnerStore {
                         length: e.length,
                         crc32c: e.crc32c,
                         credit,
+                        record: e.record.clone(),
                     });
                 }
             }

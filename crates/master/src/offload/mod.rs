@@ -14,6 +14,7 @@ pub(crate) mod tests;
 use crate::cluster::Replica;
 use crate::config::{MasterConfig, SsdAdmission};
 use crate::durable::DurableKv;
+use crate::grants::CopyRecords;
 use crate::lock_order::{Lock, OrderedMutex};
 use crate::metrics::MasterMetrics;
 use crate::model::Model;
@@ -52,6 +53,8 @@ pub(crate) struct SsdTier {
     /// Urgent offloads appeared: long-polling owner heartbeats answer at
     /// once.
     owner_work: tokio::sync::Notify,
+    /// Signs the copies handed out, checks those inventories report.
+    records: CopyRecords,
 }
 
 impl SsdTier {
@@ -60,6 +63,7 @@ impl SsdTier {
         kv: Arc<dyn DurableKv>,
         metrics: &MasterMetrics,
         term: u64,
+        records: CopyRecords,
     ) -> Result<SsdTier> {
         let policy = policy::from_config(cfg.offload_policy)?;
         let admission = AdmissionFilter::new(
@@ -74,6 +78,7 @@ impl SsdTier {
             drops: removal::Drops::new(term),
             promotions: Mutex::new(Default::default()),
             owner_work: tokio::sync::Notify::new(),
+            records,
         })
     }
 
@@ -354,6 +359,7 @@ impl SsdTier {
                         crc32c: crc,
                         source: Some(r.view(size, PERM_READ, deadline, true)),
                         deadline_unix_ms: deadline,
+                        copy_record: self.records.sign(&t.key, size, crc).to_vec(),
                     });
                 }
                 None => {
@@ -575,6 +581,16 @@ impl SsdTier {
                 offset: o.offset,
                 length: o.length,
             };
+            // Only copies a master gave this tier: never one matched by its
+            // (public, forgeable) size and crc32c alone.
+            if !self
+                .records
+                .verify(&o.key, o.length, o.crc32c, &o.copy_record)
+            {
+                m.metrics.unrecorded_copies.inc();
+                self.forget(&o.key, &[r]);
+                continue;
+            }
             // A relocation (compaction moved the object) never brings back
             // a key removed meanwhile; a restart's inventory may create it.
             let create = !req.relocation;

@@ -77,6 +77,7 @@ impl Drops {
                     offset: r.offset,
                     length: r.length,
                     crc32c: 0,
+                    copy_record: Vec::new(),
                 },
             ));
             unsynced.push(q.acks.clone(), seq);

@@ -267,6 +267,7 @@ async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
         offset: 64,
         length: 100,
         crc32c: 0,
+        copy_record: m.copy_record(key, 100, 0),
     };
     let report = |relocation| pb::ReportInventoryRequest {
         instance_proof: PROOF.to_vec(),
@@ -627,6 +628,7 @@ async fn a_restarted_master_waits_for_its_ssd_owners_before_calling_keys_absent(
         offset: 0,
         length: 100,
         crc32c: 9,
+        copy_record: again.copy_record("on-ssd", 100, 9),
     };
     again
         .report_inventory(inventory(owner, r.epoch, vec![obj]))
@@ -738,4 +740,57 @@ async fn an_owner_reporting_absurd_use_is_never_preferred() {
     assert_eq!(tasks.len(), 5);
     let to_honest = tasks.iter().filter(|t| t.owner == honest.owner_id).count();
     assert_eq!(to_honest, 4, "every later copy goes to the honest owner");
+}
+
+/// An owner's inventory is believed only for copies a master gave it: a
+/// copy reported without the master's record of it, or with a record of
+/// other bytes, is neither attached to a live object with that size and
+/// crc32c (both public) nor made into an SSD-only object; it is counted and
+/// the owner told to drop it. With its record, the same report is adopted.
+#[tokio::test]
+async fn only_copies_a_master_recorded_are_adopted_from_an_inventory() {
+    let (m, owner, epoch) = with_owner(OffloadPolicy::OnEvict, 1 << 20, 0.9).await;
+    put(&m, "live", 100);
+    let crc = m.inspect("live").unwrap().crc32c;
+    let obj = |key: &str, crc32c, copy_record| pb::SsdObject {
+        key: key.into(),
+        bucket_id: 3,
+        offset: 64,
+        length: 100,
+        crc32c,
+        copy_record,
+    };
+    let report = |objects| pb::ReportInventoryRequest {
+        instance_proof: PROOF.to_vec(),
+        owner_id: owner,
+        epoch,
+        objects,
+        relocation: false,
+    };
+    let forged = vec![
+        obj("live", crc, Vec::new()),
+        obj("live", crc, m.copy_record("live", 100, crc ^ 1)),
+        obj("absent", 5, vec![0; 16]),
+        obj("absent", 5, m.copy_record("other", 100, 5)),
+    ];
+    assert_eq!(m.report_inventory(report(forged)).await.unwrap(), 0);
+    assert!(m
+        .objects()
+        .shard("live")
+        .get("live")
+        .unwrap()
+        .ssd()
+        .is_empty());
+    assert!(!m.exists("absent").unwrap(), "no SSD-only object made");
+    assert_eq!(m.metrics.unrecorded_copies.get(), 4);
+    let recorded = vec![
+        obj("live", crc, m.copy_record("live", 100, crc)),
+        obj("absent", 5, m.copy_record("absent", 100, 5)),
+    ];
+    assert_eq!(m.report_inventory(report(recorded)).await.unwrap(), 2);
+    assert_eq!(
+        m.objects().shard("live").get("live").unwrap().ssd().len(),
+        1
+    );
+    assert!(m.exists("absent").unwrap());
 }
