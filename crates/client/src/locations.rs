@@ -1,12 +1,15 @@
 //! The client's location cache: where an object's DRAM replicas are, kept
 //! for less than the read lease the master gave with them.
 //!
-//! Why it is safe: while a lease lasts the master neither evicts the object
-//! nor lets an unforced remove take it, so the replicas stay where they were.
-//! The master revokes early only by freeing the range (a forced remove, a
-//! new leader): the node then refuses the old grant (generation fences, or
-//! the new term's key), and any bytes that changed fail the object's
-//! checksum. Either way the client forgets the entry and asks the master.
+//! Why it is safe: the lookup's lease ends with the read that made it
+//! (`lease_ends.rs`), so a cached location is a hint, not a promise: the
+//! master may evict or remove the object meanwhile. Its range is then
+//! freed, and the node refuses the old grant once it applied the free (or
+//! the range was reused under a newer generation, or a new leader's key),
+//! and any bytes that changed fail the object's checksum. Either way the
+//! client forgets the entry and asks the master. Until the node applied
+//! the free, a cached read may still get the removed object's bytes, as a
+//! reader holding a lease could.
 //! The lease is measured on the master's clock (`lease_ms`, time left when
 //! it answered), from the moment the client *sent* its request, so no clock
 //! needs to agree with another.

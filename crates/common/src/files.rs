@@ -19,6 +19,7 @@ pub fn private_by_default() {
 /// (a volume's root, say, shared through a group) is left alone, with a
 /// warning: the files inside are private anyway.
 pub fn tighten_dir(dir: &Path) {
+    tighten_files_in(dir);
     let Ok(meta) = std::fs::metadata(dir) else {
         return;
     };
@@ -46,6 +47,27 @@ pub fn tighten_dir(dir: &Path) {
     }
 }
 
+/// Files in `dir` this process owns that others could read (written by an
+/// earlier release, or under another umask) become 0600: they would keep
+/// their mode until rewritten otherwise.
+fn tighten_files_in(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    for e in entries.flatten() {
+        let Ok(meta) = e.metadata() else { continue };
+        if meta.is_file() && meta.uid() == me && meta.mode() & 0o077 != 0 {
+            if let Err(err) =
+                std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o600))
+            {
+                tracing::warn!(file = %e.path().display(), error = %err, "cannot make a state file private");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,7 +85,11 @@ mod tests {
         std::fs::create_dir(&sub).unwrap();
         assert_eq!(std::fs::metadata(&sub).unwrap().mode() & 0o777, 0o700);
         std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let old = sub.join("written-before");
+        std::fs::write(&old, b"grant key").unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).unwrap();
         tighten_dir(&sub);
         assert_eq!(std::fs::metadata(&sub).unwrap().mode() & 0o777, 0o700);
+        assert_eq!(std::fs::metadata(&old).unwrap().mode() & 0o777, 0o600);
     }
 }

@@ -83,6 +83,11 @@ pub(crate) fn get_replicas(
             .filter_map(|r| tier.replica_view(r, lease, now, stage)),
     );
     if views.is_empty() {
+        // Nothing to read: the lease taken above ends with this answer
+        // (a reader retrying would count one more each time).
+        if let Some(o) = m.objects.shard(key).get_mut(key) {
+            o.end_lease(now);
+        }
         return Err(Error::unavailable(format!(
             "key {key:?} has no live replica"
         )));

@@ -794,3 +794,49 @@ async fn only_copies_a_master_recorded_are_adopted_from_an_inventory() {
     );
     assert!(m.exists("absent").unwrap());
 }
+
+/// A lookup answered "no live replica" leaves no lease behind: a reader
+/// retrying it does not keep the object leased (it has nothing to read).
+#[tokio::test]
+async fn a_lookup_with_nothing_to_read_leaves_no_lease() {
+    let m = master_with(1, 1 << 20, |c| {
+        c.node_ttl = std::time::Duration::from_millis(50);
+        c.lease_ttl = std::time::Duration::from_secs(60);
+    });
+    let r = register(&m, "h/nvme0").await;
+    let obj = pb::SsdObject {
+        key: "k".into(),
+        bucket_id: 1,
+        offset: 64,
+        length: 100,
+        crc32c: 5,
+        copy_record: m.copy_record("k", 100, 5),
+    };
+    let report = pb::ReportInventoryRequest {
+        instance_proof: PROOF.to_vec(),
+        owner_id: r.owner_id,
+        epoch: r.epoch,
+        objects: vec![obj],
+        relocation: false,
+    };
+    assert_eq!(m.report_inventory(report).await.unwrap(), 1);
+    // Its only owner stops heartbeating: the copy cannot be served (seen
+    // without a lookup, which would lease it).
+    let t0 = std::time::Instant::now();
+    while !m.inspect("k").unwrap().replicas.is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(5),
+            "owner gone"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    for _ in 0..3 {
+        let e = m.get_replicas("k").unwrap_err();
+        assert_eq!(e.code, strata_common::Code::Unavailable, "{e}");
+    }
+    let lease = m.inspect("k").unwrap().lease_until_unix_ms;
+    assert!(
+        lease <= strata_common::time::unix_ms(),
+        "a lease of {lease} left"
+    );
+}

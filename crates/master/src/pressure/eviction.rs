@@ -69,12 +69,26 @@ impl Pressure {
     /// dropped: they wait for their copy, and with `urgent` (a writer waits
     /// for the space) their copies go first. Returns the bytes freed.
     pub(crate) fn evict_with(&self, m: Model, ssd: &SsdTier, want: u64, urgent: bool) -> Evicted {
+        self.evict_where(m, ssd, want, urgent, &|_| true)
+    }
+
+    /// [`Pressure::evict_with`] over the objects `which` picks only (a put
+    /// short of copies evicts only what frees room on the nodes it still
+    /// needs).
+    pub(crate) fn evict_where(
+        &self,
+        m: Model,
+        ssd: &SsdTier,
+        want: u64,
+        urgent: bool,
+        which: &dyn Fn(&Object) -> bool,
+    ) -> Evicted {
         let mut out = Evicted::default();
         let mut evicted = 0u64;
         let wants_ssd = ssd.policy().on_evict() || ssd.policy().on_put_end();
         for _ in 0..MAX_SCANS {
             let now = unix_ms();
-            let victims = oldest_evictable(m, SCAN_BATCH, now);
+            let victims = oldest_evictable(m, SCAN_BATCH, now, which);
             if victims.is_empty() {
                 break;
             }
@@ -245,12 +259,12 @@ impl Pressure {
 
 /// The `n` evictable objects to go first: unpinned before soft-pinned,
 /// then least recently accessed. Oldest first.
-fn oldest_evictable(m: Model, n: usize, now: u64) -> Vec<String> {
+fn oldest_evictable(m: Model, n: usize, now: u64, which: &dyn Fn(&Object) -> bool) -> Vec<String> {
     // Max-heap on (soft_pin, last_access): the top is the youngest kept.
     let mut heap: BinaryHeap<(bool, u64, String)> = BinaryHeap::with_capacity(n + 1);
     for shard in m.objects.shards() {
         let s = shard.lock();
-        for (k, o) in s.iter().filter(|(_, o)| o.evictable(now)) {
+        for (k, o) in s.iter().filter(|(_, o)| o.evictable(now) && which(o)) {
             let rank = (o.soft_pin, o.last_access_ms);
             if heap.len() < n {
                 heap.push((rank.0, rank.1, k.to_string()));

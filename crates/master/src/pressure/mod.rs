@@ -138,15 +138,28 @@ impl Pressure {
             if placed.len() >= all {
                 return Ok(Placement::Placed(placed));
             }
-            // Fewer: eviction may make room for the rest.
+            // Fewer: eviction may make room for the rest. With some
+            // copies placed, only objects on other nodes are evicted, and
+            // only what the missing copies need: never the cache drained
+            // for room that would land on a node already holding a copy.
             let missing = (all - placed.len()) as u64;
+            let held: Vec<_> = placed.iter().map(|r| r.seg.node.clone()).collect();
             for r in placed {
                 r.seg.free(r.offset, r.alloc_len);
             }
             check_fits(cluster, size, len, want.rebuilding)?;
-            let cap = cluster.capacity_bytes();
-            let goal = len.saturating_mul(missing) + (cap as f64 * m.cfg.eviction_ratio) as u64;
-            let ev = self.evict_with(m, ssd, goal, want.urgent);
+            let ev = if held.is_empty() {
+                let cap = cluster.capacity_bytes();
+                let goal = len + (cap as f64 * m.cfg.eviction_ratio) as u64;
+                self.evict_with(m, ssd, goal, want.urgent)
+            } else {
+                let elsewhere = |o: &crate::objects::Object| {
+                    o.replicas()
+                        .iter()
+                        .any(|r| !held.iter().any(|n| std::sync::Arc::ptr_eq(n, &r.seg.node)))
+                };
+                self.evict_where(m, ssd, len.saturating_mul(missing), want.urgent, &elsewhere)
+            };
             pending = pending.max(ev.pending);
             if ev.freed == 0 {
                 break;

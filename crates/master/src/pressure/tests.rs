@@ -188,6 +188,50 @@ fn a_full_tier_makes_room_for_every_copy_asked_for() {
     assert_eq!(r.len(), 2);
 }
 
+/// A put short of a copy evicts only objects on the nodes it still needs,
+/// and only what that copy takes: with the other node full of what cannot
+/// be evicted, it settles for one copy and the evictable objects beside
+/// its first copy stay.
+#[test]
+fn a_put_short_of_a_copy_never_drains_the_node_it_has() {
+    let size = 16 * 1024;
+    let m = master_with(2, 8 * size, |_| {});
+    let pinned = |k: &str, replicas, preferred| PutSpec {
+        hard_pin: true,
+        preferred_segment: preferred,
+        ..spec(k, size, replicas)
+    };
+    let r = m.put_start(pinned("both", 2, None)).unwrap();
+    m.put_end("both", 0).unwrap();
+    let (a, b) = (r[0].segment_id, r[1].segment_id);
+    for i in 0..7 {
+        let k = format!("b-pinned{i}");
+        let r = m.put_start(pinned(&k, 1, Some(b))).unwrap();
+        assert_eq!(r[0].segment_id, b);
+        m.put_end(&k, 0).unwrap();
+    }
+    for i in 0..3 {
+        let k = format!("a-old{i}");
+        let r = m
+            .put_start(PutSpec {
+                preferred_segment: Some(a),
+                ..spec(&k, size, 1)
+            })
+            .unwrap();
+        assert_eq!(r[0].segment_id, a);
+        m.put_end(&k, 0).unwrap();
+    }
+    let r = m.put_start(spec("two", size, 2)).unwrap();
+    assert_eq!(r.len(), 1, "the full node has nothing to give");
+    assert_eq!(r[0].segment_id, a);
+    for i in 0..3 {
+        assert!(
+            m.exists(&format!("a-old{i}")).unwrap(),
+            "a-old{i} was evicted for nothing"
+        );
+    }
+}
+
 /// Copies go to distinct nodes, not merely distinct segments: two copies
 /// in two segments of one node are one node loss from none.
 #[test]
