@@ -42,6 +42,12 @@ pub(crate) struct Locations {
     /// steer policies, they are not data).
     unreported: Vec<Mutex<HashMap<String, u32>>>,
     hits: AtomicU64,
+    /// Per shard, when a key of it was last forgotten (nanoseconds after
+    /// `base`): an answer to a lookup sent before that is not kept, since
+    /// it may name what the forget meant to drop (a lookup racing an
+    /// overwrite or a remove of this client's).
+    forgot: Vec<AtomicU64>,
+    base: Instant,
     /// Whether reads of a replica are refused once its range is freed
     /// (`Transport::refuses_revoked`): a one-sided read no node sees is,
     /// only where the node publishes its revocations. Answers with a replica
@@ -68,6 +74,8 @@ impl Locations {
             use_of_lease: 0.75,
             unreported: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hits: AtomicU64::new(0),
+            forgot: (0..SHARDS).map(|_| AtomicU64::new(0)).collect(),
+            base: Instant::now(),
             refuses,
         }
     }
@@ -137,6 +145,11 @@ impl Locations {
             return;
         }
         let mut shard = self.shard(key);
+        // Checked under the shard's lock, which `forget` takes first.
+        let forgot = self.forgot[self.index(key)].load(Ordering::Acquire);
+        if forgot > 0 && forgot >= self.since_base(asked) {
+            return;
+        }
         if shard.len() >= self.per_shard && !shard.contains_key(key) {
             shard.retain(|_, e| e.until > now);
             if shard.len() >= self.per_shard {
@@ -152,9 +165,17 @@ impl Locations {
         );
     }
 
-    /// Forgets `key` (its replicas failed, or it is being removed).
+    /// Forgets `key` (its replicas failed, or it is being removed or
+    /// replaced), and any answer to a lookup sent before now.
     pub(crate) fn forget(&self, key: &str) {
-        self.shard(key).remove(key);
+        let mut shard = self.shard(key);
+        let now = self.since_base(Instant::now()).max(1);
+        self.forgot[self.index(key)].fetch_max(now, Ordering::AcqRel);
+        shard.remove(key);
+    }
+
+    fn since_base(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.base).as_nanos() as u64
     }
 
     /// Reads it has served.
@@ -164,8 +185,11 @@ impl Locations {
 
     /// Forgets every key.
     pub(crate) fn clear(&self) {
-        for s in &self.shards {
-            s.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        let now = self.since_base(Instant::now()).max(1);
+        for (s, f) in self.shards.iter().zip(&self.forgot) {
+            let mut s = s.lock().unwrap_or_else(PoisonError::into_inner);
+            f.fetch_max(now, Ordering::AcqRel);
+            s.clear();
         }
     }
 
@@ -308,6 +332,24 @@ mod tests {
         assert_eq!(c.hits(), 3);
         c.forget("k");
         assert!(c.get("k").is_none());
+    }
+
+    /// An answer to a lookup sent before the key was forgotten (an
+    /// overwrite or remove of this client's raced it) is not kept: the
+    /// next read asks the master, so a client reads its own write.
+    #[test]
+    fn an_answer_older_than_a_forget_is_not_kept() {
+        let c = Locations::new(100, every());
+        let asked = Instant::now();
+        c.forget("k");
+        c.insert("k", &answer(60_000, DRAM), asked);
+        assert!(c.get("k").is_none(), "asked before the forget");
+        c.insert("k", &answer(60_000, DRAM), Instant::now());
+        assert!(c.get("k").is_some(), "asked after it");
+        let asked = Instant::now();
+        c.clear();
+        c.insert("k", &answer(60_000, DRAM), asked);
+        assert!(c.get("k").is_none(), "nor before a clear");
     }
 
     #[test]
