@@ -451,17 +451,11 @@ impl Master {
     /// Counts reads a client served from its location cache and ends the
     /// leases its reads are done with (`reads.rs`).
     pub fn report_reads(&self, req: &pb::ReportReadsRequest) -> Result<()> {
-        // All or nothing: every key is checked before anything is applied.
-        let keys = req.reads.iter().map(|r| &r.key);
-        for k in keys.chain(req.ended.iter().map(|e| &e.key)) {
-            crate::objects::validate_key(k)?;
-        }
-        let (ended, _) = reads::end_leases(self.model(), &req.ended)?;
-        if ended > 0 {
+        if reads::report(self.model(), &self.ssd, req)? > 0 {
             // Objects may have become evictable: a waiting put looks again.
             self.pressure.space_freed();
         }
-        reads::report_reads(self.model(), &self.ssd, &req.reads)
+        Ok(())
     }
 
     pub fn inspect(&self, key: &str) -> Result<pb::InspectResponse> {

@@ -1,7 +1,7 @@
 //! The read path: a lookup leases a committed object to its reader and
 //! grants its replicas (`get_replicas`), the reader ends its lease when its
-//! read is done (`end_leases`), reads a client served from its location
-//! cache are counted as lookups (`report_reads`), and `inspect`,
+//! read is done and reads a client served from its location cache are
+//! counted as lookups (`report`: `end_leases`, `count_reads`), and `inspect`,
 //! `exists` and `committed_size` answer without a lease. Reads change no
 //! owner's state but the objects' leases and read counts, so these are
 //! functions over the shared model; the SSD tier hears of each read for its
@@ -101,14 +101,25 @@ pub(crate) fn get_replicas(
     })
 }
 
+/// A client's report (`ReportReads`): the leases its reads are done with
+/// end, and the reads it served from its location cache are counted. All
+/// or nothing: every key is checked before anything is applied. Returns
+/// how many leases ended.
+pub(crate) fn report(m: Model, tier: &SsdTier, req: &pb::ReportReadsRequest) -> Result<u64> {
+    let keys = req.reads.iter().map(|r| &r.key);
+    for k in keys.chain(req.ended.iter().map(|e| &e.key)) {
+        validate_key(k)?;
+    }
+    let ended = end_leases(m, &req.ended);
+    count_reads(m, tier, &req.reads);
+    Ok(ended)
+}
+
 /// Counts reads a client served from its location cache, as if each
 /// had been a lookup: read-count admission and LRU age see them. Never
 /// extends a lease (the client's cache lives inside the one it was
 /// given). Keys gone meanwhile are skipped.
-pub(crate) fn report_reads(m: Model, tier: &SsdTier, reads: &[pb::KeyReads]) -> Result<()> {
-    for r in reads {
-        validate_key(&r.key)?;
-    }
+fn count_reads(m: Model, tier: &SsdTier, reads: &[pb::KeyReads]) {
     let now = unix_ms();
     let mut total = 0u64;
     for r in reads.iter().filter(|r| r.count > 0) {
@@ -129,22 +140,18 @@ pub(crate) fn report_reads(m: Model, tier: &SsdTier, reads: &[pb::KeyReads]) -> 
         tier.admit_on_read(m.metrics, &r.key, size, u32::from(n), on_ssd);
     }
     m.metrics.cached_reads.inc_by(total);
-    Ok(())
 }
 
 /// Ends the leases readers are done with (`LeaseEnd`): each names the
 /// version it read by a memory replica's generation (0: it read an SSD
 /// copy, and the object still has no memory replica). A lease of another
 /// version, or one that ended already, is left alone. Returns the leases
-/// ended and those left alone.
+/// ended.
 ///
 /// Any client may end a lease, its own or another's: that costs the other
 /// reader at most a retried read (an evicted range is refused by its node
 /// and a changed one fails its checksum), never wrong bytes.
-pub(crate) fn end_leases(m: Model, ended: &[pb::LeaseEnd]) -> Result<(u64, u64)> {
-    for e in ended {
-        validate_key(&e.key)?;
-    }
+fn end_leases(m: Model, ended: &[pb::LeaseEnd]) -> u64 {
     let now = unix_ms();
     let (mut done, mut stale) = (0u64, 0u64);
     for e in ended {
@@ -171,7 +178,7 @@ pub(crate) fn end_leases(m: Model, ended: &[pb::LeaseEnd]) -> Result<(u64, u64)>
         .lease_ends
         .with_label_values(&["stale"])
         .inc_by(stale);
-    Ok((done, stale))
+    done
 }
 
 /// A key's metadata for `strata inspect`: no lease, no grants.

@@ -132,17 +132,19 @@ impl Pressure {
         };
         // Every copy asked for that the nodes could hold: a put acknowledged
         // with fewer would not survive the loss of a node it counted on.
-        let all = (want.n.max(1) as usize).min(cluster.nodes_for(len).max(1));
+        // (Counting the nodes is needed only when a put came up short.)
+        let asked = want.n.max(1) as usize;
+        let all = || asked.min(cluster.nodes_for(len).max(1));
         for _ in 0..EVICT_ROUNDS {
             let placed = place();
-            if placed.len() >= all {
+            if placed.len() >= asked || (!placed.is_empty() && placed.len() >= all()) {
                 return Ok(Placement::Placed(placed));
             }
             // Fewer: eviction may make room for the rest. With some
             // copies placed, only objects on other nodes are evicted, and
             // only what the missing copies need: never the cache drained
             // for room that would land on a node already holding a copy.
-            let missing = (all - placed.len()) as u64;
+            let missing = all().saturating_sub(placed.len()).max(1) as u64;
             let held: Vec<_> = placed.iter().map(|r| r.seg.node.clone()).collect();
             for r in placed {
                 r.seg.free(r.offset, r.alloc_len);
