@@ -171,3 +171,44 @@ pub async fn evict_memory(cl: &strata_client::Client, keys: &[String]) {
         assert_eq!(s.code, 0, "{k}: {}", s.message);
     }
 }
+
+/// Changes the 4 bytes of `data` at `at` so that its crc32c becomes `want`:
+/// what a lying member needs to pass bytes of its choosing off as an
+/// object's under crc32c alone (crc32c is linear, so 32 chosen bits reach
+/// any value). Panics if `at + 4` is past the end.
+pub fn forge_crc32c(data: &mut [u8], at: usize, want: u32) {
+    let flip = |d: &mut [u8], bit: usize| d[at + bit / 8] ^= 1 << (bit % 8);
+    let base = crc32c::crc32c(data);
+    // What flipping each of the 32 bits does to the crc, reduced to a basis
+    // with distinct top bits (Gaussian elimination over GF(2)); `mask` says
+    // which bits make up each basis vector.
+    let mut basis: Vec<(u32, u32)> = Vec::new();
+    for bit in 0..32 {
+        flip(data, bit);
+        let mut d = crc32c::crc32c(data) ^ base;
+        flip(data, bit);
+        let mut mask = 1u32 << bit;
+        for &(b, m) in &basis {
+            if d ^ b < d {
+                d ^= b;
+                mask ^= m;
+            }
+        }
+        if d != 0 {
+            basis.push((d, mask));
+            basis.sort_unstable_by_key(|b| std::cmp::Reverse(b.0));
+        }
+    }
+    let (mut rest, mut flips) = (base ^ want, 0u32);
+    for &(b, m) in &basis {
+        if rest ^ b < rest {
+            rest ^= b;
+            flips ^= m;
+        }
+    }
+    assert_eq!(rest, 0, "32 consecutive bits reach every crc32c");
+    for bit in (0..32).filter(|b| flips & (1 << b) != 0) {
+        flip(data, bit);
+    }
+    assert_eq!(crc32c::crc32c(data), want);
+}

@@ -466,3 +466,148 @@ async fn another_client_cannot_end_or_revoke_a_put_it_did_not_start() {
     assert_eq!(cl.get("victim").await.unwrap(), b"hello");
     c.shutdown().await;
 }
+
+/// `--integrity blake3`: a member serving bytes other than the writer's,
+/// forged to the same crc32c (four chosen bytes), is caught by readers: a
+/// good replica serves the read, or it fails `Corrupted`, through every
+/// read path (single, into a buffer, batched, and SSD copies made from the
+/// forged replica). Under crc32c alone the forgery is served: what the flag
+/// is for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_forging_bytes_with_the_same_crc32c_is_caught_with_integrity_blake3() {
+    use strata_master::config::Integrity;
+    let good = payload(11, 200_000);
+    let mut forged = good.clone();
+    forged[1000..1010].copy_from_slice(b"not yours!");
+    strata_tests::forge_crc32c(&mut forged, 5000, crc32c::crc32c(&good));
+    assert_ne!(forged, good);
+    for integrity in [Integrity::Crc32c, Integrity::Blake3] {
+        let c = ClusterBuilder::new()
+            .store_nodes(2)
+            .ssd_agents(1)
+            .master(move |m| {
+                m.integrity = integrity;
+                eager(m);
+            })
+            .build()
+            .await
+            .unwrap();
+        let cl = c.client().await.unwrap();
+        let mut m = cl.master_client();
+        let keys = ["one-forged-of-two", "only-forged", "ssd-forged"];
+        for (key, replicas) in keys.iter().zip([2u32, 1, 1]) {
+            let st = m
+                .put_start(pb::PutStartRequest {
+                    key: key.to_string(),
+                    size: good.len() as u64,
+                    replica_num: replicas,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(st.replicas.len(), replicas as usize);
+            let blake3 = st.integrity == pb::Integrity::Blake3 as i32;
+            assert_eq!(blake3, integrity == Integrity::Blake3, "PutStart says so");
+            // The first replica's node holds the forgery.
+            for (i, r) in st.replicas.iter().enumerate() {
+                let range = strata_client::remote_range(r).unwrap();
+                let bytes = if i == 0 { &forged } else { &good };
+                cl.transport().write(&range, 0, bytes).await.unwrap();
+            }
+            m.put_end(pb::PutEndRequest {
+                key: key.to_string(),
+                crc32c: crc32c::crc32c(&good),
+                blake3: match blake3 {
+                    true => strata_transport::parts::blake3(&[&good]).to_vec(),
+                    false => Vec::new(),
+                },
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+        // Its SSD copy is made from the forged replica (the agent checks
+        // only the crc32c), then its DRAM goes: reads are the agent's.
+        strata_tests::make_ssd_only(&cl, c.master_admin, "ssd-forged").await;
+        let mut buf = vec![0u8; good.len()];
+        match integrity {
+            Integrity::Crc32c => {
+                for key in &keys[1..] {
+                    assert_eq!(cl.get(key).await.unwrap(), forged, "{key}");
+                }
+            }
+            Integrity::Blake3 => {
+                for _ in 0..3 {
+                    assert_eq!(cl.get(keys[0]).await.unwrap(), good);
+                }
+                for key in &keys[1..] {
+                    let e = cl.get(key).await.unwrap_err();
+                    assert_eq!(e.code, Code::Corrupted, "{key}: {e}");
+                    let e = cl.get_into(key, &mut buf).await.unwrap_err();
+                    assert_eq!(e.code, Code::Corrupted, "{key}: {e}");
+                }
+                let got = cl.batch_get(&keys).await.unwrap();
+                assert_eq!(got.len(), keys.len());
+                assert_eq!(got[0].as_ref().unwrap(), &good);
+                for (key, r) in keys.iter().zip(&got).skip(1) {
+                    let e = r.as_ref().unwrap_err();
+                    assert_eq!(e.code, Code::Corrupted, "{key}: {e}");
+                }
+            }
+        }
+        c.shutdown().await;
+    }
+}
+
+/// Under `--integrity blake3` the library's own writes send the digest
+/// (single, batched, of parts, overwrites) and read back whole; a lookup
+/// hands out exactly the BLAKE3 of the bytes written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_under_integrity_blake3_carry_the_digest_readers_check() {
+    let c = ClusterBuilder::new()
+        .store_nodes(2)
+        .master(|m| m.integrity = strata_master::config::Integrity::Blake3)
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let opts = PutOptions::default();
+    let (a, b, p) = (payload(1, 70_000), payload(2, 300), payload(3, 5000));
+    cl.put("single", &a, &opts).await.unwrap();
+    let r = cl.batch_put(&[("batch", &b[..])], &opts).await.unwrap();
+    assert_eq!(r.len(), 1);
+    r[0].as_ref().unwrap();
+    cl.put_parts("parts", &[&p[..1000], &p[1000..]], &opts)
+        .await
+        .unwrap();
+    let over = PutOptions {
+        overwrite: true,
+        ..PutOptions::default()
+    };
+    cl.put("single", &b, &over).await.unwrap();
+    let mut m = cl.master_client();
+    for (key, bytes) in [("single", &b), ("batch", &b), ("parts", &p)] {
+        let info = m
+            .get_replicas(pb::GetReplicasRequest { key: key.into() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            info.blake3,
+            strata_transport::parts::blake3(&[bytes]),
+            "{key}"
+        );
+        assert_eq!(&cl.get(key).await.unwrap(), bytes, "{key}");
+        let (_, view) = http_get(c.master_admin, &format!("/api/v1/keys/{key}")).await;
+        assert!(view.contains(r#""verified_by":"blake3""#), "{view}");
+    }
+    let (mut x, mut y) = (vec![0u8; 1000], vec![0u8; 4000]);
+    let n = cl
+        .get_into_parts("parts", &mut [&mut x[..], &mut y[..]])
+        .await
+        .unwrap();
+    assert_eq!(n, p.len());
+    assert_eq!([x, y].concat(), p);
+    c.shutdown().await;
+}

@@ -83,9 +83,9 @@ pub struct BenchArgs {
     /// Keys per batch in the metadata-path benchmark
     #[arg(long, default_value_t = 128)]
     pub meta_batch: usize,
-    /// Object sizes of the SSD offload benchmark (--local only; empty skips it)
-    #[arg(long, value_delimiter = ',', default_value = "64KiB,1MiB")]
-    pub offload_sizes: Vec<ByteSize>,
+    /// Object sizes of the SSD offload benchmark (--local only; "" skips it)
+    #[arg(long, value_parser = size_list, default_value = "64KiB,1MiB")]
+    pub offload_sizes: SizeList,
     /// Bytes offloaded per size
     #[arg(long, default_value = "512MiB")]
     pub offload_bytes: ByteSize,
@@ -104,6 +104,11 @@ pub struct BenchArgs {
     /// the ratios printed
     #[arg(long)]
     pub compare_transports: bool,
+    /// --local: also run every data-path phase on a second local cluster
+    /// whose master runs `--integrity blake3` (writers send a BLAKE3 digest,
+    /// readers verify it) and compare with crc32c alone, size by size
+    #[arg(long)]
+    pub compare_integrity: bool,
     /// Before each size's phases, also time puts whose client declares no
     /// checksum at PutStart (rows marked "(unannounced)") and puts announced
     /// to their nodes instead of recorded from their writes (rows marked
@@ -114,6 +119,26 @@ pub struct BenchArgs {
     /// and add their medians to the put rows' notes
     #[arg(long)]
     pub put_steps: bool,
+}
+
+/// Comma-separated sizes, where an empty list (`""`) is allowed.
+#[derive(Debug, Clone, Default)]
+pub struct SizeList(pub Vec<ByteSize>);
+
+impl std::ops::Deref for SizeList {
+    type Target = Vec<ByteSize>;
+    fn deref(&self) -> &Vec<ByteSize> {
+        &self.0
+    }
+}
+
+fn size_list(s: &str) -> Result<SizeList, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<ByteSize>().map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()
+        .map(SizeList)
 }
 
 /// Shared op counter and latency log of one phase.
@@ -319,27 +344,23 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         )),
         _ => None,
     };
-    // The same cluster once more, in protected mode (no credentials).
-    let plain = match &local {
-        Some(_) if args.compare_credentials => Some(
-            ClusterBuilder::new()
-                .credentials(false)
-                .store_nodes(args.store_nodes)
-                .node_capacity(args.node_capacity.0)
-                .prefault(true)
-                .build()
-                .await
-                .context("cannot start the local cluster without credentials")?,
-        ),
-        _ => None,
-    };
-    let plain_client = match &plain {
-        Some(c) => Some((
-            Client::connect(c.client_config().with_location_cache(0)).await?,
-            c.client().await?,
-        )),
-        None => None,
-    };
+    anyhow::ensure!(
+        !args.compare_integrity || args.local,
+        "--compare-integrity needs --local"
+    );
+    // Second clusters whose phases run beside the main one's, size by size,
+    // with their rows marked: the same cluster in protected mode (no
+    // credentials), and with `--integrity blake3`.
+    let mut others: Vec<Other> = Vec::new();
+    if args.compare_credentials && args.local {
+        let b = ClusterBuilder::new().credentials(false);
+        others.push(Other::start(b, &args, report::NO_CREDENTIALS, "without credentials").await?);
+    }
+    if args.compare_integrity && args.local {
+        let b = ClusterBuilder::new()
+            .master(|m| m.integrity = strata_master::config::Integrity::Blake3);
+        others.push(Other::start(b, &args, report::BLAKE3, "with --integrity blake3").await?);
+    }
     let mut report = Report::default();
     let run_id = format!("{:x}", rand::random::<u32>());
 
@@ -412,19 +433,19 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         }
         report.rows.extend(w.phases(ops).await?);
         client.remove_all(true).await?;
-        if let Some((pc, pcached)) = &plain_client {
+        for o in &others {
             // Interleaved size by size, so drift hits both alike.
             let w = Workload {
-                client: pc.clone(),
-                cached: pcached.clone(),
+                client: o.client.clone(),
+                cached: o.cached.clone(),
                 run: w.run.clone(),
                 ..w
             };
             for mut r in w.phases(ops).await? {
-                r.scenario.push_str(report::NO_CREDENTIALS);
+                r.scenario.push_str(o.suffix);
                 report.rows.push(r);
             }
-            pc.remove_all(true).await?;
+            o.client.remove_all(true).await?;
         }
         if let Some((uc, ucached)) = &ucx_client {
             let w = Workload {
@@ -459,9 +480,9 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
             .await?,
         );
         client.remove_all(true).await?;
-        if let Some((pc, _)) = &plain_client {
+        for o in &others {
             let mut r = meta_path(
-                pc,
+                &o.client,
                 &run_id,
                 args.meta_keys,
                 args.meta_batch,
@@ -469,13 +490,13 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
                 quiet,
             )
             .await?;
-            r.scenario.push_str(report::NO_CREDENTIALS);
+            r.scenario.push_str(o.suffix);
             report.rows.push(r);
-            pc.remove_all(true).await?;
+            o.client.remove_all(true).await?;
         }
     }
-    if let Some(c) = plain {
-        c.shutdown().await;
+    for o in others {
+        o.cluster.shutdown().await;
     }
     drop(redis);
     if let Some(c) = local {
@@ -488,6 +509,40 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         report.print();
     }
     Ok(())
+}
+
+/// A second local cluster measured beside the main one (`--compare-*`).
+struct Other {
+    cluster: crate::local::LocalCluster,
+    /// Asks the master on every read.
+    client: Client,
+    /// Keeps locations (repeat reads).
+    cached: Client,
+    /// Marks its rows.
+    suffix: &'static str,
+}
+
+impl Other {
+    async fn start(
+        b: ClusterBuilder,
+        args: &BenchArgs,
+        suffix: &'static str,
+        what: &str,
+    ) -> anyhow::Result<Other> {
+        let cluster = b
+            .store_nodes(args.store_nodes)
+            .node_capacity(args.node_capacity.0)
+            .prefault(true)
+            .build()
+            .await
+            .with_context(|| format!("cannot start the local cluster {what}"))?;
+        Ok(Other {
+            client: Client::connect(cluster.client_config().with_location_cache(0)).await?,
+            cached: cluster.client().await?,
+            cluster,
+            suffix,
+        })
+    }
 }
 
 /// Keys re-read by the cached-get phase.

@@ -303,6 +303,7 @@ mod tests {
                 .collect(),
             lease_until_unix_ms: 0,
             lease_ms,
+            blake3: Vec::new(),
         }
     }
 

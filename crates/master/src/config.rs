@@ -104,6 +104,38 @@ impl std::fmt::Display for SsdAdmission {
     }
 }
 
+/// What readers verify objects with (`--integrity`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Integrity {
+    /// The crc32c every transfer carries: catches corruption, not a member
+    /// that forges bytes with the same crc32c (four chosen bytes do it).
+    #[default]
+    Crc32c,
+    /// Every PutEnd brings the writer's BLAKE3 digest; readers accept a
+    /// replica's bytes only with that digest.
+    Blake3,
+}
+
+impl std::str::FromStr for Integrity {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "crc32c" => Ok(Integrity::Crc32c),
+            "blake3" => Ok(Integrity::Blake3),
+            _ => Err(format!("unknown integrity {s:?}; use crc32c or blake3")),
+        }
+    }
+}
+
+impl std::fmt::Display for Integrity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Integrity::Crc32c => "crc32c",
+            Integrity::Blake3 => "blake3",
+        })
+    }
+}
+
 /// Longest `--put-wait`: well inside the clients' 30 s call timeout.
 pub const MAX_PUT_WAIT: Duration = Duration::from_secs(20);
 
@@ -129,6 +161,8 @@ pub struct MasterConfig {
     pub offload_policy: OffloadPolicy,
     /// `on-evict` only: which victims go to SSD.
     pub ssd_admission: SsdAdmission,
+    /// What readers verify objects with.
+    pub integrity: Integrity,
     /// An offload task handed to an agent must be reported within this time.
     pub offload_task_ttl: Duration,
     /// An SSD hit queues a copy of the object back into DRAM.
@@ -168,6 +202,7 @@ impl Default for MasterConfig {
             alloc_strategy: AllocStrategy::Random,
             offload_policy: OffloadPolicy::OnEvict,
             ssd_admission: SsdAdmission::Auto,
+            integrity: Integrity::Crc32c,
             offload_task_ttl: Duration::from_secs(30),
             promote_on_hit: false,
             promote_queue: 1024,
@@ -343,6 +378,9 @@ pub struct MasterArgs {
     /// on-evict: which DRAM victims go to SSD: auto (all, unless a loop larger than DRAM + SSD is detected) | all [default: auto]
     #[arg(long, env = "STRATA_SSD_ADMISSION")]
     pub ssd_admission: Option<String>,
+    /// What readers verify objects with: crc32c (catches corruption) | blake3 (every put brings the writer's BLAKE3 digest, and readers accept no other bytes, even from a lying store node or SSD agent; costs a hash of each object on both sides) [default: crc32c]
+    #[arg(long, env = "STRATA_INTEGRITY")]
+    pub integrity: Option<String>,
     /// An offload task not reported within this time is requeued [default: 30s]
     #[arg(long, env = "STRATA_OFFLOAD_TASK_TTL")]
     pub offload_task_ttl: Option<HumanDuration>,
@@ -413,6 +451,7 @@ impl MasterArgs {
                     alloc_strategy,
                     offload_policy,
                     ssd_admission,
+                    integrity,
                     offload_task_ttl,
                     promote_on_hit,
                     promote_queue,
@@ -459,6 +498,10 @@ impl MasterArgs {
             ssd_admission: match self.ssd_admission {
                 Some(s) => s.parse().map_err(Error::invalid)?,
                 None => d.ssd_admission,
+            },
+            integrity: match self.integrity {
+                Some(s) => s.parse().map_err(Error::invalid)?,
+                None => d.integrity,
             },
             offload_task_ttl: self.offload_task_ttl.map_or(d.offload_task_ttl, |v| v.0),
             promote_on_hit: self.promote_on_hit.unwrap_or(d.promote_on_hit),

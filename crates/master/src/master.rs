@@ -230,20 +230,31 @@ impl Master {
         receipts: &[pb::PutReceipt],
         generation: Option<u64>,
     ) -> Result<Unsynced> {
-        self.put_end_proved(key, crc32c, receipts, generation, None)
+        self.put_end_proved(key, crc32c, None, receipts, generation, None)
     }
 
     /// A client's PutEnd: `put_end_of` with the put token it brings (a
     /// bound put's must be its own).
     pub(crate) fn put_end_request(&self, r: &pb::PutEndRequest) -> Result<Unsynced> {
         let token = (!r.put_token.is_empty()).then_some(&r.put_token[..]);
-        self.put_end_proved(&r.key, r.crc32c, &r.receipts, r.generation, token)
+        let digest = match r.blake3.len() {
+            0 => None,
+            _ => Some(<[u8; 32]>::try_from(&r.blake3[..]).map_err(|_| {
+                strata_common::Error::invalid(format!(
+                    "PutEnd of {:?} brings a BLAKE3 digest of {} bytes; a digest has 32",
+                    r.key,
+                    r.blake3.len()
+                ))
+            })?),
+        };
+        self.put_end_proved(&r.key, r.crc32c, digest, &r.receipts, r.generation, token)
     }
 
     fn put_end_proved(
         &self,
         key: &str,
         crc32c: u32,
+        digest: Option<[u8; 32]>,
         receipts: &[pb::PutReceipt],
         generation: Option<u64>,
         token: Option<&[u8]>,
@@ -251,6 +262,7 @@ impl Master {
         let end = PutEnd {
             key,
             crc32c,
+            digest,
             receipts,
             generation,
             proof: Proof {

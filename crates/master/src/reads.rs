@@ -30,7 +30,7 @@ pub(crate) fn get_replicas(
 ) -> Result<pb::GetReplicasResponse> {
     validate_key(key)?;
     let now = unix_ms();
-    let (size, crc, replicas, ssd, lease, reads) = {
+    let (size, crc, digest, replicas, ssd, lease, reads) = {
         let mut shard = m.objects.shard(key);
         let Some(obj) = shard.get_mut(key) else {
             drop(shard);
@@ -53,6 +53,7 @@ pub(crate) fn get_replicas(
         (
             obj.size,
             obj.crc32c,
+            obj.digest(),
             obj.replicas().to_vec(),
             ssd,
             obj.lease_until_ms,
@@ -98,6 +99,7 @@ pub(crate) fn get_replicas(
         replicas: views,
         lease_until_unix_ms: lease,
         lease_ms: lease.saturating_sub(now),
+        blake3: digest.map(Vec::from).unwrap_or_default(),
     })
 }
 

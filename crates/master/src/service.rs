@@ -144,6 +144,14 @@ fn put_token(m: &Master, key: &str, bind: bool, replicas: &[pb::Replica]) -> Vec
     }
 }
 
+/// What a started put's PutEnd must bring (`--integrity`).
+fn integrity(m: &Master) -> pb::Integrity {
+    match m.config().integrity {
+        crate::config::Integrity::Crc32c => pb::Integrity::Crc32c,
+        crate::config::Integrity::Blake3 => pb::Integrity::Blake3,
+    }
+}
+
 fn put_result(
     m: &Master,
     (key, bind): (String, bool),
@@ -154,11 +162,11 @@ fn put_result(
             status: Some(pb::Status::default()),
             put_token: put_token(m, &key, bind, &replicas),
             replicas,
+            integrity: integrity(m) as i32,
         },
         Err(e) => pb::PutStartResult {
             status: Some(status_of(Err(e))),
-            replicas: vec![],
-            put_token: Vec::new(),
+            ..Default::default()
         },
     }
 }
@@ -189,6 +197,7 @@ impl MasterRpc for MasterService {
             .map(|replicas| pb::PutStartResponse {
                 put_token: put_token(&self.master, &key, bind, &replicas),
                 replicas,
+                integrity: integrity(&self.master) as i32,
             });
         self.done("put_start", t0, r)
     }

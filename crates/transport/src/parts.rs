@@ -14,6 +14,15 @@ pub fn crc32c<B: AsRef<[u8]>>(parts: &[B]) -> u32 {
         .fold(0, |crc, p| crc32c::crc32c_append(crc, p.as_ref()))
 }
 
+/// The BLAKE3 digest of the parts' concatenation (`--integrity blake3`).
+pub fn blake3<B: AsRef<[u8]>>(parts: &[B]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    for p in parts {
+        h.update(p.as_ref());
+    }
+    *h.finalize().as_bytes()
+}
+
 /// The concatenation of `parts`, cut into pieces of `chunk` bytes (the last
 /// one shorter), each a list of sub-slices of the parts. Empty parts are
 /// skipped; no bytes are copied.

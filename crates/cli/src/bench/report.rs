@@ -18,6 +18,9 @@ pub struct Row {
 
 /// Suffix of the rows measured on the cluster without credentials.
 pub const NO_CREDENTIALS: &str = " (no creds)";
+/// Suffix of rows measured on a cluster with `--integrity blake3`
+/// (`--compare-integrity`).
+pub const BLAKE3: &str = " (blake3)";
 /// Suffix of rows measured through a UCX client (`--compare-transports`).
 pub const OVER_UCX: &str = " (ucx)";
 /// Suffix of put rows whose client declared no checksum at PutStart
@@ -66,6 +69,13 @@ impl Report {
                 if let Some(&base) = idx.get(&(tcp.to_string(), r.size)) {
                     if base > 0.0 {
                         parts.push(format!("{:.2}x over tcp", r.gb_per_sec / base));
+                    }
+                }
+            }
+            if let Some(crc) = r.scenario.strip_suffix(BLAKE3) {
+                if let Some(&base) = idx.get(&(crc.to_string(), r.size)) {
+                    if base > 0.0 {
+                        parts.push(format!("{:.2}x crc32c alone", r.gb_per_sec / base));
                     }
                 }
             }

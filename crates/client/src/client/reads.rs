@@ -141,6 +141,12 @@ impl Client {
                 r.length, info.size
             )));
         }
+        if !matches!(info.blake3.len(), 0 | 32) {
+            return Err(Error::internal(format!(
+                "the master answered {key:?} with a BLAKE3 digest of {} bytes; refused",
+                info.blake3.len()
+            )));
+        }
         Ok(())
     }
 
@@ -168,7 +174,7 @@ impl Client {
                 continue;
             };
             match self.transport.read_parts(&range, reborrow(buf)).await {
-                Ok(crc) if crc == info.crc32c => {
+                Ok(crc) if intact(info, crc, buf) => {
                     done = true;
                     break;
                 }
@@ -226,7 +232,7 @@ impl Client {
             for r in &info.replicas {
                 let range = remote_range(r)?;
                 match self.transport.read_parts(&range, reborrow(buf)).await {
-                    Ok(crc) if crc == info.crc32c => return Ok(()),
+                    Ok(crc) if intact(&info, crc, buf) => return Ok(()),
                     Ok(_) => {
                         tracing::warn!(
                             key,
@@ -466,8 +472,8 @@ impl Client {
                 .collect();
             let res = self.transport.read_many_parts(items).await;
             for (&i, r) in idx.iter().zip(res) {
-                let want = pending[i].as_ref().map(|p| p.crc32c);
-                if matches!((r, want), (Ok(crc), Some(w)) if crc == w) {
+                let read = pending[i].as_ref().zip(r.ok());
+                if read.is_some_and(|(info, crc)| intact(info, crc, &bufs[i])) {
                     pending[i] = None; // done
                 }
             }
@@ -549,6 +555,13 @@ impl Client {
 }
 
 /// A new list of the same buffers, for one more read into them.
+/// Whether bytes read for `info` are the writer's: the crc32c the
+/// transfer worked out, and the writer's BLAKE3 digest where the master
+/// recorded one (`--integrity blake3`: a member cannot forge that).
+fn intact(info: &pb::GetReplicasResponse, crc: u32, buf: &[&mut [u8]]) -> bool {
+    crc == info.crc32c && (info.blake3.is_empty() || parts::blake3(buf)[..] == info.blake3[..])
+}
+
 fn reborrow<'b>(bufs: &'b mut [&mut [u8]]) -> Vec<&'b mut [u8]> {
     bufs.iter_mut().map(|b| &mut **b).collect()
 }

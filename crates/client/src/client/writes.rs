@@ -16,6 +16,11 @@ fn version_of(replicas: &[pb::Replica]) -> Option<u64> {
     replicas.first()?.grant.as_ref().map(|g| g.generation)
 }
 
+/// Whether a PutStart's answer asks PutEnd for the object's BLAKE3 digest.
+fn wants_digest(integrity: i32) -> bool {
+    integrity == pb::Integrity::Blake3 as i32
+}
+
 impl Client {
     /// PutStart, quickly where the master allows (the request goes out on
     /// the first poll either way).
@@ -72,6 +77,10 @@ impl Client {
         let crc_took = before_crc.map(|t| t.elapsed());
         let announced = crc.get().copied();
         let crc = &crc;
+        // The writer's BLAKE3 digest, when the master asks for one
+        // (`--integrity blake3`); kept for retries like the checksum.
+        let digest = std::sync::OnceLock::new();
+        let digest = &digest;
         // A PutEnd whose answer was lost (the master died or lost its
         // leadership) may have committed: a retry that then finds the key
         // checks whether it holds these very bytes.
@@ -106,8 +115,8 @@ impl Client {
                     }
                 };
                 let crc = *crc.get().expect("set by the first attempt");
-                let (replicas, token) = match start {
-                    Ok(r) => (r.replicas, r.put_token),
+                let (replicas, token, integrity) = match start {
+                    Ok(r) => (r.replicas, r.put_token, r.integrity),
                     Err(e)
                         if e.code == Code::AlreadyExists
                             && unsure.load(std::sync::atomic::Ordering::Relaxed) =>
@@ -121,7 +130,16 @@ impl Client {
                 // key (an overwrite's is found by it, too).
                 let generation = version_of(&replicas);
                 let put_started = mark();
-                let written = self.write_replicas(key, crc, &replicas, data).await;
+                let write = self.write_replicas(key, crc, &replicas, data);
+                let written = match wants_digest(integrity) && digest.get().is_none() {
+                    // Hashed while the write waits on its sockets.
+                    true => {
+                        let (w, d) = tokio::join!(write, async { parts::blake3(data) });
+                        let _ = digest.set(d);
+                        w
+                    }
+                    false => write.await,
+                };
                 let wrote = mark();
                 let receipts = match written {
                     Ok(r) => r,
@@ -144,6 +162,10 @@ impl Client {
                         receipts,
                         generation,
                         put_token: token.clone(),
+                        blake3: match wants_digest(integrity) {
+                            true => digest.get().map_or_else(Vec::new, |d| d.to_vec()),
+                            false => Vec::new(),
+                        },
                     })
                     .await;
                 if let (Some(s), Some(crc), Some(a), Some(b), Some(c), Some(d)) =
@@ -399,31 +421,42 @@ impl Client {
                 // Whether this put started: only ours may be revoked (a
                 // refused PutStart may be another writer's key in flight).
                 if let Err(e) = from_status(st.status) {
-                    return (Err(e), false, None, Vec::new());
+                    return (Err(e), false, None, Vec::new(), Vec::new());
                 }
                 let generation = version_of(&st.replicas);
                 // Records come only with a declared checksum.
                 let crc = crc.unwrap_or_default();
-                let w = self
-                    .write_replicas(key, crc, &st.replicas, data)
-                    .await
-                    .map_err(|e| match e.code {
-                        // A grant from a leader deposed meanwhile: a new
-                        // grant will do (as for a single put).
-                        Code::PermissionDenied => e.retry_later(),
-                        _ => e,
-                    });
-                (w, true, generation, st.put_token)
+                let write = self.write_replicas(key, crc, &st.replicas, data);
+                let (w, digest) = match wants_digest(st.integrity) {
+                    true => {
+                        let (w, d) = tokio::join!(write, async { parts::blake3(data) });
+                        (w, d.to_vec())
+                    }
+                    false => (write.await, Vec::new()),
+                };
+                let w = w.map_err(|e| match e.code {
+                    // A grant from a leader deposed meanwhile: a new
+                    // grant will do (as for a single put).
+                    Code::PermissionDenied => e.retry_later(),
+                    _ => e,
+                });
+                (w, true, generation, st.put_token, digest)
             });
         }
-        type Written = (Result<Vec<pb::PutReceipt>>, bool, Option<u64>, Vec<u8>);
+        type Written = (
+            Result<Vec<pb::PutReceipt>>,
+            bool,
+            Option<u64>,
+            Vec<u8>,
+            Vec<u8>,
+        );
         let mut writes: Vec<Written> = futures::stream::iter(futs)
             .buffered(self.cfg.batch_concurrency.max(1))
             .collect()
             .await;
         let mut ends = Vec::new();
         let mut revokes = pb::BatchPutRevokeRequest::default();
-        for (i, (w, started, generation, token)) in writes.iter_mut().enumerate() {
+        for (i, (w, started, generation, token, digest)) in writes.iter_mut().enumerate() {
             match w {
                 Ok(receipts) => ends.push((
                     i,
@@ -433,6 +466,7 @@ impl Client {
                         receipts: std::mem::take(receipts),
                         generation: *generation,
                         put_token: std::mem::take(token),
+                        blake3: std::mem::take(digest),
                     },
                 )),
                 Err(_) if *started => {
@@ -445,7 +479,7 @@ impl Client {
         }
         let mut out: Vec<(Result<()>, bool)> = writes
             .into_iter()
-            .map(|(w, _, _, _)| (w.map(|_| ()), false))
+            .map(|(w, ..)| (w.map(|_| ()), false))
             .collect();
         if !revokes.keys.is_empty() {
             let _ = self.m().batch_put_revoke(revokes).await;

@@ -53,6 +53,9 @@ struct Spill {
     bound: Option<u64>,
     /// What the nodes were told at PutStart (`Object::set_announced`).
     announced: Option<Announced>,
+    /// The writer's BLAKE3 digest (`--integrity blake3`): kept here, not
+    /// inline, so objects without one stay small.
+    digest: Option<[u8; 32]>,
 }
 
 /// A put announced to its nodes at PutStart (its client declared the
@@ -188,6 +191,16 @@ impl Object {
             .and_then(|s| s.bound)
     }
 
+    /// Records the writer's BLAKE3 digest, which readers verify.
+    pub fn set_digest(&mut self, d: [u8; 32]) {
+        self.spill.get_or_insert_with(Default::default).digest = Some(d);
+    }
+
+    /// The writer's BLAKE3 digest, if it sent one.
+    pub fn digest(&self) -> Option<[u8; 32]> {
+        self.spill.as_ref().and_then(|s| s.digest)
+    }
+
     pub fn announced(&self) -> Option<&Announced> {
         self.spill.as_ref().and_then(|s| s.announced.as_ref())
     }
@@ -263,11 +276,9 @@ impl Object {
     }
 
     fn tidy(&mut self) {
-        if self
-            .spill
-            .as_ref()
-            .is_some_and(|s| s.replicas.is_empty() && s.ssd.is_empty() && s.pending.is_none())
-        {
+        if self.spill.as_ref().is_some_and(|s| {
+            s.replicas.is_empty() && s.ssd.is_empty() && s.pending.is_none() && s.digest.is_none()
+        }) {
             self.spill = None;
         }
     }

@@ -24,6 +24,8 @@ impl ObjectTable {
             "key": key,
             "size": o.size,
             "state": state,
+            // What readers verify it with (the digest itself stays here).
+            "verified_by": if o.digest().is_some() { "blake3" } else { "crc32c" },
             "replicas": o.replicas().iter().map(|r| json!({
                 "kind": "memory",
                 "node": r.seg.node.node_id,

@@ -16,6 +16,7 @@ mod removal;
 mod tests;
 
 use crate::cluster::Replica;
+use crate::config::Integrity;
 use crate::grants::TermKeys;
 use crate::model::Model;
 use crate::objects::{validate_key, ObjState, Object, MAX_REPLICAS};
@@ -74,6 +75,8 @@ impl From<pb::PutStartRequest> for PutSpec {
 pub(crate) struct PutEnd<'a> {
     pub(crate) key: &'a str,
     pub(crate) crc32c: u32,
+    /// The writer's BLAKE3 digest (`PutEndRequest.blake3`).
+    pub(crate) digest: Option<[u8; 32]>,
     pub(crate) receipts: &'a [pb::PutReceipt],
     pub(crate) generation: Option<u64>,
     pub(crate) proof: Proof<'a>,
@@ -250,20 +253,25 @@ impl Writes {
                 end.receipts.len()
             )));
         }
+        if m.cfg.integrity == Integrity::Blake3 && end.digest.is_none() {
+            // Committing it would leave readers nothing to check a lying
+            // member's bytes with; the client that wrote it predates
+            // digests (or was not told to send one).
+            return Err(Error::invalid(format!(
+                "this master runs with --integrity blake3: the PutEnd of {:?} must bring \
+                 the object's BLAKE3 digest (upgrade the client)",
+                end.key
+            )));
+        }
         if let Some(g) = end.generation {
             return overwrite::commit_version(m, ssd, pressure, &end, g);
         }
-        let PutEnd {
-            key,
-            crc32c,
-            receipts,
-            proof,
-            ..
-        } = end;
-        validate_key(key)?;
-        let mut shard = m.objects.shard(key);
-        let obj = shard.get_mut(key).ok_or_else(|| no_put_in_progress(key))?;
-        commit_object(m, key, obj, crc32c, receipts, proof)
+        validate_key(end.key)?;
+        let mut shard = m.objects.shard(end.key);
+        let obj = shard
+            .get_mut(end.key)
+            .ok_or_else(|| no_put_in_progress(end.key))?;
+        commit_object(m, obj, &end)
     }
 
     /// Revokes a put (the version whose first replica has `generation`,
@@ -377,22 +385,16 @@ fn check_absent(m: Model, key: &str) -> Result<()> {
 
 /// Commits `obj`, the object of `key` (or the new version an overwrite is
 /// about to swap in), under its shard's lock.
-fn commit_object(
-    m: Model,
-    key: &str,
-    obj: &mut Object,
-    crc32c: u32,
-    receipts: &[pb::PutReceipt],
-    proof: Proof,
-) -> Result<(Unsynced, Option<u64>)> {
-    proof.check(key, obj)?;
+fn commit_object(m: Model, obj: &mut Object, end: &PutEnd) -> Result<(Unsynced, Option<u64>)> {
+    let (key, crc32c, receipts) = (end.key, end.crc32c, end.receipts);
+    end.proof.check(key, obj)?;
     // These very bytes committed already: a put a restarted master
     // adopted from its nodes (announced, bytes whole) before its PutEnd
     // came. Answered once its nodes have its commit in their records:
     // logged again below (a node keeps one record per range), woken,
     // and waited for.
     let already = obj.is_complete();
-    if already && obj.crc32c != crc32c {
+    if already && (obj.crc32c != crc32c || obj.digest().is_some_and(|d| Some(d) != end.digest)) {
         return Err(Error::new(
             Code::AlreadyExists,
             format!("key {key:?} is already committed (with another checksum)"),
@@ -405,6 +407,11 @@ fn commit_object(
         Some(a) if a.crc32c == crc32c => a.seqs,
         _ => Vec::new(),
     };
+    if let Some(d) = end.digest {
+        // An adopted object (a rebuild knows no digests) gets its
+        // writer's here, too.
+        obj.set_digest(d);
+    }
     if !already {
         obj.crc32c = crc32c;
         obj.complete();

@@ -54,7 +54,7 @@ pub(super) fn commit_version(
     end: &PutEnd,
     generation: u64,
 ) -> Result<(Unsynced, Option<u64>)> {
-    let (key, crc32c, receipts, proof) = (end.key, end.crc32c, end.receipts, end.proof);
+    let (key, crc32c) = (end.key, end.crc32c);
     validate_key(key)?;
     let mut shard = m.objects.shard(key);
     let Some(mut new) = shard.take_overwrite_if(key, |o| o.is_version(generation)) else {
@@ -62,9 +62,9 @@ pub(super) fn commit_version(
             .get_mut(key)
             .filter(|o| o.is_version(generation))
             .ok_or_else(|| no_put_in_progress(key))?;
-        return commit_object(m, key, obj, crc32c, receipts, proof);
+        return commit_object(m, obj, end);
     };
-    let (mut unsynced, admit) = match commit_object(m, key, &mut new, crc32c, receipts, proof) {
+    let (mut unsynced, admit) = match commit_object(m, &mut new, end) {
         Ok(c) => c,
         Err(e) => {
             shard.insert_overwrite(key, new);

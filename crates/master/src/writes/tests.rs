@@ -398,6 +398,7 @@ fn end_req(key: &str, generation: Option<u64>, token: &[u8]) -> pb::PutEndReques
         receipts: Vec::new(),
         generation,
         put_token: token.to_vec(),
+        ..Default::default()
     }
 }
 
@@ -474,5 +475,61 @@ fn a_bound_overwrite_ends_only_with_its_token() {
             m.put_end_request(&end_req("k", Some(g), &token)).unwrap();
             assert_eq!(m.get_replicas("k").unwrap().crc32c, 7);
         }
+    }
+}
+
+fn end_with(key: &str, generation: Option<u64>, digest: &[u8]) -> pb::PutEndRequest {
+    pb::PutEndRequest {
+        blake3: digest.to_vec(),
+        ..end_req(key, generation, &[])
+    }
+}
+
+/// `--integrity blake3`: a PutEnd commits only with a 32-byte digest, and
+/// every lookup (of a first put and of an overwrite's new version) hands
+/// readers the writer's digest; without the flag a digest sent is still
+/// recorded and one is never required.
+#[test]
+fn integrity_blake3_commits_only_with_the_writers_digest() {
+    use crate::config::Integrity;
+    let (d1, d2) = ([1u8; 32], [2u8; 32]);
+    for integrity in [Integrity::Blake3, Integrity::Crc32c] {
+        let m = master_with(1, 1 << 20, |c| c.integrity = integrity);
+        let r = m.put_start(spec("k", 1000, 1)).unwrap();
+        let g = r[0].grant.as_ref().unwrap().generation;
+        for bad in [&d1[..31], &[1u8; 33][..], &[][..]] {
+            let refused = m.put_end_request(&end_with("k", Some(g), bad));
+            if bad.is_empty() && integrity == Integrity::Crc32c {
+                continue;
+            }
+            let e = refused.err().unwrap();
+            assert_eq!(e.code, Code::InvalidArgument, "{e}");
+            assert!(!m.exists("k").unwrap(), "committed by {} bytes", bad.len());
+        }
+        if integrity == Integrity::Crc32c {
+            // Committed above without a digest: none is handed out.
+            assert!(m.get_replicas("k").unwrap().blake3.is_empty());
+            continue;
+        }
+        m.put_end_request(&end_with("k", Some(g), &d1)).unwrap();
+        assert_eq!(m.get_replicas("k").unwrap().blake3, d1);
+        // A repeat of the PutEnd with another digest is not these bytes.
+        let e = m
+            .put_end_request(&end_with("k", Some(g), &d2))
+            .err()
+            .unwrap();
+        assert_eq!(e.code, Code::AlreadyExists, "{e}");
+        // An overwrite's new version brings its own.
+        let r = m
+            .put_start(PutSpec {
+                overwrite: true,
+                ..spec("k", 1000, 1)
+            })
+            .unwrap();
+        let g2 = r[0].grant.as_ref().unwrap().generation;
+        assert!(m.put_end_request(&end_with("k", Some(g2), &[])).is_err());
+        assert_eq!(m.get_replicas("k").unwrap().blake3, d1, "the old version");
+        m.put_end_request(&end_with("k", Some(g2), &d2)).unwrap();
+        assert_eq!(m.get_replicas("k").unwrap().blake3, d2);
     }
 }
