@@ -228,8 +228,11 @@ def key_nodes(cluster: Cluster, key: str) -> Optional[List[str]]:
     import urllib.parse
 
     url = f"http://{cluster.master_admin}/api/v1/keys/{urllib.parse.quote(key, safe='')}"
+    # Key views are the admin's (`Authorization: Bearer`).
+    token = cluster.admin_token.read_text().strip()
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=5) as r:
             info = json.load(r)
     except urllib.error.HTTPError as e:
         if e.code == 404:

@@ -29,6 +29,22 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     (status, r.text().await.unwrap_or_default())
 }
 
+/// GET on an admin endpoint presenting `token` (`Authorization: Bearer`),
+/// as the views that name keys need; returns (status, body).
+pub async fn http_get_as(
+    addr: std::net::SocketAddr,
+    path: &str,
+    token: Option<&strata_common::auth::Secret>,
+) -> (u16, String) {
+    let mut req = reqwest::Client::new().get(format!("http://{addr}{path}"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t.expose());
+    }
+    let r = req.send().await.expect("admin endpoint answers");
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap_or_default())
+}
+
 /// Path of a workspace binary (built by `cargo build --workspace --bins`,
 /// which `scripts/test.sh` runs before the tests).
 pub fn bin(name: &str) -> std::path::PathBuf {
@@ -99,16 +115,23 @@ pub fn drained(c: &LocalCluster) -> bool {
 /// Waits (bounded) until `key` has an SSD copy, then evicts its DRAM copy:
 /// an SSD-only object (the client needs the admin role when credentials
 /// are on).
-pub async fn make_ssd_only(cl: &strata_client::Client, admin: std::net::SocketAddr, key: &str) {
+pub async fn make_ssd_only(cl: &strata_client::Client, key: &str) {
     let t0 = std::time::Instant::now();
     loop {
-        let (_, body) = http_get(admin, &format!("/api/v1/keys/{key}")).await;
-        if body.contains("\"ssd\"") {
-            break;
+        let v = cl
+            .master_client()
+            .inspect(strata_proto::InspectRequest { key: key.into() })
+            .await
+            .map(tonic::Response::into_inner);
+        let ssd = strata_proto::ReplicaKind::Ssd as i32;
+        if let Ok(v) = &v {
+            if v.replicas.iter().any(|r| r.kind == ssd) {
+                break;
+            }
         }
         assert!(
             t0.elapsed() < std::time::Duration::from_secs(20),
-            "{key} offloaded: {body}"
+            "{key} offloaded: {v:?}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }

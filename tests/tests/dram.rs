@@ -344,11 +344,76 @@ async fn store_nodes_record_committed_objects() {
         (s[0].length, s[0].crc32c),
         (7000, crc32c::crc32c(&payload(2, 7000)))
     );
-    let (status, body) = http_get(c.nodes[0].admin_addr, "/api/v1/objects").await;
+    let member = c.credentials().member.as_ref();
+    let (status, body) =
+        strata_tests::http_get_as(c.nodes[0].admin_addr, "/api/v1/objects", member).await;
     assert_eq!(status, 200);
     assert!(body.contains("rec-b") && !body.contains("rec-a"), "{body}");
     assert!(!body.contains("crc32c"), "no checksum published: {body}");
     c.shutdown().await;
+}
+
+/// A store node's object view names keys, so it wants the node's member
+/// token (refused without it and to another role's), and it comes in
+/// pages: `limit` objects in key order, `next` to go on, all of them
+/// exactly once; bad paging is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_object_view_is_paged_and_wants_its_member_token() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    let keys: Vec<String> = (0..25).map(|i| format!("page/{i:02}")).collect();
+    for k in &keys {
+        cl.put(k, b"x", &PutOptions::default()).await.unwrap();
+    }
+    let rec = c.nodes[0].records.clone();
+    assert!(wait_until(Duration::from_secs(5), || rec.len() == keys.len()).await);
+    let a = c.nodes[0].admin_addr;
+    let member = c.credentials().member.as_ref();
+    assert_eq!(http_get(a, "/api/v1/objects").await.0, 401);
+    let admin = c.credentials().admin.as_ref();
+    assert_eq!(
+        strata_tests::http_get_as(a, "/api/v1/objects", admin)
+            .await
+            .0,
+        401
+    );
+    for bad in ["limit=0", "limit=10001", "after=nocursor"] {
+        let (st, body) =
+            strata_tests::http_get_as(a, &format!("/api/v1/objects?{bad}"), member).await;
+        assert_eq!(st, 400, "{bad}: {body}");
+    }
+    let (mut seen, mut after, mut pages) = (Vec::new(), None::<String>, 0);
+    loop {
+        let q = match &after {
+            Some(n) => format!("?limit=10&after={}", urlencode(n)),
+            None => "?limit=10".to_string(),
+        };
+        let (st, body) = strata_tests::http_get_as(a, &format!("/api/v1/objects{q}"), member).await;
+        assert_eq!(st, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["objects_total"], 25, "{v}");
+        let page = v["objects"].as_array().unwrap();
+        assert!(page.len() <= 10, "{v}");
+        seen.extend(page.iter().map(|o| o["key"].as_str().unwrap().to_string()));
+        pages += 1;
+        match v["next"].as_str() {
+            Some(n) => after = Some(n.to_string()),
+            None => break,
+        }
+        assert!(pages < 10, "paging ends");
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen, keys, "every object once, in key order");
+    c.shutdown().await;
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,14 +427,30 @@ async fn admin_endpoints_and_metrics() {
     let a = c.master_admin;
     assert_eq!(http_get(a, "/health").await.0, 200);
     assert_eq!(http_get(a, "/ready").await.0, 200);
-    let (st, body) = http_get(a, "/api/v1/keys/adm").await;
+    // Key views are the admin's: refused without the token, and to
+    // another role's.
+    let admin = c.credentials().admin.as_ref();
+    assert_eq!(http_get(a, "/api/v1/keys/adm").await.0, 401);
+    let client = c.credentials().client.as_ref();
+    assert_eq!(
+        strata_tests::http_get_as(a, "/api/v1/keys/adm", client)
+            .await
+            .0,
+        403
+    );
+    let (st, body) = strata_tests::http_get_as(a, "/api/v1/keys/adm", admin).await;
     assert_eq!(st, 200);
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["size"], 5);
     assert!(v.get("crc32c").is_none(), "no checksum published: {v}");
     assert_eq!(v["replicas"][0]["kind"], "memory");
     assert!(v["lease_until"].as_u64().unwrap() > 0);
-    assert_eq!(http_get(a, "/api/v1/keys/absent").await.0, 404);
+    assert_eq!(
+        strata_tests::http_get_as(a, "/api/v1/keys/absent", admin)
+            .await
+            .0,
+        404
+    );
     let (_, body) = http_get(a, "/api/v1/leader").await;
     assert!(body.contains("\"is_leader\":true"), "{body}");
     for p in [

@@ -104,13 +104,13 @@ async fn a_killed_leader_is_replaced_and_loses_nothing() {
     cl.put("on-ssd", &payload(9, 50_000), &PutOptions::default())
         .await
         .unwrap();
-    strata_tests::make_ssd_only(&cl, ha.masters[leader].admin, "on-ssd").await;
+    strata_tests::make_ssd_only(&cl, "on-ssd").await;
     // And one removed just before the kill: its removal was confirmed by
     // the agent, so the new leader does not adopt it from the inventory.
     cl.put("removed", &payload(10, 50_000), &PutOptions::default())
         .await
         .unwrap();
-    strata_tests::make_ssd_only(&cl, ha.masters[leader].admin, "removed").await;
+    strata_tests::make_ssd_only(&cl, "removed").await;
     let load = Load::start(&ha.list(), 3, "k").await;
     load.progress(60, Duration::from_secs(30)).await;
     cl.remove("removed", true).await.unwrap();
@@ -426,7 +426,7 @@ async fn a_single_master_restart_under_load_keeps_every_acknowledged_object() {
     cl.put("ssd-only", &payload(7, 100_000), &PutOptions::default())
         .await
         .unwrap();
-    strata_tests::make_ssd_only(&cl, m.admin, "ssd-only").await;
+    strata_tests::make_ssd_only(&cl, "ssd-only").await;
     let load = Load::start(&m.addr, 3, "r").await;
     load.progress(60, Duration::from_secs(30)).await;
     // A removal acknowledged just before the crash stays removed: its node

@@ -177,7 +177,7 @@ async fn prometheus_evaluates_every_dashboard_query_and_alert_on_a_live_cluster(
             cl.put(&s, &payload(i, 64 << 10), &PutOptions::default())
                 .await
                 .unwrap();
-            strata_tests::make_ssd_only(&cl, c.master_admin, &s).await;
+            strata_tests::make_ssd_only(&cl, &s).await;
             ssd_only.push((s, i));
         }
         for (k, seed) in &ssd_only {

@@ -267,7 +267,7 @@ async fn a_put_and_an_ssd_read_are_each_one_trace_across_processes() {
     let cl = strata_client::Client::connect(strata_client::ClientConfig::new(m.addr.clone()))
         .await
         .unwrap();
-    make_ssd_only(&cl, m.admin, "traced").await;
+    make_ssd_only(&cl, "traced").await;
     let back = dir.path().join("back");
     cli(
         &m.addr,

@@ -344,12 +344,12 @@ async fn ssd_reads_survive_a_master_restart() {
         .await
         .unwrap();
     // SSD-only from here on: the node's DRAM copy would survive the restart.
-    strata_tests::make_ssd_only(&cl, admin_addr, "ssd-only").await;
+    strata_tests::make_ssd_only(&cl, "ssd-only").await;
     // ...once the node has dropped it too (it learns of the eviction from
     // its object log; killed before that, the master would hear of the
     // copy again when the node re-registers).
     let t0 = std::time::Instant::now();
-    while http_get(node_admin, "/api/v1/objects")
+    while strata_tests::http_get_as(node_admin, "/api/v1/objects", Some(&secret(&member)))
         .await
         .1
         .contains("ssd-only")
@@ -377,7 +377,9 @@ async fn ssd_reads_survive_a_master_restart() {
         }
     };
     assert_eq!(got, payload(4, 100_000));
-    let v = json(admin_addr, "/api/v1/keys/ssd-only").await;
+    let (_, body) =
+        strata_tests::http_get_as(admin_addr, "/api/v1/keys/ssd-only", Some(&secret(&admin))).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(!v.to_string().contains("\"memory\""), "SSD-only: {v}");
 }
 
@@ -529,7 +531,7 @@ async fn a_member_forging_bytes_with_the_same_crc32c_is_caught_with_integrity_bl
         }
         // Its SSD copy is made from the forged replica (the agent checks
         // only the crc32c), then its DRAM goes: reads are the agent's.
-        strata_tests::make_ssd_only(&cl, c.master_admin, "ssd-forged").await;
+        strata_tests::make_ssd_only(&cl, "ssd-forged").await;
         let mut buf = vec![0u8; good.len()];
         match integrity {
             Integrity::Crc32c => {
@@ -599,7 +601,9 @@ async fn writes_under_integrity_blake3_carry_the_digest_readers_check() {
             "{key}"
         );
         assert_eq!(&cl.get(key).await.unwrap(), bytes, "{key}");
-        let (_, view) = http_get(c.master_admin, &format!("/api/v1/keys/{key}")).await;
+        let admin = c.credentials().admin.as_ref();
+        let path = format!("/api/v1/keys/{key}");
+        let (_, view) = strata_tests::http_get_as(c.master_admin, &path, admin).await;
         assert!(view.contains(r#""verified_by":"blake3""#), "{view}");
     }
     let (mut x, mut y) = (vec![0u8; 1000], vec![0u8; 4000]);

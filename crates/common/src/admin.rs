@@ -62,6 +62,30 @@ async fn readiness(State(s): State<BaseState>) -> Response {
     }
 }
 
+/// Admits a request to a guarded admin route (one that names keys):
+/// its `Authorization: Bearer` token must prove `role` under `creds`. A
+/// service without credentials (protected mode, loopback only) admits
+/// every request, as its gRPC port does.
+#[allow(clippy::result_large_err)] // a Response is what the route returns
+pub fn require(
+    creds: &crate::auth::Credentials,
+    headers: &axum::http::HeaderMap,
+    role: crate::auth::Role,
+) -> Result<(), Response> {
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    creds
+        .roles_of(crate::auth::bearer(presented))
+        .and_then(|roles| creds.check(roles, role))
+        .map_err(|e| {
+            error_response(&crate::Error::new(
+                e.code,
+                format!("{} (over HTTP: `Authorization: Bearer TOKEN`)", e.message),
+            ))
+        })
+}
+
 /// Renders a Strata error as JSON with the HTTP status its code maps to.
 pub fn error_response(e: &crate::Error) -> Response {
     let status = StatusCode::from_u16(e.code.http()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

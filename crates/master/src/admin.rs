@@ -4,12 +4,14 @@ use crate::master::Master;
 use crate::serving::Serving;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 use std::sync::Arc;
-use strata_common::admin::error_response;
+use strata_common::admin::{error_response, require};
+use strata_common::auth::Role;
 use strata_common::Error;
 
 pub fn api_router(serving: Arc<Serving>) -> Router {
@@ -41,7 +43,12 @@ impl FromRequestParts<Arc<Serving>> for Leader {
     }
 }
 
-async fn key(Leader(m): Leader, Path(key): Path<String>) -> Response {
+/// One key's details: its name, size, copies and readers are the
+/// admin's to see (`--admin-token-file`; open only in protected mode).
+async fn key(Leader(m): Leader, headers: HeaderMap, Path(key): Path<String>) -> Response {
+    if let Err(refused) = require(&m.config().credentials, &headers, Role::Admin) {
+        return refused;
+    }
     match m.describe(&key) {
         Some(v) => Json(v).into_response(),
         None => error_response(&Error::not_found(format!("key {key:?} not found"))),

@@ -2,6 +2,7 @@
 //! the data plane. It registers its segments with the master, heartbeats, and
 //! keeps its own record of the committed objects it holds.
 
+mod admin;
 mod agent;
 pub mod config;
 mod metrics;
@@ -16,14 +17,12 @@ use metrics::NodeMetrics;
 use ucx::expose_over_ucx;
 
 use axum::routing::get;
-use axum::Json;
 use records::ObjectRecords;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use strata_common::quick_client::QuickClient;
 use strata_common::{Error, Result};
-use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
 use strata_transport::region::{Segment, SegmentTable};
 use tokio::task::JoinSet;
@@ -119,7 +118,11 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
     ));
 
     let ready = registered.clone();
-    let (rec, m2) = (records.clone(), metrics.clone());
+    let view = Arc::new(admin::ObjectsView::new(
+        records.clone(),
+        metrics.clone(),
+        cfg.token.clone(),
+    ));
     let router = strata_common::admin::base_router(
         metrics.registry.clone(),
         Arc::new(move || ready.load(Ordering::Acquire)),
@@ -127,23 +130,9 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
     )
     .route(
         "/api/v1/objects",
-        get(move || {
-            let (rec, m2) = (rec.clone(), m2.clone());
-            async move {
-                m2.objects.set(rec.len() as i64);
-                // Never the checksum (see the master's `describe`).
-                let view = |c: &pb::CommittedObject| {
-                    serde_json::json!({
-                        "key": c.key, "segment_id": c.segment_id, "offset": c.offset,
-                        "length": c.length,
-                    })
-                };
-                Json(serde_json::json!({
-                    "applied_seq": rec.applied_seq(),
-                    "objects": rec.snapshot().iter().map(view).collect::<Vec<_>>(),
-                    "pending": rec.pending().iter().map(view).collect::<Vec<_>>(),
-                }))
-            }
+        get(move |headers: axum::http::HeaderMap, q| {
+            let view = view.clone();
+            async move { view.answer(&headers, q) }
         }),
     );
     let (admin_addr, admin_task) =

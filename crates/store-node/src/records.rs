@@ -9,6 +9,41 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use strata_proto::{object_log_entry::Op, CommittedObject, ObjectLogEntry};
 
+/// Where a page of records ends (`ObjectRecords::page`): their order is
+/// by key, then by where the record is (one key may have two versions).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cursor {
+    pub key: String,
+    pub segment_id: u64,
+    pub offset: u64,
+}
+
+impl Cursor {
+    pub fn of(c: &CommittedObject) -> Cursor {
+        Cursor {
+            key: c.key.clone(),
+            segment_id: c.segment_id,
+            offset: c.offset,
+        }
+    }
+
+    /// `SEGMENT:OFFSET:KEY`, as the admin view hands it out in `next`.
+    pub fn parse(s: &str) -> Option<Cursor> {
+        let mut it = s.splitn(3, ':');
+        Some(Cursor {
+            segment_id: it.next()?.parse().ok()?,
+            offset: it.next()?.parse().ok()?,
+            key: it.next()?.to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}:{}", self.segment_id, self.offset, self.key)
+    }
+}
+
 #[derive(Default)]
 pub struct ObjectRecords {
     inner: Mutex<Inner>,
@@ -133,6 +168,42 @@ impl ObjectRecords {
         let mut v: Vec<_> = self.inner.lock().by_range.values().cloned().collect();
         v.sort_by(|a, b| a.key.cmp(&b.key));
         v
+    }
+
+    /// Up to `limit` committed objects (announced puts, with `pending`)
+    /// after `after` in (key, segment, offset) order, and whether more
+    /// follow: what a page of the admin view holds, in memory bounded by
+    /// `limit` rather than by the node's table.
+    pub fn page(
+        &self,
+        pending: bool,
+        after: Option<&Cursor>,
+        limit: usize,
+    ) -> (Vec<CommittedObject>, bool) {
+        let g = self.inner.lock();
+        let map = if pending { &g.pending } else { &g.by_range };
+        let mut heap: std::collections::BinaryHeap<Cursor> = std::collections::BinaryHeap::new();
+        for c in map.values() {
+            let at = Cursor::of(c);
+            if after.is_some_and(|a| at <= *a) {
+                continue;
+            }
+            // Keeps the `limit + 1` smallest: one more says a page follows.
+            if heap.len() <= limit {
+                heap.push(at);
+            } else if heap.peek().is_some_and(|top| at < *top) {
+                heap.pop();
+                heap.push(at);
+            }
+        }
+        let more = heap.len() > limit;
+        let mut keep = heap.into_sorted_vec();
+        keep.truncate(limit);
+        let page = keep
+            .iter()
+            .filter_map(|c| map.get(&(c.segment_id, c.offset)).cloned())
+            .collect();
+        (page, more)
     }
 
     /// Announced puts not yet committed or freed; a rebuilding master gets
