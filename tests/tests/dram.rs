@@ -161,6 +161,57 @@ async fn a_finished_read_ends_its_lease_long_before_the_ttl() {
     c.shutdown().await;
 }
 
+/// A reader that keeps looking an object up without ever ending its
+/// leases holds it for `--max-lease` at most: past that its lookups get no
+/// lease (its reads go on), and the remove its lease refused goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_never_ends_its_leases_holds_an_object_for_max_lease_at_most() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .master(|m| {
+            m.lease_ttl = Duration::from_millis(300);
+            m.max_lease = Some(Duration::from_secs(2));
+        })
+        .build()
+        .await
+        .unwrap();
+    let reader = strata_client::Client::connect(
+        c.client_config()
+            .with_end_leases(false)
+            .with_location_cache(0),
+    )
+    .await
+    .unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("held", b"hot bytes", &PutOptions::default())
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let (mut refused, mut removed_at) = (0, None);
+    // The reader looks it up every 100 ms, well inside the 300 ms TTL.
+    while removed_at.is_none() && t0.elapsed() < Duration::from_secs(8) {
+        assert_eq!(reader.get("held").await.unwrap(), b"hot bytes");
+        match cl.remove("held", false).await {
+            Ok(()) => removed_at = Some(t0.elapsed()),
+            Err(e) => {
+                assert_eq!(e.code, Code::Leased, "{e}");
+                refused += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let at = removed_at.expect("removed once the lease ran --max-lease");
+    assert!(
+        refused >= 5,
+        "refused while the lease ran ({refused} times)"
+    );
+    // The lease's start is kept in whole seconds: the cap comes 1 to 2 s in.
+    assert!(at >= Duration::from_millis(900), "removed at {at:?}");
+    let (_, body) = strata_tests::http_get(c.master_admin, "/metrics").await;
+    assert!(strata_tests::metric(&body, "strata_master_capped_leases_total") >= 1.0);
+    c.shutdown().await;
+}
+
 /// A reader whose leases run their TTL (one that ends none, as one that
 /// died): its reads keep the objects from unforced removes until then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

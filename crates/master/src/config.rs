@@ -148,6 +148,9 @@ pub struct MasterConfig {
     pub state_dir: Option<PathBuf>,
     /// Read lease granted by GetReplicas.
     pub lease_ttl: Duration,
+    /// The longest a lease is held without a break (`Object::lease`);
+    /// None: `max_lease()`'s default.
+    pub max_lease: Option<Duration>,
     /// A node silent for this long loses its segments.
     pub node_ttl: Duration,
     /// A PutStart not ended within this time is reclaimed.
@@ -194,6 +197,7 @@ impl Default for MasterConfig {
             advertise: None,
             state_dir: None,
             lease_ttl: Duration::from_secs(5),
+            max_lease: None,
             node_ttl: Duration::from_secs(10),
             put_timeout: Duration::from_secs(30),
             put_wait: Duration::from_secs(5),
@@ -225,6 +229,13 @@ impl MasterConfig {
             admin_addr: ([127, 0, 0, 1], 0).into(),
             ..Default::default()
         }
+    }
+
+    /// The longest a read lease is held without a break: `--max-lease`, or
+    /// 12 lease TTLs and at least a minute.
+    pub fn max_lease(&self) -> Duration {
+        self.max_lease
+            .unwrap_or((self.lease_ttl * 12).max(Duration::from_secs(60)))
     }
 
     /// How often members heartbeat (a quarter of `--node-ttl`, 20 ms to 2 s).
@@ -264,6 +275,13 @@ impl MasterConfig {
             if d < Duration::from_millis(10) {
                 return Err(Error::invalid(format!("{name} must be at least 10ms")));
             }
+        }
+        if self.max_lease.is_some_and(|m| m < self.lease_ttl) {
+            return Err(Error::invalid(format!(
+                "--max-lease ({} ms) must be at least --lease-ttl ({} ms)",
+                self.max_lease().as_millis(),
+                self.lease_ttl.as_millis()
+            )));
         }
         strata_common::leader::validate_cluster_id(&self.cluster_id)
             .map_err(|e| Error::invalid(format!("--cluster-id: {}", e.message)))?;
@@ -352,6 +370,9 @@ pub struct MasterArgs {
     /// Read lease granted to readers [default: 5s]
     #[arg(long, env = "STRATA_LEASE_TTL")]
     pub lease_ttl: Option<HumanDuration>,
+    /// The longest a read lease is held without a break (every reader done, or a lease TTL without lookups): lookups past it get no lease, so a client that never ends its leases cannot keep objects from eviction or removal [default: 12 x --lease-ttl, at least 60s]
+    #[arg(long, env = "STRATA_MAX_LEASE")]
+    pub max_lease: Option<HumanDuration>,
     /// A store node silent this long loses its segments [default: 10s]
     #[arg(long, env = "STRATA_NODE_TTL")]
     pub node_ttl: Option<HumanDuration>,
@@ -443,6 +464,7 @@ impl MasterArgs {
                     advertise,
                     state_dir,
                     lease_ttl,
+                    max_lease,
                     node_ttl,
                     put_timeout,
                     put_wait,
@@ -482,6 +504,7 @@ impl MasterArgs {
                 .max_connections_per_peer
                 .unwrap_or(d.max_connections_per_peer),
             lease_ttl: self.lease_ttl.map_or(d.lease_ttl, |v| v.0),
+            max_lease: self.max_lease.map(|v| v.0),
             node_ttl: self.node_ttl.map_or(d.node_ttl, |v| v.0),
             put_timeout: self.put_timeout.map_or(d.put_timeout, |v| v.0),
             put_wait: self.put_wait.map_or(d.put_wait, |v| v.0),
@@ -581,6 +604,22 @@ mod tests {
         );
         let e = "reads:65536".parse::<OffloadPolicy>().unwrap_err();
         assert!(e.contains("1 to 65535"), "{e}");
+        // --max-lease: both sides of its bound, its default, --integrity.
+        let e = MasterArgs::parse_from(["m", "--lease-ttl", "5s", "--max-lease", "4s"])
+            .resolve()
+            .unwrap_err();
+        assert!(e.message.contains("--max-lease"), "{e}");
+        let ok = MasterArgs::parse_from(["m", "--lease-ttl", "5s", "--max-lease", "5s"]);
+        assert_eq!(ok.resolve().unwrap().max_lease(), Duration::from_secs(5));
+        let c = MasterArgs::parse_from(["m", "--lease-ttl", "10s"]).resolve();
+        assert_eq!(c.unwrap().max_lease(), Duration::from_secs(120));
+        assert_eq!(MasterConfig::default().max_lease(), Duration::from_secs(60));
+        let c = MasterArgs::parse_from(["m", "--integrity", "blake3"]).resolve();
+        assert_eq!(c.unwrap().integrity, Integrity::Blake3);
+        let e = MasterArgs::parse_from(["m", "--integrity", "md5"])
+            .resolve()
+            .unwrap_err();
+        assert!(e.message.contains("crc32c or blake3"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("m.toml");
         std::fs::write(&f, "no-such-key = 1\n").unwrap();

@@ -115,6 +115,9 @@ pub struct MasterMetrics {
     pub cached_reads: IntCounter,
     /// Lease ends readers sent, by `outcome` (`LEASE_END_OUTCOMES`).
     pub lease_ends: IntCounterVec,
+    /// Lookups answered without a lease: the object's lease had run
+    /// `--max-lease` without a break.
+    pub capped_leases: IntCounter,
     /// Connections open on the master's port (gRPC and quick calls).
     pub open_connections: IntGauge,
     /// Connections closed at once for want of a slot, by `reason`
@@ -322,6 +325,10 @@ impl MasterMetrics {
                 "Read leases readers ended when their reads were done, by outcome: ended (the reader's lease; with the last reader the object may be evicted again) or stale (it had ended already, by its TTL, or names a replaced version)",
                 "outcome",
                 LEASE_END_OUTCOMES,
+            ),
+            capped_leases: c(
+                "strata_master_capped_leases_total",
+                "Lookups answered without a read lease because the object's lease had been held --max-lease without a break (a reader that does not end its leases, or a very hot object); the read itself goes ahead",
             ),
             cached_reads: c(
                 "strata_master_cached_reads_total",

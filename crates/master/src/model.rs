@@ -26,7 +26,7 @@ impl Model<'_> {
     pub(crate) fn tombstone(&self, removed: &[(&str, &Object)]) {
         let t: Vec<(String, u64, u32)> = removed
             .iter()
-            .filter(|(_, o)| o.is_complete() && (o.offloaded || !o.ssd().is_empty()))
+            .filter(|(_, o)| o.is_complete() && (o.offloaded() || !o.ssd().is_empty()))
             .map(|(k, o)| (k.to_string(), o.size, o.crc32c))
             .collect();
         if let Err(e) = self.tombstones.record(&t) {

@@ -44,7 +44,11 @@ pub(crate) fn get_replicas(
                 format!("key {key:?} is not ready: it is still being written (no PutEnd yet)"),
             ));
         }
-        obj.lease(now, now + m.cfg.lease_ttl.as_millis() as u64);
+        let ttl = m.cfg.lease_ttl.as_millis() as u64;
+        let held = obj.lease(now, ttl, m.cfg.max_lease().as_millis() as u64);
+        if !held {
+            m.metrics.capped_leases.inc();
+        }
         obj.last_access_ms = now;
         if !obj.replicas().is_empty() {
             obj.reads = obj.reads.saturating_add(1);
@@ -56,10 +60,14 @@ pub(crate) fn get_replicas(
             obj.digest(),
             obj.replicas().to_vec(),
             ssd,
-            obj.lease_until_ms,
+            // A reader past --max-lease gets no lease (nothing to end, no
+            // location to cache) but the grants to read, which never
+            // depended on it: a freed range is refused by its node.
+            (held.then_some(obj.lease_until_ms), now + ttl),
             obj.reads,
         )
     };
+    let (lease, grant_until) = lease;
     let served = match (replicas.is_empty(), ssd.is_empty()) {
         (false, _) => "dram",
         (true, false) => "ssd",
@@ -77,16 +85,21 @@ pub(crate) fn get_replicas(
     // Memory first, then SSD (served by the owning agent).
     let mut views: Vec<pb::Replica> = replicas
         .iter()
-        .map(|r| r.view(size, PERM_READ, lease, true))
+        .map(|r| r.view(size, PERM_READ, grant_until, true))
         .collect();
     views.extend(
         ssd.iter()
-            .filter_map(|r| tier.replica_view(r, lease, now, stage)),
+            .filter_map(|r| tier.replica_view(r, grant_until, now, stage)),
     );
     if views.is_empty() {
         // Nothing to read: the lease taken above ends with this answer
         // (a reader retrying would count one more each time).
-        if let Some(o) = m.objects.shard(key).get_mut(key) {
+        if let Some(o) = m
+            .objects
+            .shard(key)
+            .get_mut(key)
+            .filter(|_| lease.is_some())
+        {
             o.end_lease(now);
         }
         return Err(Error::unavailable(format!(
@@ -97,8 +110,8 @@ pub(crate) fn get_replicas(
         size,
         crc32c: crc,
         replicas: views,
-        lease_until_unix_ms: lease,
-        lease_ms: lease.saturating_sub(now),
+        lease_until_unix_ms: lease.unwrap_or(0),
+        lease_ms: lease.map_or(0, |l| l.saturating_sub(now)),
         blake3: digest.map(Vec::from).unwrap_or_default(),
     })
 }
@@ -213,8 +226,8 @@ pub(crate) fn inspect(m: Model, tier: &SsdTier, key: &str) -> Result<pb::Inspect
         complete,
         replicas,
         lease_until_unix_ms: o.lease_until_ms,
-        hard_pin: o.hard_pin,
-        soft_pin: o.soft_pin,
+        hard_pin: o.hard_pin(),
+        soft_pin: o.soft_pin(),
     })
 }
 

@@ -87,17 +87,54 @@ pub struct Object {
     /// Demand reads served while the object was in DRAM (`reads:N`),
     /// saturating.
     pub reads: u16,
-    pub soft_pin: bool,
-    pub hard_pin: bool,
-    /// Eviction queued it for offload (`on-evict`): its DRAM is freed once
-    /// the SSD copy exists, or the object is dropped if the copy fails.
-    pub offload_then_free: bool,
-    /// An offload task was handed out for it (or it came from an SSD
-    /// inventory): an SSD copy may exist, so its removal is tombstoned.
-    pub offloaded: bool,
-    /// Its copy to SSD failed for good: eviction drops it rather than
-    /// making writers wait for a copy that will not come.
-    pub offload_failed: bool,
+    /// When the lease running now began, in unix seconds (0: the next one
+    /// starts afresh): a lease is held without a break for at most
+    /// `--max-lease` (`Object::lease`).
+    lease_since_s: u32,
+    /// `SOFT_PIN` … `OFFLOAD_FAILED`, packed so the object stays small.
+    flags: u8,
+}
+
+/// Evicted only after every object without it.
+const SOFT_PIN: u8 = 1;
+/// Never evicted (still removable).
+const HARD_PIN: u8 = 1 << 1;
+/// Eviction queued it for offload (`on-evict`): its DRAM is freed once the
+/// SSD copy exists, or the object is dropped if the copy fails.
+const OFFLOAD_THEN_FREE: u8 = 1 << 2;
+/// An offload task was handed out for it (or it came from an SSD
+/// inventory): an SSD copy may exist, so its removal is tombstoned.
+const OFFLOADED: u8 = 1 << 3;
+/// Its copy to SSD failed for good: eviction drops it rather than making
+/// writers wait for a copy that will not come.
+const OFFLOAD_FAILED: u8 = 1 << 4;
+
+/// A getter and a setter per flag of `Object::flags`.
+macro_rules! flags {
+    ($($get:ident, $set:ident, $bit:ident;)*) => {
+        impl Object {
+            $(
+                pub fn $get(&self) -> bool {
+                    self.flags & $bit != 0
+                }
+                pub fn $set(&mut self, on: bool) {
+                    if on {
+                        self.flags |= $bit;
+                    } else {
+                        self.flags &= !$bit;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+flags! {
+    soft_pin, set_soft_pin, SOFT_PIN;
+    hard_pin, set_hard_pin, HARD_PIN;
+    offload_then_free, set_offload_then_free, OFFLOAD_THEN_FREE;
+    offloaded, set_offloaded, OFFLOADED;
+    offload_failed, set_offload_failed, OFFLOAD_FAILED;
 }
 
 impl Object {
@@ -112,11 +149,8 @@ impl Object {
             pins: 0,
             readers: 0,
             reads: 0,
-            soft_pin: false,
-            hard_pin: false,
-            offload_then_free: false,
-            offloaded: false,
-            offload_failed: false,
+            lease_since_s: 0,
+            flags: 0,
         }
     }
 
@@ -136,10 +170,9 @@ impl Object {
 
     /// A committed object known only from an SSD owner's inventory.
     pub fn ssd_only(size: u64, crc32c: u32, r: SsdReplica) -> Object {
-        Object {
-            offloaded: true,
-            ..Object::committed(size, crc32c, Vec::new(), vec![r])
-        }
+        let mut o = Object::committed(size, crc32c, Vec::new(), vec![r]);
+        o.set_offloaded(true);
+        o
     }
 
     /// A committed object rebuilt from what members hold (no pin, lease or
@@ -345,7 +378,7 @@ impl Object {
 
     /// Moves the DRAM replicas out (to be released), keeping the object.
     pub fn take_memory(&mut self) -> Object {
-        self.offload_then_free = false;
+        self.set_offload_then_free(false);
         let mut gone = Object::new(self.size, self.crc32c, 0);
         let replicas = self.set_replicas(Vec::new());
         gone.place(replicas, Vec::new());
@@ -362,18 +395,36 @@ impl Object {
         self.lease_until_ms > now_ms
     }
 
-    /// Leases it to one more reader until at least `until_ms`.
-    pub fn lease(&mut self, now_ms: u64, until_ms: u64) {
+    /// Leases it to one more reader for `ttl_ms`. A lease held without a
+    /// break (no moment with every reader done, no TTL-long gap between
+    /// lookups) ends `max_ms` after it began, whatever lookups come: a
+    /// client that keeps looking objects up without ending its leases
+    /// cannot keep them, and the DRAM under them, from eviction and
+    /// removal. Returns whether the reader holds the lease (and counts).
+    pub fn lease(&mut self, now_ms: u64, ttl_ms: u64, max_ms: u64) -> bool {
         if !self.leased(now_ms) {
             self.readers = 0; // those readers' leases ran out
+                              // Afresh when every reader said it was done, or nobody looked
+                              // it up for a TTL (`last_access_ms` is the last lookup's: the
+                              // caller sets it after this).
+            if self.lease_since_s == 0 || now_ms >= self.last_access_ms.saturating_add(ttl_ms) {
+                self.lease_since_s = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
+            }
+        }
+        let cap = (u64::from(self.lease_since_s) * 1000).saturating_add(max_ms);
+        let until = now_ms.saturating_add(ttl_ms).min(cap);
+        self.lease_until_ms = self.lease_until_ms.max(until);
+        if !self.leased(now_ms) {
+            return false;
         }
         self.readers = self.readers.saturating_add(1);
-        self.lease_until_ms = self.lease_until_ms.max(until_ms);
+        true
     }
 
-    /// One reader is done: the lease ends at `now_ms` with the last one.
-    /// False when no lease of its was running (it ended already, by its
-    /// TTL or with its readers, or the count saturated).
+    /// One reader is done: the lease ends at `now_ms` with the last one
+    /// (and the next lease starts afresh). False when no lease of its was
+    /// running (it ended already, by its TTL or with its readers, or the
+    /// count saturated).
     pub fn end_lease(&mut self, now_ms: u64) -> bool {
         if !self.leased(now_ms) || self.readers == 0 || self.readers == u16::MAX {
             return false;
@@ -381,6 +432,7 @@ impl Object {
         self.readers -= 1;
         if self.readers == 0 {
             self.lease_until_ms = now_ms;
+            self.lease_since_s = 0;
         }
         true
     }
@@ -398,7 +450,7 @@ impl Object {
     pub fn evictable(&self, now_ms: u64) -> bool {
         self.is_complete()
             && !self.leased(now_ms)
-            && !self.hard_pin
+            && !self.hard_pin()
             && self.pins == 0
             && !self.replicas().is_empty()
     }
@@ -510,6 +562,47 @@ mod tests {
             std::mem::size_of::<Option<Object>>(),
             std::mem::size_of::<Object>()
         );
+    }
+
+    /// A lease held without a break ends `max` after it began, whatever
+    /// lookups come; lookups that keep coming inside a TTL of its end get
+    /// none; a TTL without lookups, or every reader done, starts afresh.
+    #[test]
+    fn a_lease_is_held_without_a_break_for_max_lease_at_most() {
+        let (t0, ttl, max) = (1_000_000u64, 1000, 5000);
+        // A lookup, as `reads::get_replicas` makes it.
+        let look = |o: &mut Object, t: u64| {
+            let held = o.lease(t, ttl, max);
+            o.last_access_ms = t;
+            held
+        };
+        let mut o = Object::new(1, 0, t0);
+        // A reader that never ends its lease, looking up every 900 ms.
+        let mut t = t0;
+        while t < t0 + max {
+            assert!(look(&mut o, t), "at +{}", t - t0);
+            assert!(o.leased(t));
+            t += 900;
+        }
+        assert_eq!(o.lease_until_ms, t0 + max, "capped");
+        // Past the cap: no lease while it keeps looking.
+        for _ in 0..10 {
+            assert!(!look(&mut o, t), "at +{}", t - t0);
+            assert!(!o.leased(t));
+            t += 900;
+        }
+        // A TTL without lookups: a fresh lease.
+        t += ttl;
+        assert!(look(&mut o, t));
+        assert_eq!(o.lease_until_ms, t + ttl);
+        // Readers that end their leases never meet the cap.
+        let mut o = Object::new(1, 0, t0);
+        let mut t = t0;
+        while t < t0 + 3 * max {
+            assert!(look(&mut o, t), "at +{}", t - t0);
+            assert!(o.end_lease(t + 100));
+            t += 200;
+        }
     }
 
     fn ssd(owner_id: u64) -> SsdReplica {

@@ -45,8 +45,8 @@ impl ObjectTable {
             "leased": o.leased(now),
             "readers": o.readers(now),
             "last_access": o.last_access_ms,
-            "pinned": o.hard_pin,
-            "soft_pinned": o.soft_pin,
+            "pinned": o.hard_pin(),
+            "soft_pinned": o.soft_pin(),
         }))
     }
 

@@ -343,7 +343,7 @@ impl SsdTier {
                         o.pins += 1;
                         // From now on an SSD copy may exist somewhere: its
                         // removal leaves a tombstone.
-                        o.offloaded = true;
+                        o.set_offloaded(true);
                         Some((o.replicas()[0].clone(), o.size, o.crc32c))
                     }
                     _ => None,
@@ -485,7 +485,7 @@ impl SsdTier {
                     let hopeless = r.code == Code::Corrupted as u32 || why == "max_attempts";
                     if hopeless {
                         if let Some(o) = m.objects.shard(&task.key).get_mut(&task.key) {
-                            o.offload_failed = true;
+                            o.set_offload_failed(true);
                         }
                     }
                     self.drop_victim_if_pending(m, pressure, &task.key, DropReason::OffloadFailed);
@@ -539,7 +539,7 @@ impl SsdTier {
                     None => o.push_ssd(r),
                 }
                 // Its removal must leave a tombstone from now on.
-                o.offloaded = true;
+                o.set_offloaded(true);
                 true
             }
             Some(_) => false,
@@ -681,7 +681,7 @@ impl SsdTier {
             .objects
             .shard(key)
             .get(key)
-            .is_some_and(|o| o.offload_then_free);
+            .is_some_and(|o| o.offload_then_free());
         if pending {
             pressure.drop_victim(m, key, why);
         }

@@ -356,7 +356,7 @@ async fn a_victim_whose_offload_fails_while_leased_is_decided_again() {
     {
         let s = m.objects().shard(&victim);
         let o = s.get(&victim).expect("leased: not dropped");
-        assert!(!o.offload_then_free, "no longer waiting for a copy");
+        assert!(!o.offload_then_free(), "no longer waiting for a copy");
     }
     // Once its lease ends the victim is decided again (before the fix it
     // stayed "waiting" and was skipped): a full owner is no fault of the
@@ -372,7 +372,7 @@ async fn a_victim_whose_offload_fails_while_leased_is_decided_again() {
         .objects()
         .shard(&victim)
         .get(&victim)
-        .map(|o| o.offload_failed);
+        .map(|o| o.offload_failed());
     assert_eq!(failed, Some(false));
 }
 
@@ -455,7 +455,7 @@ async fn a_corrupted_source_is_dropped_at_once_and_a_failed_read_retried() {
         .objects()
         .shard("bad")
         .get("bad")
-        .map(|o| o.offload_failed);
+        .map(|o| o.offload_failed());
     assert_eq!(failed, Some(true));
     assert_eq!(m.total_pins(), 0);
 }

@@ -107,15 +107,15 @@ impl Pressure {
                         Some(o) if !o.evictable(now) => Fate::Skip,
                         // An object with an SSD copy keeps living there.
                         Some(o) if !o.ssd().is_empty() => Fate::Free(o.take_memory(), None),
-                        Some(o) if queued.is_some() || o.offload_then_free => {
+                        Some(o) if queued.is_some() || o.offload_then_free() => {
                             Fate::Pending(alloc_bytes(o))
                         }
-                        Some(o) if wants_ssd && !o.offload_failed => {
-                            o.offload_then_free = true;
+                        Some(o) if wants_ssd && !o.offload_failed() => {
+                            o.set_offload_then_free(true);
                             Fate::Offload(o.size)
                         }
                         Some(o) => {
-                            let why = if o.offload_failed {
+                            let why = if o.offload_failed() {
                                 DropReason::OffloadFailed
                             } else {
                                 DropReason::Policy
@@ -212,7 +212,7 @@ impl Pressure {
         if freed == 0 {
             if let Some(o) = m.objects.shard(key).get_mut(key) {
                 if o.ssd().is_empty() {
-                    o.offload_then_free = false;
+                    o.set_offload_then_free(false);
                 }
             }
         }
@@ -226,7 +226,7 @@ impl Pressure {
         let mem = {
             let mut s = m.objects.shard(key);
             match s.get_mut(key) {
-                Some(o) if o.offload_then_free && o.evictable(now) && !o.ssd().is_empty() => {
+                Some(o) if o.offload_then_free() && o.evictable(now) && !o.ssd().is_empty() => {
                     Some(o.take_memory())
                 }
                 _ => None,
@@ -265,7 +265,7 @@ fn oldest_evictable(m: Model, n: usize, now: u64, which: &dyn Fn(&Object) -> boo
     for shard in m.objects.shards() {
         let s = shard.lock();
         for (k, o) in s.iter().filter(|(_, o)| o.evictable(now) && which(o)) {
-            let rank = (o.soft_pin, o.last_access_ms);
+            let rank = (o.soft_pin(), o.last_access_ms);
             if heap.len() < n {
                 heap.push((rank.0, rank.1, k.to_string()));
             } else if heap.peek().is_some_and(|t| rank < (t.0, t.1)) {

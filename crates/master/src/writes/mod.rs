@@ -208,8 +208,8 @@ impl Writes {
             if spec.bind {
                 obj.bind();
             }
-            obj.soft_pin = spec.soft_pin;
-            obj.hard_pin = spec.hard_pin;
+            obj.set_soft_pin(spec.soft_pin);
+            obj.set_hard_pin(spec.hard_pin);
             if let Some(crc) = spec.crc32c {
                 // Under the shard lock, so no free of this put (revoke,
                 // reclaim) can reach a node's log before its announcement.
