@@ -12,7 +12,9 @@ use strata_tests::{http_get, metric, payload};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dram_objects_survive_a_master_restart() {
     let state = tempfile::tempdir().unwrap();
-    let m = RestartableMaster::new(state.path(), &["--node-ttl", "2s"]);
+    // With --integrity blake3: the writers' digests come back with the
+    // nodes' signed records, so readers still check them after the restart.
+    let m = RestartableMaster::new(state.path(), &["--node-ttl", "2s", "--integrity", "blake3"]);
     let (addr, admin) = (m.addr.clone(), m.admin);
     let master = m.start().await;
     // Two nodes, two replicas of some objects: both copies are adopted.
@@ -44,6 +46,7 @@ async fn dram_objects_survive_a_master_restart() {
             *replicas as usize,
             "{v}"
         );
+        assert_eq!(v["verified_by"], "blake3", "{v}");
     }
     // The rebuilt ranges are allocated: new puts land beside them, and the
     // old objects still read back intact afterwards.

@@ -27,8 +27,14 @@ impl TermKeys {
 
     /// The grant key of one member process for this term.
     pub fn member_key(&self, member: &str, proof: &ProofHash) -> GrantKey {
+        self.member_key_in(member, proof, self.term)
+    }
+
+    /// The grant key that member process had in `term` (what signed the
+    /// put records it kept then).
+    pub fn member_key_in(&self, member: &str, proof: &ProofHash, term: u64) -> GrantKey {
         self.grant_key
-            .derive(&format!("{}@term{}", proof.member_name(member), self.term))
+            .derive(&format!("{}@term{}", proof.member_name(member), term))
     }
 
     /// The token that binds a put (`PutStartRequest.bind`) to its starter:
@@ -48,6 +54,10 @@ impl TermKeys {
     /// What signs and checks the SSD tier's copy records.
     pub(crate) fn copy_records(&self) -> CopyRecords {
         CopyRecords(self.grant_key.clone())
+    }
+
+    pub(crate) fn commit_records(&self) -> CommitRecords {
+        CommitRecords(self.grant_key.clone())
     }
 
     /// The key the process registered as owner `owner_id` verifies its
@@ -77,6 +87,70 @@ impl CopyRecords {
 
     pub(crate) fn verify(&self, key: &str, size: u64, crc32c: u32, record: &[u8]) -> bool {
         strata_common::grant::same_mac(&self.sign(key, size, crc32c), record)
+    }
+}
+
+/// The records that a master gave a store node an object
+/// (`CommittedObject.commit_record`): a MAC of what the node holds for it,
+/// under the durable grant key, so any later master believes a node's
+/// report of it (and of nothing it was not given).
+#[derive(Clone)]
+pub(crate) struct CommitRecords(GrantKey);
+
+/// What a commit record names.
+pub(crate) struct Committed<'a> {
+    pub(crate) node_id: &'a str,
+    pub(crate) key: &'a str,
+    pub(crate) offset: u64,
+    pub(crate) length: u64,
+    pub(crate) crc32c: u32,
+    pub(crate) generation: u64,
+    pub(crate) digest: Option<&'a [u8]>,
+}
+
+impl<'a> Committed<'a> {
+    /// What a store node's report of `o` says it was given.
+    pub(crate) fn reported(node_id: &'a str, o: &'a strata_proto::NodeObject) -> Self {
+        Committed {
+            node_id,
+            key: &o.key,
+            offset: o.offset,
+            length: o.length,
+            crc32c: o.crc32c,
+            generation: o.generation,
+            digest: (!o.blake3.is_empty()).then_some(&o.blake3[..]),
+        }
+    }
+}
+
+impl CommitRecords {
+    pub(crate) fn sign(&self, c: &Committed) -> [u8; MAC_LEN] {
+        let mut h = blake3::Hasher::new_keyed(self.0.as_bytes());
+        h.update(b"strata commit record v1\0");
+        for part in [c.node_id.as_bytes(), c.key.as_bytes()] {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        h.update(&c.offset.to_le_bytes());
+        h.update(&c.length.to_le_bytes());
+        h.update(&c.crc32c.to_le_bytes());
+        h.update(&c.generation.to_le_bytes());
+        match c.digest {
+            Some(d) => {
+                h.update(&[1]);
+                h.update(d);
+            }
+            None => {
+                h.update(&[0]);
+            }
+        }
+        let mut out = [0u8; MAC_LEN];
+        out.copy_from_slice(&h.finalize().as_bytes()[..MAC_LEN]);
+        out
+    }
+
+    pub(crate) fn verify(&self, c: &Committed, record: &[u8]) -> bool {
+        strata_common::grant::same_mac(&self.sign(c), record)
     }
 }
 

@@ -583,8 +583,12 @@ impl Master {
     // ---------------- nodes ----------------
 
     pub fn register_node(&self, req: pb::RegisterNodeRequest) -> Result<pb::RegisterNodeResponse> {
-        let r = self.cluster.register(self.model(), &self.keys, &req)?;
-        if req.held_objects == 0 || !self.rebuilding() {
+        // Asked now, or never: a registration told not to report may not.
+        let report = self.rebuilding();
+        let r = self
+            .cluster
+            .register(self.model(), &self.keys, &req, report)?;
+        if req.held_objects == 0 || !report {
             // Nothing to report: this node is accounted for.
             self.gate.reported(Member::Node(req.node_id.clone()));
         }
@@ -593,7 +597,7 @@ impl Master {
             grant_key: r.grant_key.as_bytes().to_vec(),
             incarnation: r.incarnation,
             heartbeat_interval_ms: self.cfg.heartbeat_interval().as_millis() as u64,
-            report_objects: self.rebuilding(),
+            report_objects: report,
             term: self.keys.term(),
         })
     }
@@ -667,6 +671,18 @@ impl Master {
 
     pub async fn report_offload(&self, req: pb::ReportOffloadRequest) -> Result<()> {
         self.ssd.report_offload(self.model(), &self.pressure, req)
+    }
+
+    /// `o` with the commit record a master gives node `node_id` for it
+    /// (what its object log entry carries): for tests and benchmarks that
+    /// play a store node.
+    #[doc(hidden)]
+    pub fn signed(&self, node_id: &str, mut o: pb::NodeObject) -> pb::NodeObject {
+        let record = self.keys.commit_records();
+        o.commit_record = record
+            .sign(&crate::grants::Committed::reported(node_id, &o))
+            .to_vec();
+        o
     }
 
     /// The record a master gives an SSD owner with a copy of `key`
@@ -816,7 +832,7 @@ impl Master {
         req: &pb::ReportNodeObjectsRequest,
     ) -> Result<pb::ReportNodeObjectsResponse> {
         self.gate
-            .adopt_node_objects(self.model(), &self.cluster, req)
+            .adopt_node_objects(self.model(), &self.cluster, &self.keys, req)
     }
 
     /// The owners, for the unit tests (which go through their APIs).

@@ -99,6 +99,7 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
         metrics.ucx_exposed.set(cfg.capacity as i64);
     }
 
+    let fence = Arc::new(strata_common::term::TermFence::default());
     let mut tasks = JoinSet::new();
     tasks.spawn(strata_transport::tcp::serve_with(
         listener,
@@ -108,6 +109,7 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
             recorded: metrics.recorded_puts.clone(),
             refused: metrics.refused_records.clone(),
             pending: metrics.pending_puts.clone(),
+            fence: fence.clone(),
         }) as Arc<dyn strata_transport::region::DataRegion>,
         metrics.server.clone(),
         strata_transport::tcp::ServerLimits {
@@ -163,7 +165,7 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
         registered: registered.clone(),
         metrics,
         segment_ids: Vec::new(),
-        fence: Default::default(),
+        fence,
         ucx,
         leave_on_shutdown: cfg.leave_on_shutdown,
     };

@@ -32,6 +32,9 @@ pub struct NodeRegion {
     pub refused: IntCounter,
     /// Pending puts held (the heartbeat sets it too, as entries end them).
     pub pending: IntGauge,
+    /// The term of the registration whose key checks records (kept with
+    /// each record, so a rebuilding master knows which key signed it).
+    pub fence: Arc<strata_common::term::TermFence>,
 }
 
 impl NodeRegion {
@@ -62,6 +65,9 @@ impl NodeRegion {
                 length: g.length,
                 crc32c: record.crc32c,
                 generation: g.generation,
+                put_record: record.mac.to_vec(),
+                put_record_term: self.fence.seen(),
+                ..Default::default()
             },
             || self.table.is_live(g.segment_id, g.offset, g.generation),
         );
@@ -164,6 +170,7 @@ mod tests {
             recorded: IntCounter::new("recorded", "recorded").unwrap(),
             refused: IntCounter::new("refused", "refused").unwrap(),
             pending: IntGauge::new("pending", "pending").unwrap(),
+            fence: Default::default(),
         }
     }
 

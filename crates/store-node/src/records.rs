@@ -250,6 +250,7 @@ mod tests {
             length,
             crc32c,
             generation: 7,
+            ..Default::default()
         }
     }
 

@@ -44,6 +44,7 @@ fn batch(start: u64, n: u64) -> Vec<pb::NodeObject> {
             length: OBJECT,
             crc32c: i as u32,
             generation: i + 1,
+            ..Default::default()
         })
         .collect()
 }
@@ -81,12 +82,17 @@ async fn one(keys: u64) -> anyhow::Result<Measured> {
     let (mut start, mut applied) = (0, 0);
     while start < keys {
         let n = BATCH.min(keys - start);
+        // Signed as the node got them, in its object log (not timed).
+        let objects = batch(start, n)
+            .into_iter()
+            .map(|o| m.signed("n0", o))
+            .collect();
         let t0 = Instant::now();
         let req = pb::ReportNodeObjectsRequest {
             node_id: "n0".into(),
             incarnation: reg.incarnation,
             instance_proof: PROOF.to_vec(),
-            objects: batch(start, n),
+            objects,
             last: start + n == keys,
         };
         let wire = req.encode_to_vec();

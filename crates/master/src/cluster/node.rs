@@ -1,6 +1,7 @@
 //! Store nodes and their mounted segments, as the master sees them.
 
 use super::allocator::RangeAllocator;
+use crate::grants::{CommitRecords, Committed};
 use crate::sync::Acks;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -50,6 +51,11 @@ pub struct NodeEntry {
     /// The node records puts from their writes and answers with receipts
     /// (`Replica.record`, `PutEndRequest.receipts`).
     pub records_receipts: bool,
+    /// Signs what the node is told it holds (`CommittedObject.commit_record`).
+    commit_records: Option<CommitRecords>,
+    /// This registration was asked to report what it holds (a rebuilding
+    /// master); only such a one may.
+    pub asked_to_report: bool,
 }
 
 /// What the node must learn about the objects it holds: commits and frees, in
@@ -82,7 +88,43 @@ impl NodeEntry {
             log_grew: tokio::sync::Notify::new(),
             records_pending: false,
             records_receipts: false,
+            commit_records: None,
+            asked_to_report: false,
         }
+    }
+
+    pub(crate) fn with_commit_records(mut self, r: CommitRecords) -> Self {
+        self.commit_records = Some(r);
+        self
+    }
+
+    pub fn with_report(mut self, asked: bool) -> Self {
+        self.asked_to_report = asked;
+        self
+    }
+
+    /// The commit record of what this node holds (`commit_records`).
+    pub(crate) fn commit_record(&self, c: &CommittedObject) -> Vec<u8> {
+        let Some(r) = &self.commit_records else {
+            return Vec::new();
+        };
+        r.sign(&Committed {
+            node_id: &self.node_id,
+            key: &c.key,
+            offset: c.offset,
+            length: c.length,
+            crc32c: c.crc32c,
+            generation: c.generation,
+            digest: (!c.blake3.is_empty()).then_some(&c.blake3[..]),
+        })
+        .to_vec()
+    }
+
+    /// Whether `o`'s commit record is one a master gave this node.
+    pub(crate) fn verify_commit_record(&self, o: &strata_proto::NodeObject) -> bool {
+        self.commit_records
+            .as_ref()
+            .is_some_and(|r| r.verify(&Committed::reported(&self.node_id, o), &o.commit_record))
     }
 
     pub fn with_pending_records(mut self, yes: bool) -> Self {
@@ -134,18 +176,20 @@ impl NodeEntry {
         length: u64,
         crc: u32,
         generation: u64,
+        digest: Option<[u8; 32]>,
     ) -> u64 {
-        self.push(
-            kind(CommittedObject {
-                key: key.to_string(),
-                segment_id,
-                offset,
-                length,
-                crc32c: crc,
-                generation,
-            }),
-            wake,
-        )
+        let mut c = CommittedObject {
+            key: key.to_string(),
+            segment_id,
+            offset,
+            length,
+            crc32c: crc,
+            generation,
+            blake3: digest.map(Vec::from).unwrap_or_default(),
+            ..Default::default()
+        };
+        c.commit_record = self.commit_record(&c);
+        self.push(kind(c), wake)
     }
 
     /// Records a freed range for the node; returns its log sequence number.

@@ -64,6 +64,7 @@ impl Cluster {
         m: Model,
         keys: &TermKeys,
         req: &pb::RegisterNodeRequest,
+        report: bool,
     ) -> Result<Registered> {
         if req.node_id.is_empty() || req.node_id.len() > 256 {
             return Err(Error::invalid("node_id must be 1 to 256 bytes"));
@@ -124,6 +125,8 @@ impl Cluster {
                 unix_ms(),
             )
             .with_pending_records(req.records_pending)
+            .with_commit_records(keys.commit_records())
+            .with_report(report)
             .with_receipts(req.records_pending && req.records_receipts),
         );
         {

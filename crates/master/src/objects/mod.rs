@@ -91,7 +91,7 @@ pub struct Object {
     /// starts afresh): a lease is held without a break for at most
     /// `--max-lease` (`Object::lease`).
     lease_since_s: u32,
-    /// `SOFT_PIN` … `OFFLOAD_FAILED`, packed so the object stays small.
+    /// `SOFT_PIN` … `ADOPTED`, packed so the object stays small.
     flags: u8,
 }
 
@@ -108,6 +108,10 @@ const OFFLOADED: u8 = 1 << 3;
 /// Its copy to SSD failed for good: eviction drops it rather than making
 /// writers wait for a copy that will not come.
 const OFFLOAD_FAILED: u8 = 1 << 4;
+/// Adopted from a store node's report by a rebuild, and not committed by
+/// this term since: a newer version reported by another node may replace
+/// it (one this term committed, never).
+const ADOPTED: u8 = 1 << 5;
 
 /// A getter and a setter per flag of `Object::flags`.
 macro_rules! flags {
@@ -135,6 +139,7 @@ flags! {
     offload_then_free, set_offload_then_free, OFFLOAD_THEN_FREE;
     offloaded, set_offloaded, OFFLOADED;
     offload_failed, set_offload_failed, OFFLOAD_FAILED;
+    adopted, set_adopted, ADOPTED;
 }
 
 impl Object {

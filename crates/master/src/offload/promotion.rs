@@ -189,6 +189,7 @@ impl SsdTier {
                                 o.size,
                                 o.crc32c,
                                 r.generation,
+                                o.digest(),
                             );
                         }
                         o.set_replicas(f.replicas);

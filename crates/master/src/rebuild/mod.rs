@@ -13,14 +13,16 @@ mod tests;
 
 use crate::cluster::allocator::{aligned_len, ALIGN};
 use crate::cluster::Cluster;
-use crate::cluster::Replica;
+use crate::cluster::{NodeEntry, Replica};
 use crate::durable::DurableKv;
+use crate::grants::TermKeys;
 use crate::model::Model;
 use crate::objects::validate_key;
 use crate::objects::Object;
 use members::{Member, Members};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use strata_common::grant::{node_member, PutRecord};
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 
@@ -37,6 +39,8 @@ pub fn window(node_ttl: Duration) -> Duration {
 /// Why a reported object was not adopted (metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refusal {
+    /// No record of a master's giving the node this object.
+    Unsigned,
     Malformed,
     RangeInUse,
     OtherVersion,
@@ -54,6 +58,7 @@ enum Adopted {
 impl Refusal {
     fn label(self) -> &'static str {
         match self {
+            Refusal::Unsigned => "unsigned",
             Refusal::Malformed => "malformed",
             Refusal::RangeInUse => "range_in_use",
             Refusal::OtherVersion => "other_version",
@@ -197,6 +202,7 @@ impl RebuildGate {
         &self,
         m: Model,
         cluster: &Cluster,
+        keys: &TermKeys,
         req: &pb::ReportNodeObjectsRequest,
     ) -> Result<pb::ReportNodeObjectsResponse> {
         if req.objects.len() > MAX_REPORT {
@@ -217,6 +223,23 @@ impl RebuildGate {
                 ),
             ));
         }
+        // Only a registration a rebuilding master asked, and only while it
+        // rebuilds: later, the object log has moved on without the node
+        // (a key removed meanwhile must not come back).
+        if !node.asked_to_report || !self.rebuilding() {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "node {:?} may not report objects: {}",
+                    req.node_id,
+                    if node.asked_to_report {
+                        "the rebuild window has closed"
+                    } else {
+                        "its registration was not asked to (RegisterNodeResponse.report_objects)"
+                    }
+                ),
+            ));
+        }
         let segments = cluster.segments_of(&node);
         let mut out = pb::ReportNodeObjectsResponse::default();
         for o in &req.objects {
@@ -224,6 +247,7 @@ impl RebuildGate {
                 .ok()
                 .and_then(|i| segments.get(i).cloned().flatten());
             let outcome = match seg {
+                Some(_) if !given(keys, &node, o) => Err(Refusal::Unsigned),
                 Some(seg) => adopt_one(m, cluster, o, seg),
                 None => Err(Refusal::Malformed),
             };
@@ -264,6 +288,29 @@ impl RebuildGate {
     }
 }
 
+/// Whether a master gave `node` the reported object: the commit record of
+/// its object log entry, or, for a put the node recorded from the client's
+/// write, the put record the master signed at PutStart (under the node's
+/// key of that term; it names the segment id of that registration).
+fn given(keys: &TermKeys, node: &NodeEntry, o: &pb::NodeObject) -> bool {
+    if node.verify_commit_record(o) {
+        return true;
+    }
+    if o.put_record.is_empty() || o.term == 0 {
+        return false;
+    }
+    let key = keys.member_key_in(&node_member(&node.node_id), &node.proof, o.term);
+    let put = PutRecord {
+        key: &o.key,
+        segment_id: o.segment_id,
+        offset: o.offset,
+        length: o.length,
+        generation: o.generation,
+        crc32c: o.crc32c,
+    };
+    key.verify_record(&put, &o.put_record)
+}
+
 fn adopt_one(
     m: Model,
     cluster: &Cluster,
@@ -302,14 +349,23 @@ fn adopt_one(
         alloc_len: len,
         generation,
     };
+    // The writer's digest, only where the commit record covers it.
+    let digest = <[u8; 32]>::try_from(&o.blake3[..])
+        .ok()
+        .filter(|_| !o.commit_record.is_empty());
+    let adopted_object = |replica| {
+        let mut obj = Object::committed(o.length, o.crc32c, vec![replica], Vec::new());
+        obj.set_adopted(true);
+        if let Some(d) = digest {
+            obj.set_digest(d);
+        }
+        obj
+    };
     let adopted = {
         let mut shard = m.objects.shard(&o.key);
         let adopted = match shard.get_mut(&o.key) {
             None => {
-                shard.insert(
-                    &o.key,
-                    Object::committed(o.length, o.crc32c, vec![replica], Vec::new()),
-                );
+                shard.insert(&o.key, adopted_object(replica));
                 m.metrics.keys.inc();
                 Ok(Adopted::Added)
             }
@@ -318,26 +374,26 @@ fn adopt_one(
                 if x.is_complete()
                     && x.size == o.length
                     && x.crc32c == o.crc32c
+                    && x.digest() == digest
                     && x.replicas().iter().all(|r| r.seg.id != seg.id) =>
             {
                 x.push_replica(replica);
                 Ok(Adopted::Added)
             }
             // Another version: the newest commit wins. Only between
-            // DRAM copies whose generations are known (an SSD copy's is
-            // not), and never under a pin.
+            // versions both adopted from reports (never one this term
+            // committed), DRAM copies whose generations are known (an SSD
+            // copy's is not), and never under a pin.
             Some(x)
                 if x.is_complete()
+                    && x.adopted()
                     && (x.size, x.crc32c) != (o.length, o.crc32c)
                     && x.ssd().is_empty()
                     && x.pins == 0
                     && o.generation > 0
                     && x.replicas().iter().all(|r| r.generation < o.generation) =>
             {
-                let old = std::mem::replace(
-                    x,
-                    Object::committed(o.length, o.crc32c, vec![replica], Vec::new()),
-                );
+                let old = std::mem::replace(x, adopted_object(replica));
                 Ok(Adopted::ReplacedOlder(old))
             }
             Some(_) => Err(replica),
@@ -355,6 +411,7 @@ fn adopt_one(
                 o.length,
                 o.crc32c,
                 generation,
+                digest,
             );
         }
         adopted

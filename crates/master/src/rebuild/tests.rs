@@ -19,13 +19,18 @@ fn node_reports_are_adopted_only_when_consistent() {
         m.rebuilding(),
         "a young master asks nodes for their objects"
     );
-    let obj = |key: &str, offset: u64, length: u64, crc: u32| pb::NodeObject {
-        key: key.into(),
-        local_segment: 0,
-        offset,
-        length,
-        crc32c: crc,
-        generation: 0,
+    let obj = |key: &str, offset: u64, length: u64, crc: u32| {
+        m.signed(
+            "n0",
+            pb::NodeObject {
+                key: key.into(),
+                local_segment: 0,
+                offset,
+                length,
+                crc32c: crc,
+                ..Default::default()
+            },
+        )
     };
     let report = |objects: Vec<pb::NodeObject>| {
         m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
@@ -67,28 +72,32 @@ fn node_reports_are_adopted_only_when_consistent() {
     assert_eq!(m.allocated_bytes(), 128);
 }
 
+/// Registers node `id` with one 1 MiB segment, saying it holds `held`
+/// objects.
+fn register(m: &Master, id: &str, held: u64) -> pb::RegisterNodeResponse {
+    m.register_node(pb::RegisterNodeRequest {
+        node_id: id.into(),
+        data_addr: "127.0.0.1:9000".into(),
+        segments: vec![pb::SegmentSpec {
+            local_id: 0,
+            size: 1 << 20,
+            ..Default::default()
+        }],
+        instance: "i".into(),
+        instance_proof: NODE_PROOF.to_vec(),
+        held_objects: held,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// Past its rebuild window a master no longer asks registering nodes for
 /// their objects (a node back from a partition starts clean, so a key
 /// removed meanwhile cannot come back).
 #[test]
 fn only_a_young_master_asks_nodes_for_their_objects() {
     let m = master_with(0, 1 << 20, |c| c.node_ttl = Duration::from_millis(10));
-    let reg = |m: &Master, id: &str| {
-        m.register_node(pb::RegisterNodeRequest {
-            node_id: id.into(),
-            data_addr: "127.0.0.1:9000".into(),
-            segments: vec![pb::SegmentSpec {
-                local_id: 0,
-                size: 1 << 20,
-                ..Default::default()
-            }],
-            instance: "i".into(),
-            instance_proof: NODE_PROOF.to_vec(),
-            held_objects: 0,
-            ..Default::default()
-        })
-        .unwrap()
-    };
+    let reg = |m: &Master, id: &str| register(m, id, 0);
     assert!(reg(&m, "early").report_objects);
     let t0 = Instant::now();
     while m.rebuilding() {
@@ -127,34 +136,23 @@ async fn a_restarted_master_takes_writes_only_after_its_nodes_reported() {
     assert!(e.retryable(), "{e}");
     assert!(e.message.contains("1 have not reported"), "{e}");
     // n0 comes back holding one object: still waiting for its report.
-    let r = again
-        .register_node(pb::RegisterNodeRequest {
-            node_id: "n0".into(),
-            data_addr: "127.0.0.1:9000".into(),
-            segments: vec![pb::SegmentSpec {
-                local_id: 0,
-                size: 1 << 20,
-                ..Default::default()
-            }],
-            instance: "i0".into(),
-            instance_proof: NODE_PROOF.to_vec(),
-            held_objects: 1,
-            ..Default::default()
-        })
-        .unwrap();
+    let r = register(&again, "n0", 1);
     assert!(!again.accepting_writes(), "its report is still to come");
     let report = |last| pb::ReportNodeObjectsRequest {
         node_id: "n0".into(),
         incarnation: r.incarnation,
         instance_proof: NODE_PROOF.to_vec(),
-        objects: vec![pb::NodeObject {
-            key: if last { "a2" } else { "a1" }.into(),
-            local_segment: 0,
-            offset: if last { 4096 } else { 0 },
-            length: 100,
-            crc32c: 1,
-            generation: 0,
-        }],
+        objects: vec![again.signed(
+            "n0",
+            pb::NodeObject {
+                key: if last { "a2" } else { "a1" }.into(),
+                local_segment: 0,
+                offset: if last { 4096 } else { 0 },
+                length: 100,
+                crc32c: 1,
+                ..Default::default()
+            },
+        )],
         last,
     };
     again.adopt_node_objects(&report(false)).unwrap();
@@ -187,14 +185,18 @@ fn the_newest_commit_of_a_key_wins_the_rebuild() {
                 node_id: node.into(),
                 incarnation: n.incarnation,
                 instance_proof: NODE_PROOF.to_vec(),
-                objects: vec![pb::NodeObject {
-                    key: "k".into(),
-                    local_segment: 0,
-                    offset: 0,
-                    length: 100,
-                    crc32c: crc,
-                    generation,
-                }],
+                objects: vec![m.signed(
+                    node,
+                    pb::NodeObject {
+                        key: "k".into(),
+                        local_segment: 0,
+                        offset: 0,
+                        length: 100,
+                        crc32c: crc,
+                        generation,
+                        ..Default::default()
+                    },
+                )],
                 last: true,
             })
             .unwrap()
@@ -214,4 +216,142 @@ fn the_newest_commit_of_a_key_wins_the_rebuild() {
         assert_eq!((r.crc32c, r.replicas.len()), (2, 1), "the newer version");
         assert_eq!(m.allocated_bytes(), 128, "the older range is free");
     }
+}
+
+/// A report is adopted only with the record of a master's giving this node
+/// the object (its log entry's commit record, which covers the key, the
+/// range, the checksum, the generation and the digest): none, a forged
+/// one, one for another node or other bytes are refused, and a digest the
+/// record covers comes back to readers.
+#[test]
+fn a_report_is_adopted_only_with_a_masters_record_of_it() {
+    let m = master_with(2, 1 << 20, |_| {});
+    let node = m.cluster().node("n0").unwrap();
+    let report = |objects: Vec<pb::NodeObject>| {
+        m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
+            node_id: "n0".into(),
+            incarnation: node.incarnation,
+            instance_proof: NODE_PROOF.to_vec(),
+            objects,
+            last: false,
+        })
+        .unwrap()
+    };
+    let obj = |key: &str, offset: u64| pb::NodeObject {
+        key: key.into(),
+        local_segment: 0,
+        offset,
+        length: 100,
+        crc32c: 7,
+        generation: 5,
+        ..Default::default()
+    };
+    let forged = pb::NodeObject {
+        commit_record: vec![0x5a; 16],
+        ..obj("forged", 0)
+    };
+    let elsewhere = m.signed("n1", obj("elsewhere", 4096));
+    let other_bytes = pb::NodeObject {
+        crc32c: 8,
+        ..m.signed("n0", obj("other", 8192))
+    };
+    let uncovered = pb::NodeObject {
+        blake3: vec![3; 32],
+        ..m.signed("n0", obj("uncovered", 12288))
+    };
+    let r = report(vec![
+        obj("unsigned", 16384),
+        forged,
+        elsewhere,
+        other_bytes,
+        uncovered,
+    ]);
+    assert_eq!((r.adopted, r.refused), (0, 5));
+    assert_eq!(m.allocated_bytes(), 0, "nothing reserved");
+    let unsigned = m.metrics.rebuilt_objects.with_label_values(&["unsigned"]);
+    assert_eq!(unsigned.get(), 5);
+    // Signed, with and without the writer's digest.
+    let digest = pb::NodeObject {
+        blake3: vec![9; 32],
+        ..obj("digest", 20480)
+    };
+    let r = report(vec![
+        m.signed("n0", obj("plain", 0)),
+        m.signed("n0", digest),
+    ]);
+    assert_eq!((r.adopted, r.refused), (2, 0));
+    assert!(m.get_replicas("plain").unwrap().blake3.is_empty());
+    assert_eq!(m.get_replicas("digest").unwrap().blake3, vec![9; 32]);
+}
+
+/// Only a registration a rebuilding master asked may report, and only
+/// while it rebuilds: a node registered after the window (its object log
+/// moved on without it) is refused, and so is an early one once the
+/// window closed.
+#[test]
+fn only_a_registration_asked_to_report_may_report() {
+    let m = master_with(0, 1 << 20, |c| c.node_ttl = Duration::from_millis(20));
+    let reg = |id: &str| register(&m, id, 1);
+    let report = |id: &str, incarnation: u64| {
+        let o = pb::NodeObject {
+            key: format!("{id}/k"),
+            length: 100,
+            crc32c: 1,
+            ..Default::default()
+        };
+        m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
+            node_id: id.into(),
+            incarnation,
+            instance_proof: NODE_PROOF.to_vec(),
+            objects: vec![m.signed(id, o)],
+            last: true,
+        })
+    };
+    let early = reg("early");
+    assert!(early.report_objects);
+    let t0 = Instant::now();
+    while m.rebuilding() {
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        std::thread::yield_now();
+    }
+    let late = reg("late");
+    assert!(!late.report_objects);
+    for (id, r) in [("late", &late), ("early", &early)] {
+        let e = report(id, r.incarnation).unwrap_err();
+        assert_eq!(e.code, Code::PermissionDenied, "{id}: {e}");
+        assert!(!m.exists(&format!("{id}/k")).unwrap());
+    }
+}
+
+/// A report never replaces what this term committed: a node claiming a
+/// newer version of a key (a higher generation, signed) is refused once
+/// a PutEnd committed the key here; between two reported versions the
+/// newer still wins (`the_newest_commit_of_a_key_wins_the_rebuild`).
+#[test]
+fn a_report_never_replaces_what_this_term_committed() {
+    let m = master_with(2, 1 << 20, |_| {});
+    let r = m.put_start(spec("k", 100, 1)).unwrap();
+    let g = r[0].grant.as_ref().unwrap().generation;
+    m.put_end("k", 1).unwrap();
+    let n1 = m.cluster().node("n1").unwrap();
+    let newer = pb::NodeObject {
+        key: "k".into(),
+        local_segment: 0,
+        offset: 0,
+        length: 100,
+        crc32c: 2,
+        generation: g + 1_000_000,
+        ..Default::default()
+    };
+    let r = m
+        .adopt_node_objects(&pb::ReportNodeObjectsRequest {
+            node_id: "n1".into(),
+            incarnation: n1.incarnation,
+            instance_proof: NODE_PROOF.to_vec(),
+            objects: vec![m.signed("n1", newer)],
+            last: true,
+        })
+        .unwrap();
+    assert_eq!((r.adopted, r.refused), (0, 1));
+    assert_eq!(m.get_replicas("k").unwrap().crc32c, 1, "this term's commit");
 }

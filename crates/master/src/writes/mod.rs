@@ -408,10 +408,12 @@ fn commit_object(m: Model, obj: &mut Object, end: &PutEnd) -> Result<(Unsynced, 
         _ => Vec::new(),
     };
     if let Some(d) = end.digest {
-        // An adopted object (a rebuild knows no digests) gets its
-        // writer's here, too.
+        // An adopted object whose report carried none gets its writer's
+        // here, too.
         obj.set_digest(d);
     }
+    // Committed by this term now: no report replaces it.
+    obj.set_adopted(false);
     if !already {
         obj.crc32c = crc32c;
         obj.complete();
@@ -435,6 +437,7 @@ fn commit_object(m: Model, obj: &mut Object, end: &PutEnd) -> Result<(Unsynced, 
             obj.size,
             crc32c,
             r.generation,
+            obj.digest(),
         );
         if !receipted {
             unsynced.push(r.seg.node.acks.clone(), pending.unwrap_or(seq));

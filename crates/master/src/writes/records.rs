@@ -32,6 +32,7 @@ pub(crate) fn announce(
                 size,
                 crc32c,
                 r.generation,
+                None,
             );
             (r.seg.id, seq)
         })

@@ -43,7 +43,7 @@ pub(crate) struct Agent {
     /// The master's ids of our segments, by local index (last registration).
     pub(crate) segment_ids: Vec<u64>,
     /// Highest master term seen: answers from a deposed leader are refused.
-    pub(crate) fence: strata_common::term::TermFence,
+    pub(crate) fence: Arc<strata_common::term::TermFence>,
     /// Segments exposed over UCX; dropped (unregistered) when the agent stops.
     pub(crate) ucx: Option<Ucx>,
     /// Tell the master at shutdown (`StoreNodeConfig::leave_on_shutdown`).

@@ -39,6 +39,11 @@ impl Agent {
                 length: c.length,
                 crc32c: c.crc32c,
                 generation: c.generation,
+                commit_record: c.commit_record,
+                put_record: c.put_record,
+                segment_id: c.segment_id,
+                blake3: c.blake3,
+                term: c.put_record_term,
             })
         };
         let mut held: Vec<pb::NodeObject> = self

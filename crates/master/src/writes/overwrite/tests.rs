@@ -229,14 +229,18 @@ fn versions_adopted_from_nodes_raise_the_generations_given_out() {
             node_id: "n0".into(),
             incarnation: n.incarnation,
             instance_proof: crate::tests::NODE_PROOF.to_vec(),
-            objects: vec![strata_proto::NodeObject {
-                key: key.into(),
-                local_segment: 0,
-                offset,
-                length: 100,
-                crc32c: 1,
-                generation,
-            }],
+            objects: vec![m.signed(
+                "n0",
+                strata_proto::NodeObject {
+                    key: key.into(),
+                    local_segment: 0,
+                    offset,
+                    length: 100,
+                    crc32c: 1,
+                    generation,
+                    ..Default::default()
+                },
+            )],
             last: false,
         })
         .unwrap()
