@@ -54,8 +54,10 @@ pub struct NodeEntry {
     /// Signs what the node is told it holds (`CommittedObject.commit_record`).
     commit_records: Option<CommitRecords>,
     /// This registration was asked to report what it holds (a rebuilding
-    /// master); only such a one may.
+    /// master); only such a one may, until its last batch.
     pub asked_to_report: bool,
+    /// Its report's last batch came.
+    pub(crate) reported: AtomicBool,
 }
 
 /// What the node must learn about the objects it holds: commits and frees, in
@@ -90,6 +92,7 @@ impl NodeEntry {
             records_receipts: false,
             commit_records: None,
             asked_to_report: false,
+            reported: AtomicBool::new(false),
         }
     }
 

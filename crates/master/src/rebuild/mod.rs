@@ -110,6 +110,13 @@ impl RebuildGate {
         self.started.elapsed() < window(self.node_ttl)
     }
 
+    /// Whether reports (of registrations asked within the window) are
+    /// still taken: a node with many objects sends many batches, so twice
+    /// the window, and no longer (the object log moves on without it).
+    fn taking_reports(&self) -> bool {
+        self.started.elapsed() < window(self.node_ttl) * 2
+    }
+
     /// Longest a restarted master waits for the members it remembers: a
     /// live one heartbeats well within `--node-ttl`, so one that has not
     /// come back by then is lost (and forgotten, `lost_members`).
@@ -223,21 +230,23 @@ impl RebuildGate {
                 ),
             ));
         }
-        // Only a registration a rebuilding master asked, and only while it
-        // rebuilds: later, the object log has moved on without the node
-        // (a key removed meanwhile must not come back).
-        if !node.asked_to_report || !self.rebuilding() {
+        // Only a registration a rebuilding master asked, until its last
+        // batch, and only while the rebuild takes reports: later, the
+        // object log has moved on without the node (a key removed
+        // meanwhile must not come back).
+        let refused = if !node.asked_to_report {
+            Some("its registration was not asked to (RegisterNodeResponse.report_objects)")
+        } else if node.reported.load(Ordering::Acquire) {
+            Some("it sent its last batch already")
+        } else if !self.taking_reports() {
+            Some("the rebuild no longer takes reports")
+        } else {
+            None
+        };
+        if let Some(why) = refused {
             return Err(Error::new(
                 Code::PermissionDenied,
-                format!(
-                    "node {:?} may not report objects: {}",
-                    req.node_id,
-                    if node.asked_to_report {
-                        "the rebuild window has closed"
-                    } else {
-                        "its registration was not asked to (RegisterNodeResponse.report_objects)"
-                    }
-                ),
+                format!("node {:?} may not report objects: {why}", req.node_id),
             ));
         }
         let segments = cluster.segments_of(&node);
@@ -275,6 +284,7 @@ impl RebuildGate {
             m.metrics.rebuilt_objects.with_label_values(&[label]).inc();
         }
         if req.last {
+            node.reported.store(true, Ordering::Release);
             self.reported(Member::Node(req.node_id.clone()));
         }
         tracing::info!(

@@ -284,10 +284,10 @@ fn a_report_is_adopted_only_with_a_masters_record_of_it() {
     assert_eq!(m.get_replicas("digest").unwrap().blake3, vec![9; 32]);
 }
 
-/// Only a registration a rebuilding master asked may report, and only
-/// while it rebuilds: a node registered after the window (its object log
-/// moved on without it) is refused, and so is an early one once the
-/// window closed.
+/// Only a registration a rebuilding master asked may report, until its
+/// last batch and while the rebuild takes reports: a node registered after
+/// the window (its object log moved on without it) is refused, an early
+/// one after its last batch, and any once reports are no longer taken.
 #[test]
 fn only_a_registration_asked_to_report_may_report() {
     let m = master_with(0, 1 << 20, |c| c.node_ttl = Duration::from_millis(20));
@@ -307,8 +307,11 @@ fn only_a_registration_asked_to_report_may_report() {
             last: true,
         })
     };
-    let early = reg("early");
-    assert!(early.report_objects);
+    let (early, done) = (reg("early"), reg("done"));
+    assert!(early.report_objects && done.report_objects);
+    assert_eq!(report("done", done.incarnation).unwrap().adopted, 1);
+    let e = report("done", done.incarnation).unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "after its last batch: {e}");
     let t0 = Instant::now();
     while m.rebuilding() {
         assert!(t0.elapsed() < Duration::from_secs(5));
@@ -316,11 +319,15 @@ fn only_a_registration_asked_to_report_may_report() {
     }
     let late = reg("late");
     assert!(!late.report_objects);
-    for (id, r) in [("late", &late), ("early", &early)] {
-        let e = report(id, r.incarnation).unwrap_err();
-        assert_eq!(e.code, Code::PermissionDenied, "{id}: {e}");
-        assert!(!m.exists(&format!("{id}/k")).unwrap());
-    }
+    let e = report("late", late.incarnation).unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "not asked: {e}");
+    assert!(!m.exists("late/k").unwrap());
+    // An asked one past the window: still taken for a while (big nodes send
+    // many batches), then no more.
+    std::thread::sleep(Duration::from_millis(100)); // 2.5 windows of 40 ms
+    let e = report("early", early.incarnation).unwrap_err();
+    assert_eq!(e.code, Code::PermissionDenied, "too late: {e}");
+    assert!(!m.exists("early/k").unwrap());
 }
 
 /// A report never replaces what this term committed: a node claiming a
