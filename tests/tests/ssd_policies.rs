@@ -259,20 +259,32 @@ async fn an_ssd_hit_is_promoted_back_to_dram_without_waiting_for_it() {
 /// Reads `keys` in order as an engine would (a miss is recomputed and put);
 /// returns the lookups served from SSD.
 async fn read_through(cl: &Client, keys: &[String], size: usize) -> u64 {
-    let mut ssd = 0;
+    let tiers = read_tiers(cl, keys, size).await;
+    tiers
+        .iter()
+        .filter(|t| **t == Some(strata_client::Tier::Ssd))
+        .count() as u64
+}
+
+/// `read_through`, returning where each key's read was served from (None:
+/// a miss, recomputed and put).
+async fn read_tiers(cl: &Client, keys: &[String], size: usize) -> Vec<Option<strata_client::Tier>> {
+    let mut tiers = Vec::with_capacity(keys.len());
     for (i, k) in keys.iter().enumerate() {
         match cl.batch_get_tiered(&[k.as_str()]).await.unwrap().remove(0) {
             Ok((v, tier)) => {
                 assert_eq!(v, payload(i as u64 % 300, size), "{k}");
-                ssd += u64::from(tier == strata_client::Tier::Ssd);
+                tiers.push(Some(tier));
             }
-            Err(_) => cl
-                .put(k, &payload(i as u64 % 300, size), &PutOptions::default())
-                .await
-                .unwrap(),
+            Err(_) => {
+                cl.put(k, &payload(i as u64 % 300, size), &PutOptions::default())
+                    .await
+                    .unwrap();
+                tiers.push(None);
+            }
         }
     }
-    ssd
+    tiers
 }
 
 /// A loop over 3x the SSD (10x DRAM) under `on-evict`: with
@@ -314,7 +326,36 @@ async fn a_loop_larger_than_the_tiers_makes_the_ssd_keep_what_it_holds() {
         for _ in 0..3 {
             read_through(&cl, &pass, size).await;
         }
-        let served = read_through(&cl, &pass, size).await;
+        // What the SSD holds as the last pass starts (no copy in flight),
+        // and how each of those keys is then read.
+        assert!(wait_until(Duration::from_secs(20), || strata_tests::drained(&c)).await);
+        let admitted = || {
+            c.master
+                .metrics
+                .admission
+                .decisions
+                .with_label_values(&["admitted"])
+                .get()
+        };
+        let admitted_before = admitted();
+        let mut held = Vec::new();
+        for k in &pass {
+            if on_ssd(&c, k).await {
+                held.push(k.clone());
+            }
+        }
+        let tiers = read_tiers(&cl, &pass, size).await;
+        assert_eq!(tiers.len(), pass.len());
+        let served = tiers
+            .iter()
+            .filter(|t| **t == Some(strata_client::Tier::Ssd))
+            .count();
+        let admitted = admitted() - admitted_before;
+        let held_missed = pass
+            .iter()
+            .zip(&tiers)
+            .filter(|(k, t)| t.is_none() && held.contains(k))
+            .count();
         let (_, body) = strata_tests::http_get(c.master_admin, "/metrics").await;
         let mode = strata_tests::metric(&body, "strata_master_ssd_admission_mode");
         let refused = c.master.metrics.admission.refused();
@@ -327,21 +368,35 @@ async fn a_loop_larger_than_the_tiers_makes_the_ssd_keep_what_it_holds() {
         assert_eq!(v["ssd_admission"]["enabled"], enabled, "{body}");
         assert_eq!(v["ssd_admission"]["mode"], shown, "{body}");
         match admission {
+            // The mechanism, not a rate (a rate at its edge failed on a
+            // busy machine: 79 against a bound of 80). Keeping, what the
+            // SSD holds as a pass starts is still there when the pass reads
+            // it, but for the buckets the trickle of admissions (one victim
+            // in 32) makes the agent evict: at most a bucket (10 keys) per
+            // 10 admitted, and one more at the watermark's edge. Admitting
+            // all, the victims of the pass push most of it out first. How
+            // many the SSD holds is its capacity (100 objects less a
+            // bucket's slack), not a timing.
             SsdAdmission::Auto => {
                 assert_eq!(mode, 1.0, "switched to keeping");
                 assert!(refused > 100, "refused {refused}");
-                // The mechanism, not a rate at its edge: keeping serves a
-                // fixed share of each pass where admitting all serves
-                // nothing (below). An oracle pinning 100 of the 300 keys
-                // serves 100; 80 is measured on a quiet machine and 79
-                // under load, so the bound leaves room for load only.
-                assert!(served >= 70, "SSD served {served} of 300 (oracle 100)");
+                assert!(held.len() >= 50, "the SSD holds {} of 300", held.len());
+                let evictable = 10 * (admitted.div_ceil(10) as usize + 1);
+                assert!(
+                    held_missed <= evictable,
+                    "{held_missed} of {} held keys missed; {admitted} admitted (served {served})",
+                    held.len()
+                );
             }
             SsdAdmission::All => {
                 assert_eq!(mode, 0.0);
                 assert_eq!(refused, 0);
-                // Each victim pushes out an older key read again later.
-                assert!(served < 20, "admitting all served {served} of 300");
+                assert!(held.len() >= 50, "the SSD holds {} of 300", held.len());
+                assert!(
+                    held_missed * 2 > held.len(),
+                    "admitting all, {held_missed} of the {} keys held were pushed out first",
+                    held.len()
+                );
             }
         }
         c.shutdown().await;
