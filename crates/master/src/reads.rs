@@ -179,6 +179,9 @@ fn end_leases(m: Model, ended: &[pb::LeaseEnd]) -> u64 {
             same && o.is_complete() && o.end_lease(now)
         });
         drop(shard);
+        // Or a reader of a version an overwrite replaced (freed once its
+        // last reader is done).
+        let ended = ended || m.retired.end_lease(&e.key, e.generation, now);
         if ended {
             done += 1;
         } else {

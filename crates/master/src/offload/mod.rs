@@ -380,6 +380,8 @@ impl SsdTier {
         if let Some(o) = m.objects.shard(key).get_mut(key) {
             o.pins = o.pins.saturating_sub(1);
         }
+        // A version an overwrite replaced while this task copied it.
+        m.retired.unpin(key, unix_ms());
     }
 
     pub(crate) fn report_offload(

@@ -85,9 +85,9 @@ fn a_lease_ends_with_its_last_reader() {
     assert_eq!(m.allocated_bytes(), 0);
 }
 
-/// A lease end names the version it read: one of a replaced version, or
-/// an SSD read's (generation 0) of an object in DRAM, leaves the current
-/// version's lease alone.
+/// A lease end names the version it read: one of a replaced version (which
+/// it ends instead), or an SSD read's (generation 0) of an object in DRAM,
+/// leaves the current version's lease alone.
 #[test]
 fn a_lease_end_of_another_version_is_left_alone() {
     let m = master_with(1, 1 << 20, |c| c.lease_ttl = Duration::from_secs(60));
@@ -106,13 +106,16 @@ fn a_lease_end_of_another_version_is_left_alone() {
     m.put_end_of("k", 0, &[], Some(g)).unwrap();
     let new = m.get_replicas("k").unwrap();
     assert_eq!((version(&new), new.size), (g, 2000));
+    // The replaced version's end ends that version's lease (it is then
+    // freed), not the current one's.
     ended(&m, "k", old);
     ended(&m, "k", 0);
     ended(&m, "absent", 7);
-    assert_eq!((lease_ends(&m, "ended"), lease_ends(&m, "stale")), (0, 3));
+    assert_eq!((lease_ends(&m, "ended"), lease_ends(&m, "stale")), (1, 2));
+    assert_eq!(m.free_retired(strata_common::time::unix_ms()), 1);
     assert_eq!(m.remove("k", false).unwrap_err().code, Code::Leased);
     ended(&m, "k", g);
-    assert_eq!(lease_ends(&m, "ended"), 1);
+    assert_eq!(lease_ends(&m, "ended"), 2);
     m.remove("k", false).unwrap();
 }
 

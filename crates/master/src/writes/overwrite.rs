@@ -142,7 +142,7 @@ fn retire(
         old.release();
         pressure.space_freed();
     } else {
-        let kept = m.retired.keep(until, old);
+        let kept = m.retired.keep(until, key, old);
         m.metrics.retired_bytes.set(kept as i64);
     }
     unsynced

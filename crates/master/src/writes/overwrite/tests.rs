@@ -80,6 +80,40 @@ fn the_old_version_keeps_its_space_until_its_read_lease_ends() {
     assert_eq!(m.free_retired(lease_until + 1), 0, "freed once");
 }
 
+/// A reader of the replaced version that says it is done (its lease end
+/// names that version) frees it with the last such reader, long before
+/// the lease TTL; an end naming another version frees nothing.
+#[test]
+fn the_old_version_is_freed_when_its_last_reader_is_done() {
+    let m = master_with(1, 1 << 20, |c| c.lease_ttl = Duration::from_secs(60));
+    put(&m, "k", 100, 1);
+    let old =
+        |r: &strata_proto::GetReplicasResponse| r.replicas[0].grant.as_ref().unwrap().generation;
+    let (a, b) = (m.get_replicas("k").unwrap(), m.get_replicas("k").unwrap());
+    let g = start(&m, "k", 200);
+    end(&m, "k", 2, g).unwrap();
+    let ended = |generation| {
+        m.report_reads(&strata_proto::ReportReadsRequest {
+            ended: vec![strata_proto::LeaseEnd {
+                key: "k".into(),
+                generation,
+            }],
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    ended(old(&a));
+    assert_eq!(m.free_retired(unix_ms()), 0, "one reader left");
+    ended(g + 1000); // no such version
+    assert_eq!(m.free_retired(unix_ms()), 0, "one reader left");
+    ended(old(&b));
+    assert_eq!(m.free_retired(unix_ms()), 1, "its last reader is done");
+    assert_eq!(m.allocated_bytes(), aligned(200));
+    // The ends counted: two ended, one stale.
+    let ends = |o: &str| m.metrics.lease_ends.with_label_values(&[o]).get();
+    assert_eq!((ends("ended"), ends("stale")), (2, 1));
+}
+
 #[test]
 fn an_unread_old_version_is_freed_at_the_swap() {
     let m = master_with(1, 1 << 20, |_| {});
