@@ -72,13 +72,14 @@ pub struct Conn {
 impl Conn {
     /// The client configuration: `--token-file` if given, else the token
     /// file a running `strata up` wrote (its rdma token for `--transport
-    /// ucx`), else none (protected mode).
+    /// ucx`) when `--master` is the master it started, else none
+    /// (protected mode).
     pub fn config(&self) -> anyhow::Result<crate::ClientConfig> {
         let rdma = self.transport == crate::TransportKind::Ucx;
         let path = self
             .token_file
             .clone()
-            .or_else(|| up::default_token_file(rdma).filter(|p| p.exists()));
+            .or_else(|| strata_client::up_token::token_for(&self.master, rdma));
         let token =
             strata_common::auth::Secret::from_optional_file(path.as_deref(), "--token-file")?;
         Ok(crate::ClientConfig::new(self.master.clone())

@@ -30,22 +30,6 @@ pub struct UpArgs {
     pub ssd_capacity: ByteSize,
 }
 
-/// Where `strata up` leaves its admin token for the CLI on the same machine:
-/// `$XDG_CONFIG_HOME/strata/up.token` or `~/.config/strata/up.token`; and
-/// (`rdma`) its rdma token, `up-rdma.token`, when its nodes serve UCX.
-pub fn default_token_file(rdma: bool) -> Option<std::path::PathBuf> {
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| std::path::PathBuf::from(h).join(".config"))
-        })?;
-    let name = if rdma { "up-rdma.token" } else { "up.token" };
-    Some(base.join("strata").join(name))
-}
-
 pub async fn run(a: UpArgs, transport: crate::TransportKind) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=64).contains(&a.store_nodes),
@@ -79,10 +63,25 @@ pub async fn run(a: UpArgs, transport: crate::TransportKind) -> anyhow::Result<(
     let addr = cluster.master_addr();
     // The CLI on this machine finds the admin token (and with UCX the rdma
     // token) here by itself.
-    let wrote = write_token(default_token_file(false), &cluster.credentials().admin)?;
+    let wrote = write_token(
+        strata_client::up_token::default_token_file(false),
+        &cluster.credentials().admin,
+    )?;
     let wrote_rdma = match ucx {
-        true => write_token(default_token_file(true), &cluster.credentials().rdma)?,
+        true => write_token(
+            strata_client::up_token::default_token_file(true),
+            &cluster.credentials().rdma,
+        )?,
         false => None,
+    };
+    // ...for this master only (`token_for`).
+    let wrote_master = match strata_client::up_token::master_file().filter(|_| wrote.is_some()) {
+        Some(p) => {
+            std::fs::write(&p, format!("{addr}\n"))
+                .with_context(|| format!("cannot write {}", p.display()))?;
+            Some(p)
+        }
+        None => None,
     };
     println!("Strata local cluster is up.");
     println!("  master:       {addr}    (export STRATA_MASTER={addr})");
@@ -126,7 +125,7 @@ pub async fn run(a: UpArgs, transport: crate::TransportKind) -> anyhow::Result<(
     strata_common::shutdown::on_signals().cancelled().await;
     eprintln!("stopping...");
     cluster.shutdown().await;
-    if let Some(p) = &wrote {
+    for p in [&wrote, &wrote_rdma, &wrote_master].into_iter().flatten() {
         let _ = std::fs::remove_file(p);
     }
     eprintln!("stopped.");

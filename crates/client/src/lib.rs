@@ -22,6 +22,7 @@ mod quick;
 mod retry;
 mod status;
 mod ucx;
+pub mod up_token;
 
 pub use client::{remote_range, Client, ClientConfig, PutOptions, Tier};
 pub use retry::Backoff;

@@ -207,7 +207,7 @@ pub async fn connect(s: Settings) -> Result<Shared> {
         )));
     }
     // As the CLI: the argument, $STRATA_TOKEN_FILE, else the token a local
-    // `strata up` left for this user, if any.
+    // `strata up` left for this user, if `master` is the one it started.
     let token_file = s
         .token_file
         .or_else(|| {
@@ -215,7 +215,7 @@ pub async fn connect(s: Settings) -> Result<Shared> {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
         })
-        .or_else(|| up_token_file().filter(|p| p.exists()));
+        .or_else(|| strata_client::up_token::token_for(&master, false));
     let token = Secret::from_optional_file(token_file.as_deref(), "token_file")?;
     let transport = match s.transport.as_str() {
         "tcp" => TransportKind::Tcp,
@@ -336,20 +336,6 @@ fn loopback_only(master: &str) -> bool {
                 .parse::<std::net::IpAddr>()
                 .is_ok_and(|ip| ip.is_loopback())
     })
-}
-
-/// Where `strata up` leaves its admin token (`$XDG_CONFIG_HOME` or
-/// `~/.config`, then `strata/up.token`).
-fn up_token_file() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".config"))
-        })?;
-    Some(base.join("strata").join("up.token"))
 }
 
 /// `HOST-py-PID-N`: unique per embedded segment of this machine.
