@@ -669,7 +669,7 @@ impl Master {
             .await
     }
 
-    pub async fn report_offload(&self, req: pb::ReportOffloadRequest) -> Result<()> {
+    pub fn report_offload(&self, req: pb::ReportOffloadRequest) -> Result<()> {
         self.ssd.report_offload(self.model(), &self.pressure, req)
     }
 
@@ -692,7 +692,7 @@ impl Master {
         self.keys.copy_records().sign(key, size, crc32c).to_vec()
     }
 
-    pub async fn report_inventory(&self, req: pb::ReportInventoryRequest) -> Result<u64> {
+    pub fn report_inventory(&self, req: pb::ReportInventoryRequest) -> Result<u64> {
         let adopted = self.ssd.report_inventory(self.model(), &req)?;
         if !req.relocation {
             // A restarted master waits for this before calling keys absent.
@@ -701,7 +701,7 @@ impl Master {
         Ok(adopted)
     }
 
-    pub async fn report_promotion(&self, req: pb::ReportPromotionRequest) -> Result<()> {
+    pub fn report_promotion(&self, req: pb::ReportPromotionRequest) -> Result<()> {
         self.ssd.report_promotion(self.model(), req)
     }
 

@@ -596,9 +596,10 @@ impl MasterRpc for MasterService {
         req: Request<pb::ReportOffloadRequest>,
     ) -> Result<Response<pb::ReportOffloadResponse>, Status> {
         let t0 = Instant::now();
+        // Member calls that walk many objects run off the async workers.
+        let req = req.into_inner();
         let r = self
-            .master
-            .report_offload(req.into_inner())
+            .blocking(move |m| m.report_offload(req))
             .await
             .map(|_| pb::ReportOffloadResponse {});
         self.done("report_offload", t0, r)
@@ -609,9 +610,9 @@ impl MasterRpc for MasterService {
         req: Request<pb::ReportInventoryRequest>,
     ) -> Result<Response<pb::ReportInventoryResponse>, Status> {
         let t0 = Instant::now();
+        let req = req.into_inner();
         let r = self
-            .master
-            .report_inventory(req.into_inner())
+            .blocking(move |m| m.report_inventory(req))
             .await
             .map(|adopted| pb::ReportInventoryResponse { adopted });
         self.done("report_inventory", t0, r)
@@ -636,7 +637,8 @@ impl MasterRpc for MasterService {
         req: Request<pb::EvictBucketsRequest>,
     ) -> Result<Response<pb::EvictBucketsResponse>, Status> {
         let t0 = Instant::now();
-        let r = self.master.evict_buckets(req.get_ref());
+        let req = req.into_inner();
+        let r = self.blocking(move |m| m.evict_buckets(&req)).await;
         self.done("evict_buckets", t0, r)
     }
 
@@ -645,9 +647,9 @@ impl MasterRpc for MasterService {
         req: Request<pb::ReportPromotionRequest>,
     ) -> Result<Response<pb::ReportPromotionResponse>, Status> {
         let t0 = Instant::now();
+        let req = req.into_inner();
         let r = self
-            .master
-            .report_promotion(req.into_inner())
+            .blocking(move |m| m.report_promotion(req))
             .await
             .map(|_| pb::ReportPromotionResponse {});
         self.done("report_promotion", t0, r)

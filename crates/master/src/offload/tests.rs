@@ -115,7 +115,6 @@ pub(crate) async fn report_results(
         epoch,
         results,
     })
-    .await
     .unwrap();
 }
 
@@ -276,7 +275,7 @@ async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
         objects: vec![moved("live"), moved("gone")],
         relocation,
     };
-    m.report_inventory(report(true)).await.unwrap();
+    m.report_inventory(report(true)).unwrap();
     let live = m
         .objects()
         .shard("live")
@@ -307,13 +306,13 @@ async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
     );
     // A restart's inventory, unlike a relocation, may create SSD-only keys,
     // but never one that was removed (its tombstone), whatever restarts.
-    m.report_inventory(report(false)).await.unwrap();
+    m.report_inventory(report(false)).unwrap();
     assert!(!m.exists("gone").unwrap(), "tombstoned");
     let fresh = pb::ReportInventoryRequest {
         objects: vec![moved("fresh")],
         ..report(false)
     };
-    m.report_inventory(fresh).await.unwrap();
+    m.report_inventory(fresh).unwrap();
     assert!(m.exists("fresh").unwrap());
 }
 
@@ -351,7 +350,6 @@ async fn a_victim_whose_offload_fails_while_leased_is_decided_again() {
         epoch: r.epoch,
         results,
     })
-    .await
     .unwrap();
     {
         let s = m.objects().shard(&victim);
@@ -632,7 +630,6 @@ async fn a_restarted_master_waits_for_its_ssd_owners_before_calling_keys_absent(
     };
     again
         .report_inventory(inventory(owner, r.epoch, vec![obj]))
-        .await
         .unwrap();
     assert_eq!(
         again.exists("unknown").unwrap_err().code,
@@ -643,7 +640,6 @@ async fn a_restarted_master_waits_for_its_ssd_owners_before_calling_keys_absent(
     let r1 = register(&again, "h/1").await;
     again
         .report_inventory(inventory(other, r1.epoch, vec![]))
-        .await
         .unwrap();
     assert!(again.exists("on-ssd").unwrap(), "reported");
     assert!(
@@ -774,7 +770,7 @@ async fn only_copies_a_master_recorded_are_adopted_from_an_inventory() {
         obj("absent", 5, vec![0; 16]),
         obj("absent", 5, m.copy_record("other", 100, 5)),
     ];
-    assert_eq!(m.report_inventory(report(forged)).await.unwrap(), 0);
+    assert_eq!(m.report_inventory(report(forged)).unwrap(), 0);
     assert!(m
         .objects()
         .shard("live")
@@ -788,7 +784,7 @@ async fn only_copies_a_master_recorded_are_adopted_from_an_inventory() {
         obj("live", crc, m.copy_record("live", 100, crc)),
         obj("absent", 5, m.copy_record("absent", 100, 5)),
     ];
-    assert_eq!(m.report_inventory(report(recorded)).await.unwrap(), 2);
+    assert_eq!(m.report_inventory(report(recorded)).unwrap(), 2);
     assert_eq!(
         m.objects().shard("live").get("live").unwrap().ssd().len(),
         1
@@ -820,7 +816,7 @@ async fn a_lookup_with_nothing_to_read_leaves_no_lease() {
         objects: vec![obj],
         relocation: false,
     };
-    assert_eq!(m.report_inventory(report).await.unwrap(), 1);
+    assert_eq!(m.report_inventory(report).unwrap(), 1);
     // Its only owner stops heartbeating: the copy cannot be served (seen
     // without a lookup, which would lease it).
     let t0 = std::time::Instant::now();
