@@ -64,8 +64,9 @@ def check_flags(docs, token_dir, label):
             if not binary.startswith("strata-"):
                 continue
             args = [expand(a, sample_env) for a in c.get("args", [])]
-            # The token Secret is mounted at /etc/strata/tokens.
-            args = [a.replace("/etc/strata/tokens", token_dir) for a in args]
+            # The token Secret is mounted at /etc/strata/tokens, the etcd
+            # password Secret at /etc/strata/etcd.
+            args = [a.replace("/etc/strata/tokens", token_dir).replace("/etc/strata/etcd", token_dir) for a in args]
             r = run([os.path.join(BIN_DIR, binary), "--check-config", *args])
             assert r.returncode == 0, f"{label}: {doc['kind']} {doc['metadata']['name']}: {binary} refused its flags:\n{r.stderr}\nargs: {args}"
             checked += 1
@@ -191,6 +192,9 @@ def check_bad_values():
         (["storeNode.transport=rdma"], "transport"),
         (["ssdAgent.transport=rdma"], "transport"),
         (["ssdAgent.env[0].name=LD_PRELOAD"], "name"),
+        (["master.replicas=3", "etcd.endpoints=http://e:2379", "etcd.auth.user=strata"], "etcd.auth.passwordSecret"),
+        (["master.replicas=3", "etcd.deploy=true", "etcd.auth.user=strata", "etcd.auth.passwordSecret=p"],
+         "the chart's own etcd runs without it"),
     ]
     for sets, want in cases:
         r = render([], sets)
@@ -206,7 +210,7 @@ def check_bad_values():
 
 def main():
     token_dir = tempfile.mkdtemp()
-    for name in ("member.token", "client.token", "admin.token", "rdma.token"):
+    for name in ("member.token", "client.token", "admin.token", "rdma.token", "password"):
         with open(os.path.join(token_dir, name), "w") as f:
             f.write(os.urandom(32).hex())
     sets = [("default", [])] + [(os.path.basename(f), [f]) for f in example_values()]

@@ -493,3 +493,67 @@ async fn quick_calls_go_quickly_again_after_a_master_restart() {
     }
     assert_eq!(cl.quick_calls() - before, 5, "every lookup went quickly");
 }
+
+/// etcd with authentication on: a master given `--etcd-user` and
+/// `--etcd-password-file` leads and serves, and a CLI that finds it through
+/// `etcd://…` does so with `STRATA_ETCD_USER` / `STRATA_ETCD_PASSWORD_FILE`;
+/// without them etcd refuses it, and the CLI says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_and_clients_authenticate_to_an_etcd_with_auth_on() {
+    let etcd = EtcdServer::start().await;
+    let ep = std::slice::from_ref(&etcd.endpoint);
+    let password = "0123456789abcdef0123456789abcdef";
+    let mut auth = strata_common::leader::etcd_client(ep)
+        .await
+        .unwrap()
+        .auth_client();
+    auth.user_add("root", password, None).await.unwrap();
+    auth.user_grant_role("root", "root").await.unwrap();
+    auth.auth_enable().await.unwrap();
+    let anon = strata_common::leader::etcd_client(ep).await.unwrap();
+    assert!(
+        anon.kv_client().get("x", None).await.is_err(),
+        "etcd refuses strangers"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("etcd.password");
+    std::fs::write(&pw, format!("{password}\n")).unwrap();
+    let pw_arg = pw.to_str().unwrap();
+    let flags: Vec<&str> = HA_FLAGS
+        .iter()
+        .copied()
+        .chain(["--etcd-user", "root", "--etcd-password-file", pw_arg])
+        .collect();
+    let m = RestartableMaster::ha(&etcd.endpoint, "authed", &flags);
+    let _p = m.start().await; // ready: it leads
+    let url = format!("etcd://{}/authed", etcd.host_port());
+    let cli = |with_auth: bool| {
+        let mut c = std::process::Command::new(strata_tests::bin("strata"));
+        c.args(["--master", &url, "stat"])
+            .env_remove("STRATA_ETCD_USER")
+            .env_remove("STRATA_ETCD_PASSWORD_FILE");
+        if with_auth {
+            c.env("STRATA_ETCD_USER", "root")
+                .env("STRATA_ETCD_PASSWORD_FILE", &pw);
+        }
+        c
+    };
+    let run =
+        |mut c: std::process::Command| tokio::task::spawn_blocking(move || c.output().unwrap());
+    let ok = tokio::time::timeout(Duration::from_secs(60), run(cli(true)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let refused = tokio::time::timeout(Duration::from_secs(60), run(cli(false)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("etcd"), "{err}");
+}

@@ -163,19 +163,77 @@ pub async fn read_leader(
     }
 }
 
-/// Connects an etcd client (lazily dialled, bounded timeouts).
-pub async fn etcd_client(endpoints: &[String]) -> Result<etcd_client::Client> {
-    etcd_client_with(endpoints, true).await
+/// An etcd user and its password, for an etcd with authentication on.
+#[derive(Clone)]
+pub struct EtcdAuth {
+    pub user: String,
+    pub password: crate::auth::Secret,
 }
 
-/// [`etcd_client`], with or without HTTP/2 keep-alive pings (see
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EtcdAuth({:?}, <password>)", self.user)
+    }
+}
+
+impl EtcdAuth {
+    /// From a user name and a password file (both or neither).
+    pub fn from_parts(
+        user: Option<String>,
+        password_file: Option<&std::path::Path>,
+    ) -> Result<Option<EtcdAuth>> {
+        match (user.filter(|u| !u.is_empty()), password_file) {
+            (None, None) => Ok(None),
+            (Some(user), Some(f)) => Ok(Some(EtcdAuth {
+                user,
+                password: crate::auth::Secret::from_file(f, "--etcd-password-file")?,
+            })),
+            _ => Err(Error::invalid(
+                "etcd authentication needs both a user (--etcd-user, STRATA_ETCD_USER) \
+                 and a password file (--etcd-password-file, STRATA_ETCD_PASSWORD_FILE)",
+            )),
+        }
+    }
+
+    /// What a process that finds its master through etcd (`etcd://…`)
+    /// presents: `STRATA_ETCD_USER` and `STRATA_ETCD_PASSWORD_FILE`.
+    pub fn from_env() -> Result<Option<EtcdAuth>> {
+        let user = std::env::var("STRATA_ETCD_USER").ok();
+        let file = std::env::var_os("STRATA_ETCD_PASSWORD_FILE")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from);
+        Self::from_parts(user, file.as_deref())
+    }
+}
+
+/// Connects an etcd client (lazily dialled, bounded timeouts).
+pub async fn etcd_client(endpoints: &[String]) -> Result<etcd_client::Client> {
+    etcd_client_with(endpoints, None, true).await
+}
+
+/// [`etcd_client`] as `auth`'s user (an etcd with authentication on).
+pub async fn etcd_client_as(
+    endpoints: &[String],
+    auth: Option<&EtcdAuth>,
+) -> Result<etcd_client::Client> {
+    etcd_client_with(endpoints, auth, true).await
+}
+
+/// [`etcd_client_as`], with or without HTTP/2 keep-alive pings (see
 /// [`LeaderChannel::without_keep_alive`]).
-async fn etcd_client_with(endpoints: &[String], keep_alive: bool) -> Result<etcd_client::Client> {
+async fn etcd_client_with(
+    endpoints: &[String],
+    auth: Option<&EtcdAuth>,
+    keep_alive: bool,
+) -> Result<etcd_client::Client> {
     let mut opts = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(3))
         .with_timeout(Duration::from_secs(5));
     if keep_alive {
         opts = opts.with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+    }
+    if let Some(a) = auth {
+        opts = opts.with_user(a.user.clone(), a.password.expose().to_string());
     }
     etcd_client::Client::connect(endpoints, Some(opts))
         .await
@@ -248,7 +306,9 @@ impl Route {
             MasterTarget::Etcd { endpoints, cluster } => {
                 let mut guard = self.etcd.lock().await;
                 if guard.is_none() {
-                    *guard = Some(etcd_client_with(endpoints, self.keep_alive).await?);
+                    let auth = EtcdAuth::from_env()?;
+                    *guard =
+                        Some(etcd_client_with(endpoints, auth.as_ref(), self.keep_alive).await?);
                 }
                 let client = guard.as_ref().expect("just set");
                 match read_leader(client, cluster).await {

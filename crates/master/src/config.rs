@@ -178,6 +178,8 @@ pub struct MasterConfig {
     pub insecure: bool,
     /// HA mode: etcd endpoints (`http://HOST:PORT`); empty = single master.
     pub etcd: Vec<String>,
+    /// HA mode: the etcd user and password, for an etcd with authentication.
+    pub etcd_auth: Option<strata_common::leader::EtcdAuth>,
     /// HA mode: the cluster these masters lead (names etcd keys).
     pub cluster_id: String,
     /// HA mode: the leader's etcd lease; a dead leader is replaced after
@@ -213,6 +215,7 @@ impl Default for MasterConfig {
             credentials: Credentials::default(),
             insecure: false,
             etcd: Vec::new(),
+            etcd_auth: None,
             cluster_id: "strata".into(),
             election_ttl: Duration::from_secs(6),
             max_connections: 8192,
@@ -292,6 +295,11 @@ impl MasterConfig {
                 "--election-ttl must be 2s to 300s (etcd leases are whole seconds), got {:?}",
                 self.election_ttl
             )));
+        }
+        if self.etcd_auth.is_some() && self.etcd.is_empty() {
+            return Err(Error::invalid(
+                "--etcd-user and --etcd-password-file are for HA mode: give --etcd too",
+            ));
         }
         if !self.etcd.is_empty() && self.advertise.is_none() && self.listen.ip().is_unspecified() {
             return Err(Error::invalid(
@@ -429,6 +437,12 @@ pub struct MasterArgs {
     /// HA mode: etcd endpoints, comma-separated (HOST:PORT or http://HOST:PORT); without it the master runs single [default: none]
     #[arg(long, env = "STRATA_ETCD")]
     pub etcd: Option<String>,
+    /// HA mode: the etcd user to authenticate as (an etcd with authentication on; with --etcd-password-file) [default: none]
+    #[arg(long, env = "STRATA_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// HA mode: file holding that etcd user's password [default: none]
+    #[arg(long, env = "STRATA_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
     /// HA mode: name of the cluster these masters lead (etcd key prefix) [default: strata]
     #[arg(long, env = "STRATA_CLUSTER_ID")]
     pub cluster_id: Option<String>,
@@ -483,6 +497,8 @@ impl MasterArgs {
                     rdma_token_file,
                     insecure,
                     etcd,
+                    etcd_user,
+                    etcd_password_file,
                     cluster_id,
                     election_ttl,
                     max_connections,
@@ -497,6 +513,10 @@ impl MasterArgs {
             advertise: self.advertise,
             state_dir: self.state_dir,
             etcd: self.etcd.as_deref().map(etcd_endpoints).unwrap_or_default(),
+            etcd_auth: strata_common::leader::EtcdAuth::from_parts(
+                self.etcd_user,
+                self.etcd_password_file.as_deref(),
+            )?,
             cluster_id: self.cluster_id.unwrap_or(d.cluster_id.clone()),
             election_ttl: self.election_ttl.map_or(d.election_ttl, |v| v.0),
             max_connections: self.max_connections.unwrap_or(d.max_connections),

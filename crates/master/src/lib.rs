@@ -115,7 +115,8 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
             "single-master",
         )
     } else {
-        let client = strata_common::leader::etcd_client(&cfg.etcd).await?;
+        let client =
+            strata_common::leader::etcd_client_as(&cfg.etcd, cfg.etcd_auth.as_ref()).await?;
         (
             Arc::new(EtcdElection::new(
                 client.clone(),
