@@ -625,3 +625,39 @@ async fn a_client_refuses_an_answer_over_its_object_limit() {
         .contains("max_object_bytes"));
     c.shutdown().await;
 }
+
+/// The offload queue's view names its tasks' keys to the admin only; the
+/// counts stay open to anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offload_view_names_keys_to_the_admin_only() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .ssd_agents(1)
+        .master(strata_tests::eager)
+        .build()
+        .await
+        .unwrap();
+    strata_tests::pause_offloads(&c).await;
+    let cl = c.client().await.unwrap();
+    cl.put("secret-key-name", b"queued", &PutOptions::default())
+        .await
+        .unwrap();
+    let admin = c.credentials().admin.as_ref();
+    let a = c.master_admin;
+    let (st, body) = strata_tests::http_get_as(a, "/api/v1/offload", admin).await;
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let tasks = v["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "{v}");
+    assert_eq!(tasks[0]["key"], "secret-key-name");
+    let (st, body) = http_get(a, "/api/v1/offload").await;
+    assert_eq!(st, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["tasks"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(
+        v["queued"].as_u64().unwrap() + v["assigned"].as_u64().unwrap(),
+        1
+    );
+    assert!(!body.contains("secret-key-name"), "{body}");
+    c.shutdown().await;
+}

@@ -233,7 +233,10 @@ async fn etcd_client_with(
         opts = opts.with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
     }
     if let Some(a) = auth {
-        opts = opts.with_user(a.user.clone(), a.password.expose().to_string());
+        // Tokens expire (and die with an etcd restart): log in again then.
+        opts = opts
+            .with_user(a.user.clone(), a.password.expose().to_string())
+            .with_auto_token_refresh(true);
     }
     etcd_client::Client::connect(endpoints, Some(opts))
         .await

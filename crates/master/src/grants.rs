@@ -106,6 +106,10 @@ pub(crate) struct Committed<'a> {
     pub(crate) crc32c: u32,
     pub(crate) generation: u64,
     pub(crate) digest: Option<&'a [u8]>,
+    /// An announced put's entry (before its PutEnd), not a commit's: told
+    /// apart in the MAC, so a node cannot pass the announcement (which
+    /// carries no digest) off as the commit.
+    pub(crate) announced: bool,
 }
 
 impl<'a> Committed<'a> {
@@ -119,6 +123,7 @@ impl<'a> Committed<'a> {
             crc32c: o.crc32c,
             generation: o.generation,
             digest: (!o.blake3.is_empty()).then_some(&o.blake3[..]),
+            announced: false,
         }
     }
 }
@@ -126,7 +131,11 @@ impl<'a> Committed<'a> {
 impl CommitRecords {
     pub(crate) fn sign(&self, c: &Committed) -> [u8; MAC_LEN] {
         let mut h = blake3::Hasher::new_keyed(self.0.as_bytes());
-        h.update(b"strata commit record v1\0");
+        h.update(if c.announced {
+            b"strata announce record v1\0"
+        } else {
+            b"strata commit record v1\0\0"
+        });
         for part in [c.node_id.as_bytes(), c.key.as_bytes()] {
             h.update(&(part.len() as u64).to_le_bytes());
             h.update(part);

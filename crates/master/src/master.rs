@@ -681,6 +681,7 @@ impl Master {
         let record = self.keys.commit_records();
         o.commit_record = record
             .sign(&crate::grants::Committed::reported(node_id, &o))
+            // as a commit's entry
             .to_vec();
         o
     }
@@ -780,6 +781,12 @@ impl Master {
     }
 
     // ---------------- rebuild ----------------
+
+    /// Whether asked registrations' reports are still taken (tests).
+    #[cfg(test)]
+    pub(crate) fn taking_reports(&self) -> bool {
+        self.gate.taking_reports()
+    }
 
     /// Whether a node registering now should report what it holds.
     pub(crate) fn rebuilding(&self) -> bool {

@@ -20,6 +20,7 @@ pub(crate) const REBUILD_OUTCOMES: &[&str] = &[
     "other_version",
     "removed",
     "unsigned",
+    "no_digest",
 ];
 pub(crate) const LOOKUP_TIERS: &[&str] = &["dram", "ssd", "miss"];
 /// Readers' lease ends (`LeaseEnd`): `ended` a running lease's reader,
@@ -215,7 +216,7 @@ impl MasterMetrics {
             ),
             rebuilt_objects: cv(
                 "strata_master_rebuilt_objects_total",
-                "Objects store nodes reported holding after a master start: adopted (older_version_dropped counts the older versions an adopted one replaced), or refused (range_in_use, other_version, removed, malformed, unsigned: no master's record of giving that node the object)",
+                "Objects store nodes reported holding after a master start: adopted (older_version_dropped counts the older versions an adopted one replaced), or refused (range_in_use, other_version, removed, malformed, unsigned: no master's record of giving that node the object, no_digest: --integrity blake3 and no digest a commit's record covers)",
                 "outcome",
                 REBUILD_OUTCOMES,
             ),

@@ -106,8 +106,9 @@ impl NodeEntry {
         self
     }
 
-    /// The commit record of what this node holds (`commit_records`).
-    pub(crate) fn commit_record(&self, c: &CommittedObject) -> Vec<u8> {
+    /// The commit record of what this node holds (`commit_records`):
+    /// of an announcement (`announced`) or of a commit.
+    pub(crate) fn commit_record(&self, c: &CommittedObject, announced: bool) -> Vec<u8> {
         let Some(r) = &self.commit_records else {
             return Vec::new();
         };
@@ -119,15 +120,22 @@ impl NodeEntry {
             crc32c: c.crc32c,
             generation: c.generation,
             digest: (!c.blake3.is_empty()).then_some(&c.blake3[..]),
+            announced,
         })
         .to_vec()
     }
 
-    /// Whether `o`'s commit record is one a master gave this node.
-    pub(crate) fn verify_commit_record(&self, o: &strata_proto::NodeObject) -> bool {
-        self.commit_records
-            .as_ref()
-            .is_some_and(|r| r.verify(&Committed::reported(&self.node_id, o), &o.commit_record))
+    /// Which record a master gave this node for `o`, if any: a commit's
+    /// (Some(false)) or an announcement's (Some(true)).
+    pub(crate) fn verify_commit_record(&self, o: &strata_proto::NodeObject) -> Option<bool> {
+        let r = self.commit_records.as_ref()?;
+        [false, true].into_iter().find(|&announced| {
+            let c = Committed {
+                announced,
+                ..Committed::reported(&self.node_id, o)
+            };
+            r.verify(&c, &o.commit_record)
+        })
     }
 
     pub fn with_pending_records(mut self, yes: bool) -> Self {
@@ -181,7 +189,7 @@ impl NodeEntry {
         generation: u64,
         digest: Option<[u8; 32]>,
     ) -> u64 {
-        let mut c = CommittedObject {
+        let c = CommittedObject {
             key: key.to_string(),
             segment_id,
             offset,
@@ -191,8 +199,13 @@ impl NodeEntry {
             blake3: digest.map(Vec::from).unwrap_or_default(),
             ..Default::default()
         };
-        c.commit_record = self.commit_record(&c);
-        self.push(kind(c), wake)
+        let mut op = kind(c);
+        match &mut op {
+            object_log_entry::Op::Commit(c) => c.commit_record = self.commit_record(c, false),
+            object_log_entry::Op::Pending(c) => c.commit_record = self.commit_record(c, true),
+            object_log_entry::Op::Free(_) => {}
+        }
+        self.push(op, wake)
     }
 
     /// Records a freed range for the node; returns its log sequence number.

@@ -412,8 +412,17 @@ impl Object {
                               // Afresh when every reader said it was done, or nobody looked
                               // it up for a TTL (`last_access_ms` is the last lookup's: the
                               // caller sets it after this).
-            if self.lease_since_s == 0 || now_ms >= self.last_access_ms.saturating_add(ttl_ms) {
-                self.lease_since_s = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
+                              // A capped lease gets no readers' ends to reset it: a TTL past
+                              // its cap it starts afresh too, so a hot object is unleased
+                              // for one TTL per `max_ms`, not for good.
+            let cap = (u64::from(self.lease_since_s) * 1000).saturating_add(max_ms);
+            if self.lease_since_s == 0
+                || now_ms >= self.last_access_ms.saturating_add(ttl_ms)
+                || now_ms >= cap.saturating_add(ttl_ms)
+            {
+                // Whole seconds, rounded up: the cap comes late, never
+                // early (a lease shorter than asked for).
+                self.lease_since_s = u32::try_from(now_ms.div_ceil(1000)).unwrap_or(u32::MAX);
             }
         }
         let cap = (u64::from(self.lease_since_s) * 1000).saturating_add(max_ms);
@@ -590,16 +599,20 @@ mod tests {
             t += 900;
         }
         assert_eq!(o.lease_until_ms, t0 + max, "capped");
-        // Past the cap: no lease while it keeps looking.
-        for _ in 0..10 {
+        // Past the cap: no lease while it keeps looking, for a TTL.
+        while t < t0 + max + ttl {
             assert!(!look(&mut o, t), "at +{}", t - t0);
             assert!(!o.leased(t));
-            t += 900;
+            t += 300;
         }
-        // A TTL without lookups: a fresh lease.
-        t += ttl;
-        assert!(look(&mut o, t));
-        assert_eq!(o.lease_until_ms, t + ttl);
+        // Then afresh (a hot object is unleased one TTL per cap, not for
+        // good), and so after a TTL without lookups.
+        assert!(look(&mut o, t), "at +{}", t - t0);
+        let mut o = Object::new(1, 0, t0);
+        assert!(look(&mut o, t0));
+        let t = t0 + 2 * ttl;
+        assert!(look(&mut o, t), "a TTL without lookups");
+        assert_eq!(o.lease_until_ms, t + ttl, "a fresh lease, its full TTL");
         // Readers that end their leases never meet the cap.
         let mut o = Object::new(1, 0, t0);
         let mut t = t0;

@@ -555,7 +555,11 @@ impl SsdTier {
                     false
                 }
                 Some((size, crc)) => {
-                    shard.insert(key, crate::objects::Object::ssd_only(size, crc, r));
+                    // Adopted: a node's report of its DRAM copy may add to
+                    // it (and bring its digest).
+                    let mut o = crate::objects::Object::ssd_only(size, crc, r);
+                    o.set_adopted(true);
+                    shard.insert(key, o);
                     m.metrics.keys.inc();
                     true
                 }

@@ -41,6 +41,8 @@ pub fn window(node_ttl: Duration) -> Duration {
 enum Refusal {
     /// No record of a master's giving the node this object.
     Unsigned,
+    /// `--integrity blake3`, and no digest a commit's record covers.
+    NoDigest,
     Malformed,
     RangeInUse,
     OtherVersion,
@@ -59,6 +61,7 @@ impl Refusal {
     fn label(self) -> &'static str {
         match self {
             Refusal::Unsigned => "unsigned",
+            Refusal::NoDigest => "no_digest",
             Refusal::Malformed => "malformed",
             Refusal::RangeInUse => "range_in_use",
             Refusal::OtherVersion => "other_version",
@@ -113,7 +116,7 @@ impl RebuildGate {
     /// Whether reports (of registrations asked within the window) are
     /// still taken: a node with many objects sends many batches, so twice
     /// the window, and no longer (the object log moves on without it).
-    fn taking_reports(&self) -> bool {
+    pub(crate) fn taking_reports(&self) -> bool {
         self.started.elapsed() < window(self.node_ttl) * 2
     }
 
@@ -255,10 +258,24 @@ impl RebuildGate {
             let seg = usize::try_from(o.local_segment)
                 .ok()
                 .and_then(|i| segments.get(i).cloned().flatten());
-            let outcome = match seg {
-                Some(_) if !given(keys, &node, o) => Err(Refusal::Unsigned),
-                Some(seg) => adopt_one(m, cluster, o, seg),
-                None => Err(Refusal::Malformed),
+            let outcome = match (seg, given(keys, &node, o)) {
+                (Some(_), None) => Err(Refusal::Unsigned),
+                // Under --integrity blake3 an object is adopted only with
+                // its writer's digest, which only a commit's record covers
+                // (a put not committed on the node yet is dropped).
+                (Some(_), Some(Evidence::BeforeCommit))
+                    if m.cfg.integrity == crate::config::Integrity::Blake3 =>
+                {
+                    Err(Refusal::NoDigest)
+                }
+                (Some(_), Some(Evidence::Commit))
+                    if m.cfg.integrity == crate::config::Integrity::Blake3
+                        && o.blake3.len() != 32 =>
+                {
+                    Err(Refusal::NoDigest)
+                }
+                (Some(seg), Some(evidence)) => adopt_one(m, cluster, o, seg, evidence),
+                (None, _) => Err(Refusal::Malformed),
             };
             let label = match outcome {
                 Ok(Adopted::Added) => {
@@ -298,16 +315,31 @@ impl RebuildGate {
     }
 }
 
-/// Whether a master gave `node` the reported object: the commit record of
-/// its object log entry, or, for a put the node recorded from the client's
+/// What shows a master gave a node the object it reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Evidence {
+    /// The commit record of its commit's log entry: the only one that
+    /// covers the writer's digest.
+    Commit,
+    /// The record of its announcement (its PutEnd had not reached the
+    /// node), or the put record the master signed at PutStart (the node
+    /// recorded the put from the client's write).
+    BeforeCommit,
+}
+
+/// Which record, if any, shows that a master gave `node` the reported
+/// object: its log entry's commit record (a commit's or an
+/// announcement's), or, for a put the node recorded from the client's
 /// write, the put record the master signed at PutStart (under the node's
 /// key of that term; it names the segment id of that registration).
-fn given(keys: &TermKeys, node: &NodeEntry, o: &pb::NodeObject) -> bool {
-    if node.verify_commit_record(o) {
-        return true;
+fn given(keys: &TermKeys, node: &NodeEntry, o: &pb::NodeObject) -> Option<Evidence> {
+    match node.verify_commit_record(o) {
+        Some(false) => return Some(Evidence::Commit),
+        Some(true) => return Some(Evidence::BeforeCommit),
+        None => {}
     }
     if o.put_record.is_empty() || o.term == 0 {
-        return false;
+        return None;
     }
     let key = keys.member_key_in(&node_member(&node.node_id), &node.proof, o.term);
     let put = PutRecord {
@@ -319,6 +351,7 @@ fn given(keys: &TermKeys, node: &NodeEntry, o: &pb::NodeObject) -> bool {
         crc32c: o.crc32c,
     };
     key.verify_record(&put, &o.put_record)
+        .then_some(Evidence::BeforeCommit)
 }
 
 fn adopt_one(
@@ -326,6 +359,7 @@ fn adopt_one(
     cluster: &Cluster,
     o: &pb::NodeObject,
     seg: std::sync::Arc<crate::cluster::SegmentEntry>,
+    evidence: Evidence,
 ) -> std::result::Result<Adopted, Refusal> {
     if validate_key(&o.key).is_err() || o.length == 0 || !o.offset.is_multiple_of(ALIGN) {
         return Err(Refusal::Malformed);
@@ -359,10 +393,10 @@ fn adopt_one(
         alloc_len: len,
         generation,
     };
-    // The writer's digest, only where the commit record covers it.
+    // The writer's digest, only where a commit's record covers it.
     let digest = <[u8; 32]>::try_from(&o.blake3[..])
         .ok()
-        .filter(|_| !o.commit_record.is_empty());
+        .filter(|_| evidence == Evidence::Commit);
     let adopted_object = |replica| {
         let mut obj = Object::committed(o.length, o.crc32c, vec![replica], Vec::new());
         obj.set_adopted(true);
@@ -379,14 +413,19 @@ fn adopt_one(
                 m.metrics.keys.inc();
                 Ok(Adopted::Added)
             }
-            // Another replica of the same bytes (a second node's copy).
+            // Another replica of the same bytes (a second node's copy; or
+            // the DRAM copy of an object an SSD inventory brought back
+            // first, which learns its digest from this record).
             Some(x)
                 if x.is_complete()
                     && x.size == o.length
                     && x.crc32c == o.crc32c
-                    && x.digest() == digest
+                    && (x.digest() == digest || (x.adopted() && x.digest().is_none()))
                     && x.replicas().iter().all(|r| r.seg.id != seg.id) =>
             {
+                if let (None, Some(d)) = (x.digest(), digest) {
+                    x.set_digest(d);
+                }
                 x.push_replica(replica);
                 Ok(Adopted::Added)
             }

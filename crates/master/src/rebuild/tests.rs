@@ -75,7 +75,11 @@ fn node_reports_are_adopted_only_when_consistent() {
 /// Registers node `id` with one 1 MiB segment, saying it holds `held`
 /// objects.
 fn register(m: &Master, id: &str, held: u64) -> pb::RegisterNodeResponse {
-    m.register_node(pb::RegisterNodeRequest {
+    m.register_node(register_req(id, held)).unwrap()
+}
+
+fn register_req(id: &str, held: u64) -> pb::RegisterNodeRequest {
+    pb::RegisterNodeRequest {
         node_id: id.into(),
         data_addr: "127.0.0.1:9000".into(),
         segments: vec![pb::SegmentSpec {
@@ -87,8 +91,7 @@ fn register(m: &Master, id: &str, held: u64) -> pb::RegisterNodeResponse {
         instance_proof: NODE_PROOF.to_vec(),
         held_objects: held,
         ..Default::default()
-    })
-    .unwrap()
+    }
 }
 
 /// Past its rebuild window a master no longer asks registering nodes for
@@ -290,7 +293,9 @@ fn a_report_is_adopted_only_with_a_masters_record_of_it() {
 /// one after its last batch, and any once reports are no longer taken.
 #[test]
 fn only_a_registration_asked_to_report_may_report() {
-    let m = master_with(0, 1 << 20, |c| c.node_ttl = Duration::from_millis(20));
+    // A window of 400 ms: room for a loaded machine to register and
+    // report before it closes.
+    let m = master_with(0, 1 << 20, |c| c.node_ttl = Duration::from_millis(200));
     let reg = |id: &str| register(&m, id, 1);
     let report = |id: &str, incarnation: u64| {
         let o = pb::NodeObject {
@@ -324,7 +329,10 @@ fn only_a_registration_asked_to_report_may_report() {
     assert!(!m.exists("late/k").unwrap());
     // An asked one past the window: still taken for a while (big nodes send
     // many batches), then no more.
-    std::thread::sleep(Duration::from_millis(100)); // 2.5 windows of 40 ms
+    while m.taking_reports() {
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        std::thread::yield_now();
+    }
     let e = report("early", early.incarnation).unwrap_err();
     assert_eq!(e.code, Code::PermissionDenied, "too late: {e}");
     assert!(!m.exists("early/k").unwrap());
@@ -361,4 +369,71 @@ fn a_report_never_replaces_what_this_term_committed() {
         .unwrap();
     assert_eq!((r.adopted, r.refused), (0, 1));
     assert_eq!(m.get_replicas("k").unwrap().crc32c, 1, "this term's commit");
+}
+
+/// Under `--integrity blake3` a report is adopted only with the writer's
+/// digest that a commit's record covers. An announcement's record (signed
+/// as one, so it cannot pass for a commit's) is refused `no_digest`; a
+/// digest it does not cover leaves no record at all (`unsigned`). Without
+/// the flag the announcement's record is evidence as before.
+#[test]
+fn under_integrity_blake3_only_a_commits_record_brings_an_object_back() {
+    use crate::config::Integrity;
+    use strata_proto::object_log_entry::Op;
+    for integrity in [Integrity::Crc32c, Integrity::Blake3] {
+        let m = master_with(0, 1 << 20, |c| c.integrity = integrity);
+        let r = m
+            .register_node(pb::RegisterNodeRequest {
+                records_pending: true,
+                ..register_req("n0", 1)
+            })
+            .unwrap();
+        assert!(r.report_objects);
+        let node = m.cluster().node("n0").unwrap();
+        m.put_start(crate::master::PutSpec {
+            crc32c: Some(7),
+            ..spec("k", 100, 1)
+        })
+        .unwrap();
+        let log = node.log_page(0).unwrap();
+        let announced = log
+            .iter()
+            .find_map(|e| match &e.op {
+                Some(Op::Pending(c)) => Some(c.clone()),
+                _ => None,
+            })
+            .expect("the put was announced to its node");
+        assert!(!announced.commit_record.is_empty());
+        let o = pb::NodeObject {
+            key: announced.key.clone(),
+            offset: announced.offset,
+            length: announced.length,
+            crc32c: announced.crc32c,
+            generation: announced.generation,
+            commit_record: announced.commit_record.clone(),
+            ..Default::default()
+        };
+        let report = |o: pb::NodeObject| {
+            m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
+                node_id: "n0".into(),
+                incarnation: r.incarnation,
+                instance_proof: NODE_PROOF.to_vec(),
+                objects: vec![o],
+                last: false,
+            })
+            .unwrap()
+        };
+        let label = |l: &str| m.metrics.rebuilt_objects.with_label_values(&[l]).get();
+        report(pb::NodeObject {
+            blake3: vec![1; 32],
+            ..o.clone()
+        });
+        assert_eq!(label("unsigned"), 1, "{integrity}");
+        report(o);
+        match integrity {
+            Integrity::Blake3 => assert_eq!(label("no_digest"), 1),
+            // Evidence: refused only because the put still holds its range.
+            Integrity::Crc32c => assert_eq!((label("no_digest"), label("range_in_use")), (0, 1)),
+        }
+    }
 }
