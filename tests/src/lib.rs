@@ -235,3 +235,34 @@ pub fn forge_crc32c(data: &mut [u8], at: usize, want: u32) {
     }
     assert_eq!(crc32c::crc32c(data), want);
 }
+
+/// Starts a put of `good.len()` bytes under `key` on `replicas` replicas
+/// and writes `first` to the first replica, `good` to the others: a
+/// replica whose node holds other bytes than the writer's, as a corrupted
+/// or lying node would. Returns PutStart's answer; the caller ends the put.
+pub async fn put_start_with_a_bad_first_replica(
+    cl: &strata_client::Client,
+    key: &str,
+    replicas: u32,
+    first: &[u8],
+    good: &[u8],
+) -> strata_proto::PutStartResponse {
+    let st = cl
+        .master_client()
+        .put_start(strata_proto::PutStartRequest {
+            key: key.into(),
+            size: good.len() as u64,
+            replica_num: replicas,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.replicas.len(), replicas as usize);
+    for (i, r) in st.replicas.iter().enumerate() {
+        let range = strata_client::remote_range(r).unwrap();
+        let bytes = if i == 0 { first } else { good };
+        cl.transport().write(&range, 0, bytes).await.unwrap();
+    }
+    st
+}

@@ -554,27 +554,11 @@ async fn corrupted_replica_is_never_served() {
     let c = ClusterBuilder::new().store_nodes(2).build().await.unwrap();
     let cl = c.client().await.unwrap();
     let mut m = cl.master_client();
-    let t = cl.transport();
     let good = payload(11, 200_000);
     let mut bad = good.clone();
     bad[123_456] ^= 0x40;
     for (key, replicas) in [("one-bad-of-two", 2u32), ("only-bad", 1)] {
-        let st = m
-            .put_start(pb::PutStartRequest {
-                key: key.into(),
-                size: good.len() as u64,
-                replica_num: replicas,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(st.replicas.len(), replicas as usize);
-        for (i, r) in st.replicas.iter().enumerate() {
-            let range = strata_client::remote_range(r).unwrap();
-            let bytes = if i == 0 { &bad } else { &good };
-            t.write(&range, 0, bytes).await.unwrap();
-        }
+        strata_tests::put_start_with_a_bad_first_replica(&cl, key, replicas, &bad, &good).await;
         m.put_end(pb::PutEndRequest {
             key: key.into(),
             crc32c: crc32c::crc32c(&good),

@@ -498,25 +498,13 @@ async fn a_member_forging_bytes_with_the_same_crc32c_is_caught_with_integrity_bl
         let mut m = cl.master_client();
         let keys = ["one-forged-of-two", "only-forged", "ssd-forged"];
         for (key, replicas) in keys.iter().zip([2u32, 1, 1]) {
-            let st = m
-                .put_start(pb::PutStartRequest {
-                    key: key.to_string(),
-                    size: good.len() as u64,
-                    replica_num: replicas,
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            assert_eq!(st.replicas.len(), replicas as usize);
+            // The first replica's node holds the forgery.
+            let st = strata_tests::put_start_with_a_bad_first_replica(
+                &cl, key, replicas, &forged, &good,
+            )
+            .await;
             let blake3 = st.integrity == pb::Integrity::Blake3 as i32;
             assert_eq!(blake3, integrity == Integrity::Blake3, "PutStart says so");
-            // The first replica's node holds the forgery.
-            for (i, r) in st.replicas.iter().enumerate() {
-                let range = strata_client::remote_range(r).unwrap();
-                let bytes = if i == 0 { &forged } else { &good };
-                cl.transport().write(&range, 0, bytes).await.unwrap();
-            }
             m.put_end(pb::PutEndRequest {
                 key: key.to_string(),
                 crc32c: crc32c::crc32c(&good),

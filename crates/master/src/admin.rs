@@ -86,14 +86,6 @@ async fn owners(Leader(m): Leader) -> Response {
 /// The offload queue: counts for everyone, the tasks' keys for the admin
 /// only (as the key view).
 async fn offload(Leader(m): Leader, headers: HeaderMap) -> Response {
-    let mut v = m.describe_offload();
-    if require(&m.config().credentials, &headers, Role::Admin).is_err() {
-        let tasks = v.get_mut("tasks").and_then(|t| t.as_array_mut());
-        for t in tasks.into_iter().flatten() {
-            if let Some(t) = t.as_object_mut() {
-                t.remove("key");
-            }
-        }
-    }
-    Json(v).into_response()
+    let admin = require(&m.config().credentials, &headers, Role::Admin).is_ok();
+    Json(m.describe_offload(admin)).into_response()
 }

@@ -681,7 +681,6 @@ impl Master {
         let record = self.keys.commit_records();
         o.commit_record = record
             .sign(&crate::grants::Committed::reported(node_id, &o))
-            // as a commit's entry
             .to_vec();
         o
     }
@@ -772,8 +771,9 @@ impl Master {
         self.ssd.describe_owners()
     }
 
-    pub fn describe_offload(&self) -> serde_json::Value {
-        self.ssd.describe_offload(|| self.total_pins())
+    /// The offload queue's view; its tasks' keys only `with_keys`.
+    pub fn describe_offload(&self, with_keys: bool) -> serde_json::Value {
+        self.ssd.describe_offload(with_keys, || self.total_pins())
     }
 
     pub fn describe_nodes(&self) -> serde_json::Value {

@@ -61,13 +61,14 @@ pub(crate) fn get_replicas(
             obj.replicas().to_vec(),
             ssd,
             // A reader past --max-lease gets no lease (nothing to end, no
-            // location to cache) but the grants to read, which never
-            // depended on it: a freed range is refused by its node.
-            (held.then_some(obj.lease_until_ms), now + ttl),
+            // location to cache) but the grants to read (below).
+            held.then_some(obj.lease_until_ms),
             obj.reads,
         )
     };
-    let (lease, grant_until) = lease;
+    // Grants never depended on the lease: a freed range is refused by its
+    // node.
+    let grant_until = now + m.cfg.lease_ttl.as_millis() as u64;
     let served = match (replicas.is_empty(), ssd.is_empty()) {
         (false, _) => "dram",
         (true, false) => "ssd",

@@ -80,7 +80,7 @@ pub async fn run(
 
         // Queue everything first (agent paused), then time the offload alone:
         // copy from DRAM, bucket write, fsync, index, report.
-        let before = c.master.describe_offload()["persisted"]
+        let before = c.master.describe_offload(false)["persisted"]
             .as_u64()
             .unwrap_or(0);
         let pause = &c.agents[0].faults.pause_offload;
@@ -102,7 +102,7 @@ pub async fn run(
         pause.store(false, Ordering::Relaxed);
         let deadline = Instant::now() + Duration::from_secs(600);
         loop {
-            let persisted = c.master.describe_offload()["persisted"]
+            let persisted = c.master.describe_offload(false)["persisted"]
                 .as_u64()
                 .unwrap_or(0)
                 - before;

@@ -130,16 +130,11 @@ impl Client {
                 // key (an overwrite's is found by it, too).
                 let generation = version_of(&replicas);
                 let put_started = mark();
-                let write = self.write_replicas(key, crc, &replicas, data);
-                let written = match wants_digest(integrity) && digest.get().is_none() {
-                    // Hashed while the write waits on its sockets.
-                    true => {
-                        let (w, d) = tokio::join!(write, async { parts::blake3(data) });
-                        let _ = digest.set(d);
-                        w
-                    }
-                    false => write.await,
-                };
+                let hash = wants_digest(integrity) && digest.get().is_none();
+                let (written, d) = self.write_hashing(key, crc, &replicas, data, hash).await;
+                if let Some(d) = d {
+                    let _ = digest.set(d);
+                }
                 let wrote = mark();
                 let receipts = match written {
                     Ok(r) => r,
@@ -234,6 +229,24 @@ impl Client {
         self.cfg.put_receipts
             && key.len() <= strata_transport::frame::MAX_RECORD_KEY
             && self.transport.records_writes(len)
+    }
+
+    /// `write_replicas`, and with `hash` the BLAKE3 digest of `data`,
+    /// worked out while the writes wait on their sockets.
+    async fn write_hashing(
+        &self,
+        key: &str,
+        crc32c: u32,
+        replicas: &[pb::Replica],
+        data: &[&[u8]],
+        hash: bool,
+    ) -> (Result<Vec<pb::PutReceipt>>, Option<[u8; 32]>) {
+        let write = self.write_replicas(key, crc32c, replicas, data);
+        if !hash {
+            return (write.await, None);
+        }
+        let (w, d) = tokio::join!(write, async { parts::blake3(data) });
+        (w, Some(d))
     }
 
     /// Writes the concatenation of `data` to every replica; those the
@@ -426,14 +439,9 @@ impl Client {
                 let generation = version_of(&st.replicas);
                 // Records come only with a declared checksum.
                 let crc = crc.unwrap_or_default();
-                let write = self.write_replicas(key, crc, &st.replicas, data);
-                let (w, digest) = match wants_digest(st.integrity) {
-                    true => {
-                        let (w, d) = tokio::join!(write, async { parts::blake3(data) });
-                        (w, d.to_vec())
-                    }
-                    false => (write.await, Vec::new()),
-                };
+                let hash = wants_digest(st.integrity);
+                let (w, digest) = self.write_hashing(key, crc, &st.replicas, data, hash).await;
+                let digest = digest.map_or_else(Vec::new, Vec::from);
                 let w = w.map_err(|e| match e.code {
                     // A grant from a leader deposed meanwhile: a new
                     // grant will do (as for a single put).

@@ -64,9 +64,14 @@ impl SsdTier {
         json!({ "owners": owners, "durable_state": self.owners.kv_name() })
     }
 
-    /// The offload queue, for `/api/v1/offload`; `pins` counts the pins
-    /// objects hold (asked once the queue's lock is released).
-    pub(crate) fn describe_offload(&self, pins: impl FnOnce() -> u64) -> serde_json::Value {
+    /// The offload queue, for `/api/v1/offload`, naming its tasks' keys
+    /// only `with_keys` (the admin's); `pins` counts the pins objects hold
+    /// (asked once the queue's lock is released).
+    pub(crate) fn describe_offload(
+        &self,
+        with_keys: bool,
+        pins: impl FnOnce() -> u64,
+    ) -> serde_json::Value {
         let q = self.queue.lock();
         let (queued, assigned) = q.counts();
         let c = q.counters;
@@ -78,7 +83,11 @@ impl SsdTier {
                     super::queue::TaskState::Queued { .. } => "queued",
                     super::queue::TaskState::Assigned { .. } => "assigned",
                 };
-                json!({"task_id": t.id, "key": t.key, "owner_id": t.owner, "size": t.size, "attempts": t.attempts, "state": state})
+                let mut v = json!({"task_id": t.id, "owner_id": t.owner, "size": t.size, "attempts": t.attempts, "state": state});
+                if with_keys {
+                    v["key"] = json!(t.key);
+                }
+                v
             })
             .collect();
         drop(q);

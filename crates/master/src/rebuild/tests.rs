@@ -32,15 +32,7 @@ fn node_reports_are_adopted_only_when_consistent() {
             },
         )
     };
-    let report = |objects: Vec<pb::NodeObject>| {
-        m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
-            node_id: "n0".into(),
-            incarnation: node.incarnation,
-            instance_proof: NODE_PROOF.to_vec(),
-            objects,
-            last: true,
-        })
-    };
+    let report = |objects| report_of(&m, "n0", objects, true);
     let r = report(vec![
         obj("a", 0, 100, 7),
         obj("b", 64, 10, 8),    // overlaps a's range
@@ -70,6 +62,23 @@ fn node_reports_are_adopted_only_when_consistent() {
     // The adopted object is a normal one: removing it frees its range.
     m.remove("c", true).unwrap();
     assert_eq!(m.allocated_bytes(), 128);
+}
+
+/// Node `id`'s report of `objects` from its current registration.
+fn report_of(
+    m: &Master,
+    id: &str,
+    objects: Vec<pb::NodeObject>,
+    last: bool,
+) -> strata_common::Result<pb::ReportNodeObjectsResponse> {
+    let n = m.cluster().node(id).unwrap();
+    m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
+        node_id: id.into(),
+        incarnation: n.incarnation,
+        instance_proof: NODE_PROOF.to_vec(),
+        objects,
+        last,
+    })
 }
 
 /// Registers node `id` with one 1 MiB segment, saying it holds `held`
@@ -183,12 +192,10 @@ fn the_newest_commit_of_a_key_wins_the_rebuild() {
     for newer_first in [false, true] {
         let m = master_with(2, 1 << 20, |_| {});
         let report = |node: &str, crc: u32, generation: u64| {
-            let n = m.cluster().node(node).unwrap();
-            m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
-                node_id: node.into(),
-                incarnation: n.incarnation,
-                instance_proof: NODE_PROOF.to_vec(),
-                objects: vec![m.signed(
+            report_of(
+                &m,
+                node,
+                vec![m.signed(
                     node,
                     pb::NodeObject {
                         key: "k".into(),
@@ -200,8 +207,8 @@ fn the_newest_commit_of_a_key_wins_the_rebuild() {
                         ..Default::default()
                     },
                 )],
-                last: true,
-            })
+                true,
+            )
             .unwrap()
         };
         let (first, second) = if newer_first {
@@ -229,17 +236,7 @@ fn the_newest_commit_of_a_key_wins_the_rebuild() {
 #[test]
 fn a_report_is_adopted_only_with_a_masters_record_of_it() {
     let m = master_with(2, 1 << 20, |_| {});
-    let node = m.cluster().node("n0").unwrap();
-    let report = |objects: Vec<pb::NodeObject>| {
-        m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
-            node_id: "n0".into(),
-            incarnation: node.incarnation,
-            instance_proof: NODE_PROOF.to_vec(),
-            objects,
-            last: false,
-        })
-        .unwrap()
-    };
+    let report = |objects| report_of(&m, "n0", objects, false).unwrap();
     let obj = |key: &str, offset: u64| pb::NodeObject {
         key: key.into(),
         local_segment: 0,
@@ -297,25 +294,19 @@ fn only_a_registration_asked_to_report_may_report() {
     // report before it closes.
     let m = master_with(0, 1 << 20, |c| c.node_ttl = Duration::from_millis(200));
     let reg = |id: &str| register(&m, id, 1);
-    let report = |id: &str, incarnation: u64| {
+    let report = |id: &str| {
         let o = pb::NodeObject {
             key: format!("{id}/k"),
             length: 100,
             crc32c: 1,
             ..Default::default()
         };
-        m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
-            node_id: id.into(),
-            incarnation,
-            instance_proof: NODE_PROOF.to_vec(),
-            objects: vec![m.signed(id, o)],
-            last: true,
-        })
+        report_of(&m, id, vec![m.signed(id, o)], true)
     };
     let (early, done) = (reg("early"), reg("done"));
     assert!(early.report_objects && done.report_objects);
-    assert_eq!(report("done", done.incarnation).unwrap().adopted, 1);
-    let e = report("done", done.incarnation).unwrap_err();
+    assert_eq!(report("done").unwrap().adopted, 1);
+    let e = report("done").unwrap_err();
     assert_eq!(e.code, Code::PermissionDenied, "after its last batch: {e}");
     let t0 = Instant::now();
     while m.rebuilding() {
@@ -324,7 +315,7 @@ fn only_a_registration_asked_to_report_may_report() {
     }
     let late = reg("late");
     assert!(!late.report_objects);
-    let e = report("late", late.incarnation).unwrap_err();
+    let e = report("late").unwrap_err();
     assert_eq!(e.code, Code::PermissionDenied, "not asked: {e}");
     assert!(!m.exists("late/k").unwrap());
     // An asked one past the window: still taken for a while (big nodes send
@@ -333,7 +324,7 @@ fn only_a_registration_asked_to_report_may_report() {
         assert!(t0.elapsed() < Duration::from_secs(5));
         std::thread::yield_now();
     }
-    let e = report("early", early.incarnation).unwrap_err();
+    let e = report("early").unwrap_err();
     assert_eq!(e.code, Code::PermissionDenied, "too late: {e}");
     assert!(!m.exists("early/k").unwrap());
 }
@@ -348,7 +339,6 @@ fn a_report_never_replaces_what_this_term_committed() {
     let r = m.put_start(spec("k", 100, 1)).unwrap();
     let g = r[0].grant.as_ref().unwrap().generation;
     m.put_end("k", 1).unwrap();
-    let n1 = m.cluster().node("n1").unwrap();
     let newer = pb::NodeObject {
         key: "k".into(),
         local_segment: 0,
@@ -358,15 +348,7 @@ fn a_report_never_replaces_what_this_term_committed() {
         generation: g + 1_000_000,
         ..Default::default()
     };
-    let r = m
-        .adopt_node_objects(&pb::ReportNodeObjectsRequest {
-            node_id: "n1".into(),
-            incarnation: n1.incarnation,
-            instance_proof: NODE_PROOF.to_vec(),
-            objects: vec![m.signed("n1", newer)],
-            last: true,
-        })
-        .unwrap();
+    let r = report_of(&m, "n1", vec![m.signed("n1", newer)], true).unwrap();
     assert_eq!((r.adopted, r.refused), (0, 1));
     assert_eq!(m.get_replicas("k").unwrap().crc32c, 1, "this term's commit");
 }
@@ -413,16 +395,7 @@ fn under_integrity_blake3_only_a_commits_record_brings_an_object_back() {
             commit_record: announced.commit_record.clone(),
             ..Default::default()
         };
-        let report = |o: pb::NodeObject| {
-            m.adopt_node_objects(&pb::ReportNodeObjectsRequest {
-                node_id: "n0".into(),
-                incarnation: r.incarnation,
-                instance_proof: NODE_PROOF.to_vec(),
-                objects: vec![o],
-                last: false,
-            })
-            .unwrap()
-        };
+        let report = |o| report_of(&m, "n0", vec![o], false).unwrap();
         let label = |l: &str| m.metrics.rebuilt_objects.with_label_values(&[l]).get();
         report(pb::NodeObject {
             blake3: vec![1; 32],
