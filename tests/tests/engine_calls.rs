@@ -218,3 +218,56 @@ async fn batch_sizes_wait_out_a_rebuilding_master() {
         t0.elapsed()
     );
 }
+
+/// A sibling client (a Python thread's, on a runtime driven only while the
+/// thread waits on a call) stays usable after its thread idles past the
+/// master's HTTP/2 keep-alive: its gRPC calls go through the base client's
+/// connection, which answers the master's pings between calls. (With a
+/// connection of its own, left unanswered, the master dropped it and the
+/// next call failed on it: "broken pipe", or waited out the call timeout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_siblings_grpc_calls_survive_its_thread_idling_past_the_keep_alive() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .master(|m| {
+            m.keepalive_interval = Duration::from_millis(100);
+            m.keepalive_timeout = Duration::from_millis(100);
+        })
+        .build()
+        .await
+        .unwrap();
+    let base = c.client().await.unwrap();
+    base.put("k", &payload(6, 1000), &PutOptions::default())
+        .await
+        .unwrap();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let sib = {
+            let _in = rt.enter();
+            base.sibling().unwrap()
+        };
+        let stat = |sib: &strata_client::Client| {
+            rt.block_on(async {
+                tokio::time::timeout(
+                    Duration::from_secs(5),
+                    sib.master_client().stat(strata_proto::StatRequest {}),
+                )
+                .await
+            })
+        };
+        stat(&sib).expect("answered").expect("first call");
+        // The thread idles, its runtime undriven, for many keep-alive
+        // rounds: nothing of its own may have to answer the master meanwhile.
+        std::thread::sleep(Duration::from_secs(2));
+        let r = stat(&sib).expect("answered within 5 s");
+        let got = rt.block_on(sib.get("k"));
+        (r.map(|_| ()), got)
+    });
+    let (r, got) = thread.join().unwrap();
+    r.expect("a gRPC call after the idle time");
+    assert_eq!(got.unwrap(), payload(6, 1000));
+    c.shutdown().await;
+}

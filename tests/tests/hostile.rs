@@ -83,6 +83,44 @@ async fn raw_call(
         .map(|r| r.into_inner())
 }
 
+/// A one-node cluster holding "a" (4096 bytes of `seed`) and its grant.
+async fn one_object(
+    seed: u64,
+) -> (
+    strata_tests::LocalCluster,
+    strata_client::Client,
+    RemoteRange,
+) {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("a", &payload(seed, 4096), &PutOptions::default())
+        .await
+        .unwrap();
+    let good = granted(&cl, "a").await;
+    (c, cl, good)
+}
+
+/// A raw request of `length` bytes from the start of `grant`.
+fn raw(
+    req_id: u64,
+    op: Op,
+    grant: GrantScope,
+    mac: [u8; strata_common::grant::MAC_LEN],
+    length: u64,
+) -> Request {
+    Request {
+        op,
+        req_id,
+        grant,
+        mac,
+        offset: grant.offset,
+        length,
+        flags: 0,
+        trace: None,
+        record: None,
+    }
+}
+
 async fn read_response(s: &mut TcpStream) -> (Response, String) {
     let (r, body) = read_raw(s).await;
     (r, String::from_utf8_lossy(&body).into_owned())
@@ -416,23 +454,8 @@ async fn garbage_grpc_requests_are_rejected_without_crashing() {
 /// refused whole without the node reading its items.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_reads_check_every_item_and_refuse_oversized_batches() {
-    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
-    let cl = c.client().await.unwrap();
-    cl.put("a", &payload(3, 4096), &PutOptions::default())
-        .await
-        .unwrap();
-    let good = granted(&cl, "a").await;
-    let item = |id: u64, op: Op, scope: GrantScope| Request {
-        op,
-        req_id: id,
-        grant: scope,
-        mac: good.mac,
-        offset: good.scope.offset,
-        length: 4096,
-        flags: 0,
-        trace: None,
-        record: None,
-    };
+    let (c, cl, good) = one_object(3).await;
+    let item = |id: u64, op: Op, scope: GrantScope| raw(id, op, scope, good.mac, 4096);
     let forged = GrantScope {
         length: 1 << 20,
         ..good.scope
@@ -633,6 +656,121 @@ async fn an_idle_connection_flood_does_not_lock_out_clients() {
     c.shutdown().await;
 }
 
+/// Strangers (connections that never present a grant) from 16 addresses,
+/// each at its per-address cap, would hold every connection slot of a node
+/// for the first-grant timeout; past `max_strangers` each new connection
+/// pushes the oldest stranger out instead, so a new reader is served at
+/// once and strangers never hold more than their cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_from_many_addresses_cannot_lock_a_node_out() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("k", &payload(4, 10_000), &PutOptions::default())
+        .await
+        .unwrap();
+    let addr = c.nodes[0].data_addr;
+    let limits = strata_transport::tcp::ServerLimits::default();
+    assert_eq!(16 * limits.max_per_peer, limits.max_connections);
+    let mut flood = Vec::new();
+    for a in 0..16 {
+        let ip: std::net::IpAddr = format!("127.0.1.{}", a + 1).parse().unwrap();
+        for _ in 0..limits.max_per_peer {
+            let sock = tokio::net::TcpSocket::new_v4().unwrap();
+            sock.bind((ip, 0).into()).unwrap();
+            flood.push(sock.connect(addr).await.unwrap());
+        }
+    }
+    assert_eq!(flood.len(), limits.max_connections);
+    // A new reader (its own connection) is served well inside the
+    // strangers' first-grant timeout.
+    let fresh = c.client().await.unwrap();
+    let got = tokio::time::timeout(limits.first_grant_timeout / 2, fresh.get("k"))
+        .await
+        .expect("served while the strangers' timeout runs");
+    assert_eq!(got.unwrap(), payload(4, 10_000));
+    // The strangers pushed out are counted as cut off: all but the cap.
+    let admin = c.nodes[0].admin_addr;
+    let cut = || async move {
+        let (_, body) = strata_tests::http_get(admin, "/metrics").await;
+        strata_tests::metric(&body, "strata_store_node_cut_off_connections_total")
+    };
+    let pushed_out = (limits.max_connections - limits.max_strangers) as f64;
+    let t0 = std::time::Instant::now();
+    while cut().await < pushed_out {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{} cut off",
+            cut().await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(flood);
+    c.shutdown().await;
+}
+
+/// A stranger's batch read is held to the first-grant timeout while its
+/// items trickle in (not the 30 s I/O timeout per item), and its items are
+/// checked as they arrive: unsigned ones cut it off before anything is
+/// answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_batch_read_is_held_to_its_first_grant_deadline() {
+    let (c, cl, good) = one_object(5).await;
+    let limits = strata_transport::tcp::ServerLimits::default();
+    let item = |id: u64, op: Op, mac| raw(id, op, good.scope, mac, 4096);
+    let batch = |n: u64| {
+        let mut h = item(1, Op::ReadV, good.mac).encode().to_vec();
+        h[80..88].copy_from_slice(&n.to_le_bytes());
+        h
+    };
+    // Items whose grants the master never signed: cut off after the
+    // rejection limit, before the batch is answered at all.
+    let mut forged = good.mac;
+    forged[0] ^= 1;
+    let n_items = u64::from(limits.max_rejections) + 8;
+    let mut frame = batch(n_items);
+    for i in 0..n_items {
+        frame.extend_from_slice(&item(2 + i, Op::Read, forged).encode());
+    }
+    let mut s = TcpStream::connect(&good.addr).await.unwrap();
+    let _ = s.write_all(&frame).await;
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert_eq!(n, 0, "cut off without an answer");
+
+    // A signed first item makes the connection a reader: a forged item after
+    // it fails alone.
+    let mut frame = batch(2);
+    frame.extend_from_slice(&item(2, Op::Read, good.mac).encode());
+    frame.extend_from_slice(&item(3, Op::Read, forged).encode());
+    let mut s = TcpStream::connect(&good.addr).await.unwrap();
+    s.write_all(&frame).await.unwrap();
+    let mut h = [0u8; RESP_LEN];
+    s.read_exact(&mut h).await.unwrap();
+    assert_eq!(Response::decode(&h).unwrap().length, 2);
+    let (r, body) = read_raw(&mut s).await;
+    assert_eq!((r.status, r.req_id, body), (Code::Ok, 2, payload(5, 4096)));
+    let (r, msg) = read_response(&mut s).await;
+    assert_eq!((r.status, r.req_id), (Code::PermissionDenied, 3), "{msg}");
+    assert_eq!(cl.get("a").await.unwrap(), payload(5, 4096));
+
+    // Declares 1000 items and sends none: cut off at the first-grant
+    // deadline.
+    let mut s = TcpStream::connect(&good.addr).await.unwrap();
+    let t0 = std::time::Instant::now();
+    s.write_all(&batch(1000)).await.unwrap();
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(limits.io_timeout / 2, s.read_to_end(&mut rest))
+        .await
+        .expect("cut off well before the I/O timeout")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "no answer");
+    assert!(t0.elapsed() >= limits.first_grant_timeout - Duration::from_millis(100));
+    c.shutdown().await;
+}
+
 /// A peer that keeps presenting bad grants is cut off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_presenting_bad_grants_is_cut_off() {
@@ -673,6 +811,46 @@ async fn a_peer_presenting_bad_grants_is_cut_off() {
         .unwrap_or(0);
     assert_eq!(n, 0, "cut off without an answer");
     assert_eq!(cl.get("a").await.unwrap(), payload(2, 100));
+    c.shutdown().await;
+}
+
+/// Requests the master is receiving share one byte budget
+/// (`--max-inflight-bytes`): a call that would take it past is refused,
+/// retryable and counted, though within its method's own limit; calls that
+/// fit are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_masters_inflight_budget_are_refused() {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .master(|m| m.max_inflight_bytes = 1 << 20)
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let mut m = cl.master_client();
+    let keys = |n: usize| (0..n).map(|i| format!("{i:04000}")).collect::<Vec<_>>();
+    // ~1.6 MB: within BatchExists' own limit, past the budget.
+    let e = m
+        .batch_exists(pb::BatchExistsRequest { keys: keys(400) })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("budget is 1048576"), "{e}");
+    let (_, body) = strata_tests::http_get(c.master_admin, "/metrics").await;
+    assert_eq!(
+        strata_tests::metric(&body, "strata_master_inflight_refused_calls_total"),
+        1.0
+    );
+    // ~0.8 MB fits, and so does the next once it is done.
+    for _ in 0..2 {
+        let r = m
+            .batch_exists(pb::BatchExistsRequest { keys: keys(200) })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.results.len(), 200);
+        assert!(r.results.iter().all(|x| !x.exists));
+    }
     c.shutdown().await;
 }
 

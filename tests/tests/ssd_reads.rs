@@ -82,7 +82,7 @@ async fn a_full_arena_times_out_readers_with_the_setting_named_and_recovers_when
     put_on_ssd_only(&c, &cl, &keys, 64 << 10, 7).await;
     let staging = c.agents[0].staging.clone();
     // A reader that holds all of it far longer than the wait.
-    let held = staging.acquire(arena, arena).await.unwrap();
+    let held = staging.acquire(arena, arena, None).await.unwrap();
     let tries: Vec<_> = keys
         .iter()
         .map(|k| {
@@ -124,6 +124,52 @@ async fn a_full_arena_times_out_readers_with_the_setting_named_and_recovers_when
     let (_, m) = http_get(c.agents[0].admin_addr, "/metrics").await;
     assert_eq!(metric(&m, "strata_ssd_agent_staging_waiters"), 0.0);
     c.shutdown().await;
+}
+
+/// A cluster (agent set up by `agent`) holding one 64 MiB object, "big"
+/// (`seed`), only on SSD, and a grant for reading it there.
+async fn big_object_on_ssd(
+    agent: impl Fn(&mut strata_ssd_agent::SsdAgentConfig) + Send + Sync + 'static,
+    seed: u64,
+) -> (
+    LocalCluster,
+    strata_client::Client,
+    strata_transport::RemoteRange,
+) {
+    let c = ClusterBuilder::new()
+        .store_nodes(1)
+        .node_capacity(256 << 20)
+        .ssd_agents(1)
+        .master(eager)
+        .ssd(agent)
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    put_on_ssd_only(&c, &cl, &["big".to_string()], 64 << 20, seed).await;
+    let g = cl
+        .master_client()
+        .get_replicas(pb::GetReplicasRequest { key: "big".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let r = strata_client::remote_range(&g.replicas[0]).unwrap();
+    (c, cl, r)
+}
+
+/// A raw request for all of `r`'s range, as a reader sends it.
+fn whole_read(r: &strata_transport::RemoteRange) -> strata_transport::frame::Request {
+    strata_transport::frame::Request {
+        op: strata_transport::frame::Op::Read,
+        req_id: 1,
+        grant: r.scope,
+        mac: r.mac,
+        offset: r.scope.offset,
+        length: r.scope.length,
+        flags: 0,
+        trace: None,
+        record: None,
+    }
 }
 
 /// (bytes served, data-plane requests) per agent.
@@ -384,40 +430,17 @@ async fn eviction_keeps_recently_read_objects_and_drops_the_rest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_that_never_reads_is_cut_off_and_releases_its_bucket() {
     use tokio::io::AsyncWriteExt;
-    let c = ClusterBuilder::new()
-        .store_nodes(1)
-        .node_capacity(256 << 20)
-        .ssd_agents(1)
-        .master(eager)
-        .ssd(|a| {
+    let (c, cl, r) = big_object_on_ssd(
+        |a| {
             a.io_timeout = Duration::from_secs(1);
             a.staging_bytes = 4 << 20;
-        })
-        .build()
-        .await
-        .unwrap();
-    let cl = c.client().await.unwrap();
+        },
+        3,
+    )
+    .await;
     let size = 64 << 20;
-    put_on_ssd_only(&c, &cl, &["big".to_string()], size, 3).await;
-    let g = cl
-        .master_client()
-        .get_replicas(pb::GetReplicasRequest { key: "big".into() })
-        .await
-        .unwrap()
-        .into_inner();
-    let r = strata_client::remote_range(&g.replicas[0]).unwrap();
     let (_, bucket) = strata_common::grant::split_ssd_segment_id(r.scope.segment_id);
-    let req = strata_transport::frame::Request {
-        op: strata_transport::frame::Op::Read,
-        req_id: 1,
-        grant: r.scope,
-        mac: r.mac,
-        offset: r.scope.offset,
-        length: r.scope.length,
-        flags: 0,
-        trace: None,
-        record: None,
-    };
+    let req = whole_read(&r);
     let mut s = tokio::net::TcpStream::connect(&r.addr).await.unwrap();
     s.write_all(&req.encode()).await.unwrap();
     // The read starts (a reader on the bucket, staging in use)...
@@ -435,5 +458,57 @@ async fn a_reader_that_never_reads_is_cut_off_and_releases_its_bucket() {
     drop(s);
     // A well-behaved reader still gets the object.
     assert_eq!(cl.get("big").await.unwrap(), payload(3, size));
+    c.shutdown().await;
+}
+
+/// Readers that stop reading their sockets hold their staging until
+/// `--io-timeout` cuts them off; from one address they hold no more than
+/// its share of the arena (a quarter), so a reader elsewhere is served
+/// meanwhile instead of timing out for staging space.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_readers_from_one_address_leave_room_for_others() {
+    use tokio::io::AsyncWriteExt;
+    let (c, cl, r) = big_object_on_ssd(
+        |a| {
+            a.staging_bytes = 4 << 20;
+            a.staging_wait = Duration::from_millis(500);
+        },
+        6,
+    )
+    .await;
+    let size = 64 << 20;
+    let a = &c.agents[0];
+    assert_eq!(a.staging.peer_share(), 1 << 20);
+    let req = whole_read(&r);
+    let addr: std::net::SocketAddr = r.addr.parse().unwrap();
+    let mut stalled = Vec::new();
+    for _ in 0..8 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.1.9:0".parse().unwrap()).unwrap();
+        let mut s = sock.connect(addr).await.unwrap();
+        s.write_all(&req.encode()).await.unwrap();
+        stalled.push(s);
+    }
+    // One of them holds the address's share; the other seven time out
+    // waiting for it (each cut off, holding nothing).
+    let timeouts = || async {
+        let (_, m) = http_get(a.admin_addr, "/metrics").await;
+        metric(&m, "strata_ssd_agent_staging_timeouts_total")
+    };
+    let t0 = std::time::Instant::now();
+    while timeouts().await < 7.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{} timed out, {} bytes staged",
+            timeouts().await,
+            a.staging.in_use()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(a.staging.in_use() <= a.staging.peer_share());
+    // A reader on another address reads all 64 MiB through the rest.
+    assert_eq!(cl.get("big").await.unwrap(), payload(6, size));
+    drop(stalled);
+    assert!(wait_until(Duration::from_secs(10), || a.staging.in_use() == 0).await);
     c.shutdown().await;
 }

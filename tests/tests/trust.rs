@@ -603,3 +603,90 @@ async fn writes_under_integrity_blake3_carry_the_digest_readers_check() {
     assert_eq!([x, y].concat(), p);
     c.shutdown().await;
 }
+
+/// The counter a member's term fence bumps for each answer it refuses.
+async fn fenced(admin: std::net::SocketAddr, metric: &str) -> f64 {
+    let (_, body) = http_get(admin, "/metrics").await;
+    strata_tests::metric(&body, metric)
+}
+
+/// A store node refuses the answers of a deposed leader (an older term):
+/// one telling it "you are unknown, start over" does not make it drop its
+/// segments and re-register, so its objects stay readable. (Failpoint
+/// `master::deposed-heartbeat`: the master answers as a deposed one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_node_refuses_a_deposed_leaders_heartbeat_answers() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    cl.put("kept", &payload(8, 50_000), &PutOptions::default())
+        .await
+        .unwrap();
+    let node = &c.nodes[0];
+    let metric = "strata_store_node_fenced_answers_total";
+    assert_eq!(fenced(node.admin_addr, metric).await, 0.0);
+    fail::cfg("master::deposed-heartbeat", "return").unwrap();
+    let t0 = std::time::Instant::now();
+    while fenced(node.admin_addr, metric).await < 3.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no answer refused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    fail::remove("master::deposed-heartbeat");
+    // Still registered with its segments: nothing was dropped.
+    assert!(node.is_registered());
+    assert_eq!(cl.get("kept").await.unwrap(), payload(8, 50_000));
+    let (_, body) = http_get(node.admin_addr, "/metrics").await;
+    assert_eq!(
+        strata_tests::metric(&body, "strata_store_node_registrations_total"),
+        1.0,
+        "registered once, never again"
+    );
+    c.shutdown().await;
+}
+
+/// An SSD agent refuses a deposed leader's heartbeat answers, and with them
+/// the removals they carry: the copy stays until the real leader's answer
+/// asks for it again. (Failpoint `master::deposed-owner-heartbeat`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ssd_agent_refuses_a_deposed_leaders_removals() {
+    let c = ClusterBuilder::new()
+        .master(eager)
+        .store_nodes(1)
+        .ssd_agents(1)
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let key = "on-ssd".to_string();
+    strata_tests::put_on_ssd_only(&c, &cl, std::slice::from_ref(&key), 4096, 9).await;
+    let a = &c.agents[0];
+    assert!(a.store.location(&key).unwrap().is_some());
+    let metric = "strata_ssd_agent_fenced_answers_total";
+    assert_eq!(fenced(a.admin_addr, metric).await, 0.0);
+    fail::cfg("master::deposed-owner-heartbeat", "return").unwrap();
+    let remove = tokio::spawn({
+        let (cl, key) = (cl.clone(), key.clone());
+        async move { cl.remove(&key, false).await }
+    });
+    let t0 = std::time::Instant::now();
+    while fenced(a.admin_addr, metric).await < 3.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no answer refused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        a.store.location(&key).unwrap().is_some(),
+        "a deposed leader's removal was applied"
+    );
+    fail::remove("master::deposed-owner-heartbeat");
+    // The real leader's answer carries the removal again: applied.
+    assert!(
+        strata_tests::wait_until(Duration::from_secs(10), || a
+            .store
+            .location(&key)
+            .unwrap()
+            .is_none())
+        .await
+    );
+    remove.await.unwrap().unwrap();
+    assert_eq!(cl.get(&key).await.unwrap_err().code, Code::NotFound);
+    c.shutdown().await;
+}

@@ -16,6 +16,12 @@ impl QuickCalls {
         QuickClient::new(route, token).map(QuickCalls)
     }
 
+    /// Calls over connections of their own, on the runtime that makes
+    /// them, to the leader this one's route knows.
+    pub(crate) fn sibling(&self) -> QuickCalls {
+        QuickCalls(self.0.sibling())
+    }
+
     /// Calls the master answered this way (for tests and engines' metrics).
     pub(crate) fn answered(&self) -> u64 {
         self.0.answered()

@@ -1,7 +1,7 @@
 //! gRPC plumbing shared by every service and client.
 
 use crate::auth::{bearer, Credentials, Role, Secret};
-use crate::limits::{BodyLimit, LimitedBody};
+use crate::limits::{BodyLimit, InflightBudget, LimitedBody};
 use crate::{Error, Result};
 use futures::future::BoxFuture;
 use std::convert::Infallible;
@@ -57,22 +57,8 @@ pub fn master_channel_routed(
     addr: &str,
     token: Option<&Secret>,
 ) -> Result<(MasterChannel, crate::leader::LeaderChannel)> {
-    master_channel_routed_with(addr, token, true)
-}
-
-/// [`master_channel_routed`], with or without keep-alive pings
-/// ([`crate::leader::LeaderChannel::without_keep_alive`]).
-pub fn master_channel_routed_with(
-    addr: &str,
-    token: Option<&Secret>,
-    keep_alive: bool,
-) -> Result<(MasterChannel, crate::leader::LeaderChannel)> {
     let target = crate::leader::MasterTarget::parse(addr)?;
-    let route = if keep_alive {
-        crate::leader::LeaderChannel::new(target)
-    } else {
-        crate::leader::LeaderChannel::without_keep_alive(target)
-    };
+    let route = crate::leader::LeaderChannel::new(target);
     Ok((
         InterceptedService::new(route.clone(), BearerToken::new(token)?),
         route,
@@ -90,6 +76,7 @@ pub struct Authenticated<S> {
     inner: S,
     creds: Arc<Credentials>,
     policy: fn(&str) -> MethodPolicy,
+    budget: Option<Arc<InflightBudget>>,
 }
 
 /// What one method needs (a role) and may send (a body limit).
@@ -105,7 +92,14 @@ impl<S> Authenticated<S> {
             inner,
             creds,
             policy,
+            budget: None,
         }
+    }
+
+    /// Counts every call's request bytes against one budget.
+    pub fn with_budget(mut self, budget: Arc<InflightBudget>) -> Self {
+        self.budget = Some(budget);
+        self
     }
 }
 
@@ -154,7 +148,8 @@ where
         match checked {
             Ok(roles) => {
                 req.extensions_mut().insert(roles);
-                let req = req.map(|b| LimitedBody::new(b, policy.limit, &method));
+                let budget = self.budget.clone();
+                let req = req.map(|b| LimitedBody::new(b, policy.limit, &method).within(budget));
                 // The clone is ready only if polled; swap so the ready one serves.
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);

@@ -208,7 +208,7 @@ impl EtcdAuth {
 
 /// Connects an etcd client (lazily dialled, bounded timeouts).
 pub async fn etcd_client(endpoints: &[String]) -> Result<etcd_client::Client> {
-    etcd_client_with(endpoints, None, true).await
+    etcd_client_as(endpoints, None).await
 }
 
 /// [`etcd_client`] as `auth`'s user (an etcd with authentication on).
@@ -216,22 +216,10 @@ pub async fn etcd_client_as(
     endpoints: &[String],
     auth: Option<&EtcdAuth>,
 ) -> Result<etcd_client::Client> {
-    etcd_client_with(endpoints, auth, true).await
-}
-
-/// [`etcd_client_as`], with or without HTTP/2 keep-alive pings (see
-/// [`LeaderChannel::without_keep_alive`]).
-async fn etcd_client_with(
-    endpoints: &[String],
-    auth: Option<&EtcdAuth>,
-    keep_alive: bool,
-) -> Result<etcd_client::Client> {
     let mut opts = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(3))
-        .with_timeout(Duration::from_secs(5));
-    if keep_alive {
-        opts = opts.with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
-    }
+        .with_timeout(Duration::from_secs(5))
+        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
     if let Some(a) = auth {
         // Tokens expire (and die with an etcd restart): log in again then.
         opts = opts
@@ -257,25 +245,14 @@ struct Route {
     /// Next list entry to try when no leader is known.
     next: Mutex<usize>,
     etcd: tokio::sync::Mutex<Option<etcd_client::Client>>,
-    /// HTTP/2 keep-alive pings on its connections (see `without_keep_alive`).
-    keep_alive: bool,
 }
 
 impl LeaderChannel {
+    /// Its connections are driven by the runtime that makes them (keep-alive
+    /// pings both ways): share one from a runtime that always runs, never
+    /// one made on a runtime driven only while its caller waits (the master
+    /// drops a connection that leaves its pings unanswered for 30 s).
     pub fn new(target: MasterTarget) -> LeaderChannel {
-        Self::with_keep_alive(target, true)
-    }
-
-    /// A channel whose connections send no keep-alive pings: for a caller
-    /// that drives its own runtime only while it waits on a call (a Python
-    /// thread's), where a ping sent at the end of one call and answered
-    /// while nobody reads would time the connection out at the next. A
-    /// hung master is then found by the call's own deadline instead.
-    pub fn without_keep_alive(target: MasterTarget) -> LeaderChannel {
-        Self::with_keep_alive(target, false)
-    }
-
-    fn with_keep_alive(target: MasterTarget, keep_alive: bool) -> LeaderChannel {
         LeaderChannel {
             route: Arc::new(Route {
                 target,
@@ -283,7 +260,6 @@ impl LeaderChannel {
                 current: Mutex::new(None),
                 next: Mutex::new(0),
                 etcd: tokio::sync::Mutex::new(None),
-                keep_alive,
             }),
         }
     }
@@ -310,8 +286,7 @@ impl Route {
                 let mut guard = self.etcd.lock().await;
                 if guard.is_none() {
                     let auth = EtcdAuth::from_env()?;
-                    *guard =
-                        Some(etcd_client_with(endpoints, auth.as_ref(), self.keep_alive).await?);
+                    *guard = Some(etcd_client_as(endpoints, auth.as_ref()).await?);
                 }
                 let client = guard.as_ref().expect("just set");
                 match read_leader(client, cluster).await {
@@ -338,20 +313,17 @@ impl Route {
         if let Some(c) = chans.get(addr) {
             return Ok(c.clone());
         }
-        let mut ep = tonic::transport::Endpoint::from_shared(uri_of(addr))
+        // A master that hangs (paused, partitioned) fails its calls in a few
+        // seconds, not at the 30 s call timeout.
+        let ch = tonic::transport::Endpoint::from_shared(uri_of(addr))
             .map_err(|e| Error::invalid(format!("bad master address {addr:?}: {e}")))?
             .connect_timeout(Duration::from_secs(3))
             .timeout(Duration::from_secs(30))
-            .tcp_nodelay(true);
-        if self.keep_alive {
-            // A master that hangs (paused, partitioned) fails its calls in
-            // a few seconds, not at the 30 s call timeout.
-            ep = ep
-                .http2_keep_alive_interval(Duration::from_secs(1))
-                .keep_alive_timeout(Duration::from_secs(2))
-                .keep_alive_while_idle(true);
-        }
-        let ch = ep.connect_lazy();
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(2))
+            .keep_alive_while_idle(true)
+            .connect_lazy();
         chans.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }

@@ -6,6 +6,8 @@
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -164,6 +166,53 @@ pub struct BodyLimit {
     pub max_items: Option<usize>,
 }
 
+/// Request bytes a service holds at once, all calls together: each body's
+/// bytes count from when they arrive until the body is dropped (decoded and
+/// its buffer freed). A frame that would take the total past the budget
+/// fails its call with a retryable `ResourceExhausted`, so many callers'
+/// large requests cannot add up to more memory than the service has, though
+/// each is within its method's limit.
+#[derive(Debug)]
+pub struct InflightBudget {
+    max: usize,
+    used: AtomicUsize,
+    /// Calls refused for the budget.
+    pub refused: Option<prometheus::IntCounter>,
+}
+
+impl InflightBudget {
+    pub fn new(max: usize, refused: Option<prometheus::IntCounter>) -> Arc<Self> {
+        Arc::new(InflightBudget {
+            max,
+            used: AtomicUsize::new(0),
+            refused,
+        })
+    }
+
+    /// Request bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+
+    fn take(&self, n: usize) -> Result<(), usize> {
+        let mut used = self.used.load(Ordering::Acquire);
+        loop {
+            let want = used.checked_add(n).filter(|w| *w <= self.max).ok_or(used)?;
+            match self
+                .used
+                .compare_exchange_weak(used, want, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Ok(()),
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    fn give_back(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
 /// A request body that fails as soon as it exceeds its limit; the failure is
 /// a `tonic::Status`, which the server returns to the caller as is.
 pub struct LimitedBody<B> {
@@ -172,6 +221,17 @@ pub struct LimitedBody<B> {
     seen: usize,
     counter: Option<FieldCounter>,
     method: String,
+    /// The service's budget and the bytes this body holds of it.
+    budget: Option<Arc<InflightBudget>>,
+    held: usize,
+}
+
+impl<B> Drop for LimitedBody<B> {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.give_back(self.held);
+        }
+    }
 }
 
 impl<B> LimitedBody<B> {
@@ -182,11 +242,33 @@ impl<B> LimitedBody<B> {
             seen: 0,
             counter: limit.max_items.map(|_| FieldCounter::default()),
             method: method.to_string(),
+            budget: None,
+            held: 0,
         }
     }
 
+    /// Counts this body's bytes against `budget` as they arrive.
+    pub fn within(mut self, budget: Option<Arc<InflightBudget>>) -> Self {
+        self.budget = budget;
+        self
+    }
+
     fn check(&mut self, data: &Bytes) -> Result<(), tonic::Status> {
-        self.seen += data.remaining();
+        let n = data.remaining();
+        self.seen += n;
+        if let Some(b) = &self.budget {
+            if let Err(used) = b.take(n) {
+                if let Some(c) = &b.refused {
+                    c.inc();
+                }
+                return Err(tonic::Status::resource_exhausted(format!(
+                    "{} request refused: the service holds {used} bytes of requests at once, \
+                     its budget is {}; retry shortly",
+                    self.method, b.max
+                )));
+            }
+            self.held += n;
+        }
         if self.seen > self.limit.max_bytes {
             return Err(tonic::Status::resource_exhausted(format!(
                 "{} request is larger than its limit of {} bytes",
@@ -371,6 +453,41 @@ mod tests {
             .unwrap();
         assert_eq!(st.code(), tonic::Code::InvalidArgument);
         assert!(st.message().contains("more than 3 items"), "{st}");
+    }
+
+    #[test]
+    fn bodies_share_one_budget_until_they_are_dropped() {
+        let four = String::from_utf8(framed(&[b"a", b"b", b"c", b"d"])).unwrap();
+        let n = four.len();
+        let refused = prometheus::IntCounter::new("r", "r").unwrap();
+        let budget = InflightBudget::new(2 * n, Some(refused.clone()));
+        let limit = BodyLimit {
+            max_bytes: n,
+            max_items: None,
+        };
+        let body = || LimitedBody::new(four.clone(), limit, "M").within(Some(budget.clone()));
+        let (mut a, mut b, mut c) = (body(), body(), body());
+        assert!(poll(&mut a).unwrap().is_ok());
+        assert!(poll(&mut b).unwrap().is_ok());
+        assert_eq!(budget.used(), 2 * n);
+        // A third body while two are held: refused, retryable, counted.
+        let st = poll(&mut c)
+            .unwrap()
+            .unwrap_err()
+            .downcast::<tonic::Status>()
+            .unwrap();
+        assert_eq!(st.code(), tonic::Code::ResourceExhausted);
+        assert!(st.message().contains("budget is"), "{st}");
+        assert_eq!(refused.get(), 1);
+        drop(c);
+        assert_eq!(budget.used(), 2 * n, "a refused body held nothing");
+        // Dropping a held body gives its bytes back.
+        drop(a);
+        assert_eq!(budget.used(), n);
+        let mut d = body();
+        assert!(poll(&mut d).unwrap().is_ok());
+        drop((b, d));
+        assert_eq!(budget.used(), 0);
     }
 
     #[test]

@@ -61,6 +61,18 @@ impl QuickClient {
         })
     }
 
+    /// A client of the same route and credentials with connections of its
+    /// own (made by whoever calls it, on that caller's runtime).
+    pub fn sibling(&self) -> QuickClient {
+        QuickClient {
+            route: self.route.clone(),
+            hello: self.hello.clone(),
+            idle: Mutex::new(Vec::new()),
+            refused: Mutex::new(HashMap::new()),
+            answered: AtomicU64::new(0),
+        }
+    }
+
     /// Calls the master answered this way (for tests and engines' metrics).
     pub fn answered(&self) -> u64 {
         self.answered.load(Ordering::Relaxed)

@@ -15,13 +15,28 @@ pub fn next_term(last: u64) -> u64 {
 }
 
 #[derive(Debug, Default)]
-pub struct TermFence(AtomicU64);
+pub struct TermFence {
+    seen: AtomicU64,
+    /// Answers refused, for the member's metrics.
+    refused: Option<prometheus::IntCounter>,
+}
 
 impl TermFence {
+    /// A fence that counts the answers it refuses in `refused`.
+    pub fn counted(refused: prometheus::IntCounter) -> TermFence {
+        TermFence {
+            seen: AtomicU64::new(0),
+            refused: Some(refused),
+        }
+    }
+
     /// Admits an answer from `term` (raising the fence) or refuses it.
     pub fn admit(&self, term: u64) -> Result<()> {
-        let seen = self.0.fetch_max(term, Ordering::AcqRel);
+        let seen = self.seen.fetch_max(term, Ordering::AcqRel);
         if term < seen {
+            if let Some(c) = &self.refused {
+                c.inc();
+            }
             return Err(Error::new(
                 Code::NotLeader,
                 format!(
@@ -34,7 +49,7 @@ impl TermFence {
 
     /// The highest term seen (0: none yet).
     pub fn seen(&self) -> u64 {
-        self.0.load(Ordering::Acquire)
+        self.seen.load(Ordering::Acquire)
     }
 }
 
@@ -52,5 +67,9 @@ mod tests {
         assert!(f.admit(4).is_ok());
         assert!(f.admit(3).is_err(), "one below");
         assert_eq!(f.seen(), 4);
+        let refused = prometheus::IntCounter::new("r", "r").unwrap();
+        let f = TermFence::counted(refused.clone());
+        assert!(f.admit(5).is_ok() && f.admit(4).is_err() && f.admit(6).is_ok());
+        assert_eq!(refused.get(), 1);
     }
 }

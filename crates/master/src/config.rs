@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use strata_common::auth::{Credentials, Secret};
-use strata_common::units::HumanDuration;
+use strata_common::units::{ByteSize, HumanDuration};
 use strata_common::{Error, Result};
 
 /// How PutStart chooses segments among those with room.
@@ -138,6 +138,8 @@ impl std::fmt::Display for Integrity {
 
 /// Longest `--put-wait`: well inside the clients' 30 s call timeout.
 pub const MAX_PUT_WAIT: Duration = Duration::from_secs(20);
+/// Smallest `--max-inflight-bytes`: room for any small call.
+pub const MIN_INFLIGHT_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone)]
 pub struct MasterConfig {
@@ -189,6 +191,14 @@ pub struct MasterConfig {
     pub max_connections: usize,
     /// Of those, from one peer address at most.
     pub max_connections_per_peer: usize,
+    /// Request bytes being received at once, all calls together.
+    pub max_inflight_bytes: u64,
+    /// HTTP/2 pings on each gRPC connection this often, and the connection
+    /// is dropped when one is not answered in `keepalive_timeout` (a peer
+    /// gone without closing its socket gives its slot back). Not a flag:
+    /// tests shorten them.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
 }
 
 impl Default for MasterConfig {
@@ -220,6 +230,9 @@ impl Default for MasterConfig {
             election_ttl: Duration::from_secs(6),
             max_connections: 8192,
             max_connections_per_peer: 1024,
+            max_inflight_bytes: 1 << 30,
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -321,6 +334,12 @@ impl MasterConfig {
                 "--max-connections ({}) and --max-connections-per-peer ({}) must be positive, \
                  the share of one peer no more than all",
                 self.max_connections, self.max_connections_per_peer
+            )));
+        }
+        if self.max_inflight_bytes < MIN_INFLIGHT_BYTES {
+            return Err(Error::invalid(format!(
+                "--max-inflight-bytes must be at least {MIN_INFLIGHT_BYTES} (1MiB), got {}",
+                self.max_inflight_bytes
             )));
         }
         if self.put_wait > MAX_PUT_WAIT {
@@ -455,6 +474,9 @@ pub struct MasterArgs {
     /// Connections one peer address may hold at most, so a few hosts cannot take every slot [default: 1024]
     #[arg(long, env = "STRATA_MAX_CONNECTIONS_PER_PEER")]
     pub max_connections_per_peer: Option<usize>,
+    /// Request bytes the master receives at once, all calls together; a call past it is refused (retryable). Below 256MiB the largest member reports may never fit [default: 1GiB]
+    #[arg(long, env = "STRATA_MAX_INFLIGHT_BYTES")]
+    pub max_inflight_bytes: Option<ByteSize>,
     #[command(flatten)]
     #[serde(skip)]
     pub telemetry: strata_common::telemetry::TelemetryArgs,
@@ -502,7 +524,8 @@ impl MasterArgs {
                     cluster_id,
                     election_ttl,
                     max_connections,
-                    max_connections_per_peer
+                    max_connections_per_peer,
+                    max_inflight_bytes
                 ]
             );
         }
@@ -523,6 +546,11 @@ impl MasterArgs {
             max_connections_per_peer: self
                 .max_connections_per_peer
                 .unwrap_or(d.max_connections_per_peer),
+            max_inflight_bytes: self
+                .max_inflight_bytes
+                .map_or(d.max_inflight_bytes, |v| v.0),
+            keepalive_interval: d.keepalive_interval,
+            keepalive_timeout: d.keepalive_timeout,
             lease_ttl: self.lease_ttl.map_or(d.lease_ttl, |v| v.0),
             max_lease: self.max_lease.map(|v| v.0),
             node_ttl: self.node_ttl.map_or(d.node_ttl, |v| v.0),

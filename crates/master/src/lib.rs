@@ -157,7 +157,11 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
         },
         Arc::new(cfg.credentials.clone()),
         service::policy_of,
-    );
+    )
+    .with_budget(strata_common::limits::InflightBudget::new(
+        usize::try_from(cfg.max_inflight_bytes).unwrap_or(usize::MAX),
+        Some(metrics.inflight_refused.clone()),
+    ));
     let sd = shutdown.clone();
     let conns = connections::Connections::new(
         cfg.max_connections,
@@ -171,13 +175,14 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
         conns,
         shutdown.clone(),
     );
+    let keepalive = (cfg.keepalive_interval, cfg.keepalive_timeout);
     tasks.spawn(async move {
         let res = tonic::transport::Server::builder()
             // A peer that stops answering pings is dropped (its slot with
             // it); one connection carries a bounded number of calls; no
             // call is left running for ever.
-            .http2_keepalive_interval(Some(Duration::from_secs(10)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .http2_keepalive_interval(Some(keepalive.0))
+            .http2_keepalive_timeout(Some(keepalive.1))
             .tcp_keepalive(Some(Duration::from_secs(60)))
             .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
             .timeout(CALL_TIMEOUT)

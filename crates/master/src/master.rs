@@ -584,10 +584,10 @@ impl Master {
 
     pub fn register_node(&self, req: pb::RegisterNodeRequest) -> Result<pb::RegisterNodeResponse> {
         // Asked now, or never: a registration told not to report may not.
-        let report = self.rebuilding();
         let r = self
             .cluster
-            .register(self.model(), &self.keys, &req, report)?;
+            .register(self.model(), &self.keys, &req, self.rebuilding())?;
+        let report = r.report;
         if req.held_objects == 0 || !report {
             // Nothing to report: this node is accounted for.
             self.gate.reported(Member::Node(req.node_id.clone()));

@@ -125,6 +125,9 @@ pub struct MasterMetrics {
     /// Connections closed at once for want of a slot, by `reason`
     /// (`CONNECTION_REFUSALS`: all slots taken, or the peer's share).
     pub refused_connections: IntCounterVec,
+    /// Calls refused because requests being received held the whole
+    /// `--max-inflight-bytes` budget.
+    pub inflight_refused: IntCounter,
     /// Registered SSD owners by `state`: live (heartbeating) or gone.
     pub ssd_owners: IntGaugeVec,
     pub segments: IntGauge,
@@ -321,6 +324,10 @@ impl MasterMetrics {
                 "Connections to the master's port closed at once, by reason: total (--max-connections reached) or peer (that address's --max-connections-per-peer share)",
                 "reason",
                 CONNECTION_REFUSALS,
+            ),
+            inflight_refused: c(
+                "strata_master_inflight_refused_calls_total",
+                "Calls refused (retryable) because the requests the master was receiving held its whole --max-inflight-bytes budget",
             ),
             lease_ends: cv(
                 "strata_master_lease_ends_total",

@@ -41,7 +41,11 @@ pub fn policy_of(method: &str) -> MethodPolicy {
         "GetUcxRoutes" => (Role::Rdma, SMALL_REQUEST, None),
         "BatchPutStart" | "BatchPutEnd" | "BatchPutRevoke" | "BatchGetReplicas" | "BatchExists"
         | "ReportReads" => (Role::Client, BATCH_REQUEST, Some(MAX_BATCH)),
-        _ => (Role::Client, SMALL_REQUEST, None),
+        "PutStart" | "PutEnd" | "PutRevoke" | "GetReplicas" | "Exists" | "Remove" | "List"
+        | "Stat" | "Inspect" => (Role::Client, SMALL_REQUEST, None),
+        // A method not placed above (a new rpc, or a name no rpc has) needs
+        // the admin role: never open to members or clients by omission.
+        _ => (Role::Admin, SMALL_REQUEST, None),
     };
     MethodPolicy {
         role,
@@ -653,5 +657,111 @@ impl MasterRpc for MasterService {
             .await
             .map(|_| pb::ReportPromotionResponse {});
         self.done("report_promotion", t0, r)
+    }
+}
+
+#[cfg(test)]
+mod role_table {
+    use super::*;
+    use strata_common::auth::{Credentials, Secret};
+
+    /// Every rpc of the Master service and the role it needs.
+    const TABLE: &[(&str, Role)] = &[
+        ("PutStart", Role::Client),
+        ("PutEnd", Role::Client),
+        ("PutRevoke", Role::Client),
+        ("BatchPutStart", Role::Client),
+        ("BatchPutEnd", Role::Client),
+        ("BatchPutRevoke", Role::Client),
+        ("GetReplicas", Role::Client),
+        ("BatchGetReplicas", Role::Client),
+        ("GetUcxRoutes", Role::Rdma),
+        ("ReportReads", Role::Client),
+        ("Exists", Role::Client),
+        ("BatchExists", Role::Client),
+        ("Remove", Role::Client),
+        ("RemoveAll", Role::Admin),
+        ("List", Role::Client),
+        ("Stat", Role::Client),
+        ("Inspect", Role::Client),
+        ("RegisterNode", Role::Member),
+        ("Heartbeat", Role::Member),
+        ("ReportNodeObjects", Role::Member),
+        ("RegisterOwner", Role::Member),
+        ("OwnerHeartbeat", Role::Member),
+        ("ReportOffload", Role::Member),
+        ("ReportInventory", Role::Member),
+        ("EvictMemory", Role::Admin),
+        ("EvictBuckets", Role::Member),
+        ("ReportPromotion", Role::Member),
+    ];
+
+    /// The rpcs the proto declares, so a new one cannot go unlisted.
+    fn rpcs() -> Vec<String> {
+        let proto = include_str!("../../proto/proto/strata.proto");
+        let service = proto
+            .split("service Master {")
+            .nth(1)
+            .and_then(|s| s.split('}').next())
+            .expect("the Master service");
+        let names: Vec<String> = service
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("rpc "))
+            .map(|l| l.split('(').next().unwrap_or_default().trim().to_string())
+            .collect();
+        assert!(names.len() >= 27, "{names:?}");
+        names
+    }
+
+    #[test]
+    fn every_rpc_is_in_the_table_with_its_role() {
+        let mut declared = rpcs();
+        let mut listed: Vec<String> = TABLE.iter().map(|(m, _)| m.to_string()).collect();
+        declared.sort();
+        listed.sort();
+        assert_eq!(declared, listed, "the proto's rpcs and this table differ");
+        for (method, role) in TABLE {
+            assert_eq!(policy_of(method).role, *role, "{method}");
+        }
+        // Unknown names are admin-only, not the client default.
+        assert_eq!(policy_of("NoSuchMethod").role, Role::Admin);
+        assert_eq!(policy_of("").role, Role::Admin);
+    }
+
+    #[test]
+    fn each_token_reaches_exactly_its_methods() {
+        let creds = Credentials::generate();
+        let token = |r: Role| -> Secret {
+            match r {
+                Role::Member => creds.member.clone(),
+                Role::Client => creds.client.clone(),
+                Role::Admin => creds.admin.clone(),
+                Role::Rdma => creds.rdma.clone(),
+            }
+            .expect("generated")
+        };
+        let mut allowed = 0;
+        for (method, need) in TABLE {
+            for has in [Role::Member, Role::Client, Role::Admin, Role::Rdma] {
+                let t = token(has);
+                let roles = creds.roles_of(Some(t.expose().as_bytes())).unwrap();
+                let ok = creds.check(roles, *need).is_ok();
+                // Admin and rdma tokens may do what a client may; no token
+                // does another role's member or admin work.
+                let want = has == *need
+                    || (*need == Role::Client && matches!(has, Role::Admin | Role::Rdma));
+                assert_eq!(ok, want, "{method} with a {} token", has.as_str());
+                allowed += usize::from(ok);
+            }
+            let none = creds.roles_of(None).unwrap();
+            assert!(
+                creds.check(none, *need).is_err(),
+                "{method} without a token"
+            );
+        }
+        // Each client method with 3 tokens, each other method with its own.
+        let clients = TABLE.iter().filter(|(_, r)| *r == Role::Client).count();
+        assert_eq!(clients, 15);
+        assert_eq!(allowed, clients * 3 + (TABLE.len() - clients));
     }
 }

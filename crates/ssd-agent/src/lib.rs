@@ -137,7 +137,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         capacity: cfg.capacity,
         instance: instance.clone(),
         proof: strata_common::auth::new_instance_proof(),
-        fence: Default::default(),
+        fence: strata_common::term::TermFence::counted(metrics.fenced_answers.clone()),
     };
     let reg = session.register_retrying(&shutdown).await?;
     let key = GrantKey::from_bytes(&reg.grant_key)

@@ -20,6 +20,7 @@ pub(crate) struct AgentMetrics {
     pub(crate) quarantined_files: IntGauge,
     pub(crate) overhead: IntGauge,
     pub(crate) heartbeats: prometheus::IntCounter,
+    pub(crate) fenced_answers: prometheus::IntCounter,
     pub(crate) outcomes: IntCounterVec,
     /// Bytes that failed their checksum, by where: `read` (a data-plane
     /// read of a bucket), `promotion` (copying back to DRAM),
@@ -77,6 +78,10 @@ impl AgentMetrics {
             overhead: g(
                 "strata_ssd_agent_overhead_bytes",
                 "Bytes of this owner's index, WAL and logs (counted against --capacity with the buckets)",
+            ),
+            fenced_answers: c(
+                "strata_ssd_agent_fenced_answers_total",
+                "Master answers refused because they came from a lower term than one already seen (a deposed leader still answering)",
             ),
             heartbeats: c(
                 "strata_ssd_agent_heartbeats_total",

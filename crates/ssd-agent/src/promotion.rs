@@ -56,7 +56,7 @@ impl Promoter {
         let mut at = 0u64;
         while at < t.size {
             let n = (t.size - at).min(self.staging.piece_bytes());
-            let _staged = self.staging.acquire(n, t.size).await?;
+            let _staged = self.staging.acquire(n, t.size, None).await?;
             let (store, b, off) = (self.store.clone(), t.bucket_id, t.offset + at);
             let piece = tokio::task::spawn_blocking(move || store.read_piece(b, off, n))
                 .await

@@ -9,7 +9,7 @@ use crate::store::{BucketReadGuard, OwnerStore};
 use futures::future::BoxFuture;
 use parking_lot::RwLock;
 use std::sync::Arc;
-use strata_common::grant::{split_ssd_segment_id, GrantKey, PERM_SSD_READ, PERM_STAGE};
+use strata_common::grant::{split_ssd_segment_id, GrantKey, GrantScope, PERM_SSD_READ, PERM_STAGE};
 use strata_common::{Code, Error, Result};
 use strata_transport::frame::{Request, Staged};
 use strata_transport::lend::Lender;
@@ -151,6 +151,7 @@ impl DataRegion for BucketRegion {
                 next: req.offset,
                 remaining: req.length,
                 requested: req.length,
+                peer: strata_transport::tcp::current_peer(),
                 expect,
                 crc: 0,
                 checksum_failures: self.checksum_failures.clone(),
@@ -169,6 +170,13 @@ impl DataRegion for BucketRegion {
     fn ping_payload(&self) -> Vec<u8> {
         self.instance.as_bytes().to_vec()
     }
+
+    fn signed(&self, grant: &GrantScope, mac: &[u8]) -> bool {
+        let state = self.state.read();
+        state
+            .as_ref()
+            .is_some_and(|(key, _)| key.verify(grant, mac))
+    }
 }
 
 /// One SSD read, staged through the shared arena a piece at a time. The
@@ -182,6 +190,8 @@ struct SsdRead {
     next: u64,
     remaining: u64,
     requested: u64,
+    /// Whose share of the arena the pieces count against.
+    peer: Option<std::net::IpAddr>,
     expect: Option<u32>,
     crc: u32,
     checksum_failures: prometheus::IntCounter,
@@ -199,7 +209,7 @@ impl ChunkStream for SsdRead {
                 return Ok(None);
             }
             let n = self.remaining.min(self.staging.piece_bytes());
-            let guard = self.staging.acquire(n, self.requested).await?;
+            let guard = self.staging.acquire(n, self.requested, self.peer).await?;
             let (store, bucket, at) = (self.store.clone(), self.bucket, self.next);
             let mut buf = self.staging.buffer(n as usize);
             let data = tokio::task::spawn_blocking(move || {

@@ -6,9 +6,18 @@
 //! alone never fails a read. Space is released when its guard drops, on every
 //! path. (Reads lent to one-sided readers are staged in a window of their
 //! own: `strata_transport::lend`.)
+//!
+//! One peer address holds at most a quarter of the arena (at least a piece)
+//! at a time, and one connection a piece or two (`tcp::server`), so readers
+//! that stop reading their sockets, however many from one address, leave
+//! the rest of the arena to everyone else until `--io-timeout` cuts them
+//! off. A peer past its share waits for its own pieces to come back, never
+//! holding anything while it waits.
 
 use parking_lot::Mutex;
 use prometheus::{Histogram, IntCounter, IntGauge};
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_common::{Code, Error, Result};
@@ -37,6 +46,10 @@ pub struct Staging {
 struct Inner {
     sem: Arc<Semaphore>,
     capacity: u64,
+    /// Units one peer address may hold at once.
+    peer_share: u64,
+    /// Each active peer's share; removed once it holds nothing.
+    peers: Mutex<HashMap<IpAddr, Arc<Semaphore>>>,
     wait: Duration,
     m: StagingMetrics,
     /// Piece buffers kept for reuse: staged reads do not fault in fresh
@@ -47,8 +60,30 @@ struct Inner {
 /// Staged bytes; released on drop.
 pub struct StagingGuard {
     _permit: OwnedSemaphorePermit,
+    /// Given back after the arena's permit (fields drop in order).
+    _peer: Option<PeerShare>,
     bytes: u64,
     m: StagingMetrics,
+}
+
+/// Part of a peer's share; the peer's entry goes once nothing holds it.
+struct PeerShare {
+    permit: Option<OwnedSemaphorePermit>,
+    ip: IpAddr,
+    inner: Arc<Inner>,
+}
+
+impl Drop for PeerShare {
+    fn drop(&mut self) {
+        let sem = self.permit.take().map(|p| p.semaphore().clone());
+        // Under the lock no one else can take a new handle to it.
+        let mut peers = self.inner.peers.lock();
+        if let Some(sem) = sem {
+            if Arc::strong_count(&sem) == 2 {
+                peers.remove(&self.ip);
+            }
+        }
+    }
 }
 
 impl StagingGuard {
@@ -66,11 +101,14 @@ impl Drop for StagingGuard {
 impl Staging {
     pub fn new(capacity: u64, wait: Duration, m: StagingMetrics) -> Staging {
         let units = (capacity / UNIT).clamp(1, u32::MAX as u64 / 2);
+        let piece = (units * UNIT / 4 / UNIT * UNIT).clamp(UNIT, MAX_PIECE) / UNIT;
         m.capacity.set((units * UNIT) as i64);
         Staging {
             inner: Arc::new(Inner {
                 sem: Arc::new(Semaphore::new(units as usize)),
                 capacity: units * UNIT,
+                peer_share: (units / 4).max(piece),
+                peers: Mutex::new(HashMap::new()),
                 wait,
                 m,
                 pool: Mutex::new(Vec::new()),
@@ -109,10 +147,32 @@ impl Staging {
         }
     }
 
+    /// Bytes one peer address may hold at once.
+    pub fn peer_share(&self) -> u64 {
+        self.inner.peer_share * UNIT
+    }
+
+    /// The semaphore of `ip`'s share (made on its first use).
+    fn share_of(&self, ip: IpAddr) -> Arc<Semaphore> {
+        let mut peers = self.inner.peers.lock();
+        let share = self.inner.peer_share as usize;
+        peers
+            .entry(ip)
+            .or_insert_with(|| Arc::new(Semaphore::new(share)))
+            .clone()
+    }
+
     /// Reserves room for `bytes` (at most the arena: larger reads must be
-    /// staged in pieces of [`Staging::piece_bytes`]). Waits FIFO for at most
-    /// `--staging-wait`; `requested` is the whole read, for the error.
-    pub async fn acquire(&self, bytes: u64, requested: u64) -> Result<StagingGuard> {
+    /// staged in pieces of [`Staging::piece_bytes`]) for a reader at `peer`
+    /// (`None`: not a data-plane peer, no share applies). Waits FIFO, first
+    /// within the peer's share and then in the arena, for at most
+    /// `--staging-wait` in all; `requested` is the whole read, for the error.
+    pub async fn acquire(
+        &self,
+        bytes: u64,
+        requested: u64,
+        peer: Option<IpAddr>,
+    ) -> Result<StagingGuard> {
         let i = &self.inner;
         // Never clamped: a reader larger than the arena must stage in
         // pieces, and one that does not is a bug to surface, not hide.
@@ -129,14 +189,32 @@ impl Staging {
         // Decrement on every path, including this future being dropped
         // (client gone, request cancelled) while it waits.
         let _waiting = scopeguard(|| i.m.waiters.dec());
-        let r = tokio::time::timeout(i.wait, i.sem.clone().acquire_many_owned(units as u32)).await;
+        let both = async {
+            let share = match peer {
+                Some(ip) => {
+                    let sem = self.share_of(ip);
+                    let want = units.min(i.peer_share) as u32;
+                    let permit = sem.acquire_many_owned(want).await?;
+                    Some(PeerShare {
+                        permit: Some(permit),
+                        ip,
+                        inner: i.clone(),
+                    })
+                }
+                None => None,
+            };
+            let permit = i.sem.clone().acquire_many_owned(units as u32).await?;
+            Ok::<_, tokio::sync::AcquireError>((permit, share))
+        };
+        let r = tokio::time::timeout(i.wait, both).await;
         i.m.wait_seconds.observe(t0.elapsed().as_secs_f64());
         match r {
-            Ok(Ok(permit)) => {
+            Ok(Ok((permit, peer))) => {
                 let staged = units * UNIT;
                 i.m.in_use.add(staged as i64);
                 Ok(StagingGuard {
                     _permit: permit,
+                    _peer: peer,
                     bytes: staged,
                     m: i.m.clone(),
                 })
@@ -148,11 +226,13 @@ impl Staging {
                 let waiting = (i.m.waiters.get() - 1).max(0);
                 let msg = format!(
                     "SSD read of {requested} bytes waited {:?} for staging space: arena {} bytes, {} in use, \
-                     {waiting} other readers waiting; raise --staging-bytes (STRATA_STAGING_BYTES) on the SSD agent \
-                     that owns this disk (size it to concurrent readers x bytes each stages at once, {} here)",
+                     {waiting} other readers waiting, one address holding at most {} at once; raise \
+                     --staging-bytes (STRATA_STAGING_BYTES) on the SSD agent that owns this disk (size it \
+                     to concurrent readers x bytes each stages at once, {} here)",
                     i.wait,
                     i.capacity,
                     self.in_use(),
+                    self.peer_share(),
                     self.piece_bytes()
                 );
                 tracing::warn!(
@@ -202,8 +282,8 @@ mod tests {
     async fn a_timed_out_waiter_names_the_setting_and_a_freed_arena_serves_again() {
         let m = metrics();
         let s = Staging::new(64 << 10, Duration::from_millis(50), m.clone());
-        let held = s.acquire(64 << 10, 64 << 10).await.expect("fits");
-        let e = match s.acquire(8192, 1 << 20).await {
+        let held = s.acquire(64 << 10, 64 << 10, None).await.expect("fits");
+        let e = match s.acquire(8192, 1 << 20, None).await {
             Err(e) => e,
             Ok(_) => panic!("the arena is full"),
         };
@@ -225,7 +305,7 @@ mod tests {
         assert_eq!((m.timeouts.get(), m.waiters.get()), (1, 0));
         drop(held);
         assert_eq!(m.in_use.get(), 0);
-        let g = s.acquire(8192, 8192).await.expect("space is back");
+        let g = s.acquire(8192, 8192, None).await.expect("space is back");
         assert_eq!(g.bytes(), 8192);
     }
 
@@ -233,15 +313,18 @@ mod tests {
     async fn a_waiter_is_woken_by_a_release_and_a_cancelled_waiter_leaves_no_trace() {
         let m = metrics();
         let s = Staging::new(16 << 10, Duration::from_secs(5), m.clone());
-        let held = s.acquire(16 << 10, 16 << 10).await.expect("fits");
+        let held = s.acquire(16 << 10, 16 << 10, None).await.expect("fits");
         // A waiter that is cancelled (its client went away) while it waits.
         let cancelled =
-            tokio::time::timeout(Duration::from_millis(30), s.acquire(4096, 4096)).await;
+            tokio::time::timeout(Duration::from_millis(30), s.acquire(4096, 4096, None)).await;
         assert!(cancelled.is_err());
         assert_eq!(m.waiters.get(), 0);
         let s2 = s.clone();
-        let waiter =
-            tokio::spawn(async move { s2.acquire(16 << 10, 16 << 10).await.map(|g| g.bytes()) });
+        let waiter = tokio::spawn(async move {
+            s2.acquire(16 << 10, 16 << 10, None)
+                .await
+                .map(|g| g.bytes())
+        });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(m.waiters.get(), 1);
         let t0 = Instant::now();
@@ -257,9 +340,52 @@ mod tests {
     #[tokio::test]
     async fn more_than_the_arena_at_once_is_refused_the_arena_itself_is_not() {
         let s = Staging::new(64 << 10, Duration::from_millis(50), metrics());
-        assert!(s.acquire((64 << 10) + 1, 1 << 20).await.is_err());
-        let g = s.acquire(64 << 10, 1 << 20).await.expect("the whole arena");
+        assert!(s.acquire((64 << 10) + 1, 1 << 20, None).await.is_err());
+        let g = s
+            .acquire(64 << 10, 1 << 20, None)
+            .await
+            .expect("the whole arena");
         assert_eq!(g.bytes(), 64 << 10);
+    }
+
+    /// One address holds at most its share, however much is free; other
+    /// addresses (and callers that are not peers) are served meanwhile, and
+    /// a peer's entry goes once it holds nothing.
+    #[tokio::test]
+    async fn one_address_holds_at_most_its_share() {
+        let s = Staging::new(64 << 10, Duration::from_millis(50), metrics());
+        assert_eq!((s.piece_bytes(), s.peer_share()), (16 << 10, 16 << 10));
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let a1 = s
+            .acquire(16 << 10, 1 << 20, Some(a))
+            .await
+            .expect("a's share");
+        let e = match s.acquire(4096, 4096, Some(a)).await {
+            Err(e) => e,
+            Ok(_) => panic!("past a's share"),
+        };
+        assert_eq!(e.code, Code::ResourceExhausted);
+        assert!(
+            e.message.contains("one address holding at most 16384"),
+            "{e}"
+        );
+        assert_eq!(s.in_use(), 16 << 10, "the refused read holds nothing");
+        let b1 = s
+            .acquire(16 << 10, 1 << 20, Some(b))
+            .await
+            .expect("b's share");
+        let other = s.acquire(32 << 10, 1 << 20, None).await.expect("the rest");
+        assert_eq!(s.in_use(), 64 << 10);
+        drop((b1, other));
+        drop(a1);
+        let a2 = s
+            .acquire(16 << 10, 1 << 20, Some(a))
+            .await
+            .expect("a's again");
+        assert_eq!(s.inner.peers.lock().len(), 1);
+        drop(a2);
+        assert!(s.inner.peers.lock().is_empty(), "idle peers are forgotten");
+        assert_eq!(s.in_use(), 0);
     }
 
     /// Waiters are served first come, first served: a small read that would
@@ -268,13 +394,13 @@ mod tests {
     async fn waiters_are_served_in_arrival_order() {
         let m = metrics();
         let s = Staging::new(16 << 10, Duration::from_secs(10), m.clone());
-        let a_half = s.acquire(8 << 10, 8 << 10).await.expect("fits");
-        let b_half = s.acquire(8 << 10, 8 << 10).await.expect("fits");
+        let a_half = s.acquire(8 << 10, 8 << 10, None).await.expect("fits");
+        let b_half = s.acquire(8 << 10, 8 << 10, None).await.expect("fits");
         let order = Arc::new(Mutex::new(Vec::new()));
         let spawn = |name: &'static str, bytes: u64| {
             let (s, order) = (s.clone(), order.clone());
             tokio::spawn(async move {
-                let g = s.acquire(bytes, bytes).await.expect("served");
+                let g = s.acquire(bytes, bytes, None).await.expect("served");
                 order.lock().push(name);
                 g
             })

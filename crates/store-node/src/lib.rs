@@ -99,7 +99,9 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
         metrics.ucx_exposed.set(cfg.capacity as i64);
     }
 
-    let fence = Arc::new(strata_common::term::TermFence::default());
+    let fence = Arc::new(strata_common::term::TermFence::counted(
+        metrics.fenced_answers.clone(),
+    ));
     let mut tasks = JoinSet::new();
     tasks.spawn(strata_transport::tcp::serve_with(
         listener,

@@ -16,6 +16,7 @@ pub(crate) struct NodeMetrics {
     pub(crate) registrations: IntCounter,
     pub(crate) heartbeats_quick: IntCounter,
     pub(crate) heartbeats_grpc: IntCounter,
+    pub(crate) fenced_answers: IntCounter,
     pub(crate) server: ServerMetrics,
 }
 
@@ -67,6 +68,10 @@ impl NodeMetrics {
             registrations: c(
                 "strata_store_node_registrations_total",
                 "Registrations with the master",
+            ),
+            fenced_answers: c(
+                "strata_store_node_fenced_answers_total",
+                "Master answers refused because they came from a lower term than one already seen (a deposed leader still answering)",
             ),
             heartbeats_quick: heartbeats.with_label_values(&["quick"]),
             heartbeats_grpc: heartbeats.with_label_values(&["grpc"]),

@@ -17,7 +17,7 @@ use crate::records::ObjectRecords;
 use futures::future::BoxFuture;
 use prometheus::{IntCounter, IntGauge};
 use std::sync::Arc;
-use strata_common::grant::MAC_LEN;
+use strata_common::grant::{GrantScope, MAC_LEN};
 use strata_common::{Error, Result};
 use strata_proto::CommittedObject;
 use strata_transport::frame::{Request, Staged, WriteRecord};
@@ -89,6 +89,10 @@ impl DataRegion for NodeRegion {
 
     fn write_target(&self, req: &Request, now_ms: u64) -> Result<WriteTarget> {
         self.table.write_target(req, now_ms)
+    }
+
+    fn signed(&self, grant: &GrantScope, mac: &[u8]) -> bool {
+        self.table.signed(grant, mac)
     }
 
     fn ping_payload(&self) -> Vec<u8> {

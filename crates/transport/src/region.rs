@@ -370,6 +370,10 @@ pub trait DataRegion: Send + Sync + 'static {
     fn read<'a>(&'a self, req: &'a Request, now_ms: u64) -> BoxFuture<'a, Result<ReadSource>>;
     /// Memory a granted write lands in.
     fn write_target(&self, req: &Request, now_ms: u64) -> Result<WriteTarget>;
+    /// Whether `grant` carries the signature of the master this region
+    /// serves (nothing else checked): how a stranger's batch items are
+    /// vetted as they arrive, before any is served.
+    fn signed(&self, grant: &GrantScope, mac: &[u8]) -> bool;
     /// Answer to a ping: identifies the serving process (empty by default).
     fn ping_payload(&self) -> Vec<u8> {
         Vec::new()
@@ -581,6 +585,11 @@ impl SegmentTable {
 }
 
 impl DataRegion for SegmentTable {
+    fn signed(&self, grant: &GrantScope, mac: &[u8]) -> bool {
+        let g = self.inner.read();
+        g.key.as_ref().is_some_and(|k| k.verify(grant, mac))
+    }
+
     fn read<'a>(&'a self, req: &'a Request, now_ms: u64) -> BoxFuture<'a, Result<ReadSource>> {
         let r = self
             .authorize(

@@ -960,6 +960,9 @@ impl DataRegion for Lending {
     fn write_target(&self, req: &Request, now_ms: u64) -> Result<WriteTarget> {
         self.table.write_target(req, now_ms)
     }
+    fn signed(&self, grant: &GrantScope, mac: &[u8]) -> bool {
+        self.table.signed(grant, mac)
+    }
     fn stage<'a>(&'a self, req: &'a Request, now_ms: u64) -> BoxFuture<'a, Result<Staged>> {
         let Some(lender) = self.lender.clone() else {
             return self.table.stage(req, now_ms);

@@ -204,16 +204,12 @@ pub use strata_transport::remote_range;
 /// (both connect lazily, on the runtime of their first call).
 fn master_connections(
     cfg: &ClientConfig,
-    keep_alive: bool,
 ) -> Result<(
     MasterClient<MasterChannel>,
     Option<Arc<crate::quick::QuickCalls>>,
 )> {
-    let (channel, route) = strata_common::grpc::master_channel_routed_with(
-        &cfg.master,
-        cfg.token.as_ref(),
-        keep_alive,
-    )?;
+    let (channel, route) =
+        strata_common::grpc::master_channel_routed(&cfg.master, cfg.token.as_ref())?;
     let quick = cfg
         .quick_calls
         .then(|| crate::quick::QuickCalls::new(route, cfg.token.as_ref()))
@@ -239,7 +235,7 @@ impl Client {
     /// Creates a client. The master connection is made lazily and re-made
     /// after failures, so this succeeds even while the master restarts.
     pub async fn connect(cfg: ClientConfig) -> Result<Client> {
-        let (master, quick) = master_connections(&cfg, true)?;
+        let (master, quick) = master_connections(&cfg)?;
         let tcp = Arc::new(TcpTransport::new(cfg.transport.clone()));
         let transport: Arc<dyn Transport> = match cfg.data_transport {
             TransportKind::Tcp => tcp,
@@ -272,23 +268,26 @@ impl Client {
         })
     }
 
-    /// A client of the same cluster and configuration whose connections
-    /// (master, quick calls, data plane) and background tasks belong to the
-    /// runtime this is called on, sharing this one's location cache and
-    /// placement view. For a caller that drives its own single-threaded
-    /// runtime (a Python thread waiting on a call): its sockets wake it
-    /// directly, instead of a worker of another runtime waking it, which
-    /// costs a thread switch per round trip. TCP only: a UCX transport is
-    /// one per process.
+    /// A client of the same cluster and configuration whose quick-call and
+    /// data-plane connections and background tasks belong to the runtime
+    /// this is called on, sharing this one's location cache and placement
+    /// view. For a caller that drives its own single-threaded runtime (a
+    /// Python thread waiting on a call): its sockets wake it directly,
+    /// instead of a worker of another runtime waking it, which costs a
+    /// thread switch per round trip. Its gRPC calls go through this one's
+    /// channel: HTTP/2 connections must answer the master's keep-alive
+    /// pings between calls too, and the master drops one left unanswered
+    /// for 30 s (an idle thread's next call then failed on a dead
+    /// connection, or waited out the call timeout). TCP only: a UCX
+    /// transport is one per process.
     pub fn sibling(&self) -> Result<Client> {
         if self.cfg.data_transport != TransportKind::Tcp {
             return Err(Error::invalid(
                 "only clients of the TCP transport have siblings",
             ));
         }
-        // No keep-alive pings: its connections are driven only while its
-        // caller waits (see `LeaderChannel::without_keep_alive`).
-        let (master, quick) = master_connections(&self.cfg, false)?;
+        let master = self.master.clone();
+        let quick = self.quick.as_ref().map(|q| Arc::new(q.sibling()));
         Ok(Client {
             node_segments: self.node_segments.clone(),
             steps: self.steps.clone(),
@@ -410,21 +409,21 @@ impl Client {
         Ok((r.removed, r.skipped))
     }
 
-    /// Lists keys with `prefix`, in key order, following pages.
+    /// Lists keys with `prefix`, in key order, following pages (each page
+    /// asked again on a retryable error, as every read-only call is).
     pub async fn list(&self, prefix: &str, max: usize) -> Result<Vec<pb::ObjectSummary>> {
         let mut out: Vec<pb::ObjectSummary> = Vec::new();
         loop {
-            let page = (max - out.len()).min(10_000) as u32;
+            let req = pb::ListRequest {
+                prefix: prefix.to_string(),
+                limit: (max - out.len()).min(10_000) as u32,
+                start_after: out.last().map(|o| o.key.clone()).unwrap_or_default(),
+            };
             let r = self
-                .m()
-                .list(pb::ListRequest {
-                    prefix: prefix.to_string(),
-                    limit: page,
-                    start_after: out.last().map(|o| o.key.clone()).unwrap_or_default(),
-                })
-                .await
-                .map_err(Error::from)?
-                .into_inner();
+                .cfg
+                .backoff
+                .run(|| async { Ok(self.m().list(req.clone()).await?.into_inner()) })
+                .await?;
             out.extend(r.objects);
             if !r.truncated || out.len() >= max {
                 return Ok(out);
@@ -433,22 +432,20 @@ impl Client {
     }
 
     pub async fn stat(&self) -> Result<pb::StatResponse> {
-        Ok(self
-            .m()
-            .stat(pb::StatRequest {})
+        self.cfg
+            .backoff
+            .run(|| async { Ok(self.m().stat(pb::StatRequest {}).await?.into_inner()) })
             .await
-            .map_err(Error::from)?
-            .into_inner())
     }
 
     pub async fn inspect(&self, key: &str) -> Result<pb::InspectResponse> {
-        let r = self
-            .m()
-            .inspect(pb::InspectRequest {
-                key: key.to_string(),
-            })
-            .await;
-        Ok(r.map_err(Error::from)?.into_inner())
+        let req = pb::InspectRequest {
+            key: key.to_string(),
+        };
+        self.cfg
+            .backoff
+            .run(|| async { Ok(self.m().inspect(req.clone()).await?.into_inner()) })
+            .await
     }
 
     /// Waits (up to `within`) until the master was told of every read this

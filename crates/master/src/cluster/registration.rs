@@ -52,6 +52,8 @@ pub(crate) struct Registered {
     pub(crate) segment_ids: Vec<u64>,
     pub(crate) grant_key: GrantKey,
     pub(crate) incarnation: u64,
+    /// Whether the node is asked to report what it holds.
+    pub(crate) report: bool,
 }
 
 impl Cluster {
@@ -64,7 +66,7 @@ impl Cluster {
         m: Model,
         keys: &TermKeys,
         req: &pb::RegisterNodeRequest,
-        report: bool,
+        rebuilding: bool,
     ) -> Result<Registered> {
         if req.node_id.is_empty() || req.node_id.len() > 256 {
             return Err(Error::invalid("node_id must be 1 to 256 bytes"));
@@ -101,6 +103,10 @@ impl Cluster {
             .iter()
             .map(|s| super::ucx_routes::UcxRoute::of(&worker, process.as_ref(), s))
             .collect::<Result<Vec<_>>>()?;
+        // Only a node's first registration of a term reports: one this term
+        // already knew was dropped (its TTL, a leave) with everything it
+        // held, and what it still holds may have been removed meanwhile.
+        let report = rebuilding && !self.registered_in_term.lock().contains(&req.node_id);
         if self.nodes.read().contains_key(&req.node_id) {
             self.drop_node(m, &req.node_id, None, "re-registered");
         }
@@ -139,6 +145,10 @@ impl Cluster {
             }
         }
         self.nodes.write().insert(req.node_id.clone(), node);
+        if rebuilding {
+            // Needed only while reports are asked for: bounded by them.
+            self.registered_in_term.lock().insert(req.node_id.clone());
+        }
         tracing::info!(
             node = req.node_id,
             addr = req.data_addr,
@@ -147,6 +157,7 @@ impl Cluster {
             "store node registered"
         );
         Ok(Registered {
+            report,
             segment_ids: ids,
             grant_key,
             incarnation,
@@ -161,6 +172,15 @@ impl Cluster {
         term: u64,
         req: &pb::HeartbeatRequest,
     ) -> Result<pb::HeartbeatResponse> {
+        // Failpoint (tests): answer as a deposed leader would, from an older
+        // term, telling the node to start over; its term fence must refuse.
+        fail::fail_point!("master::deposed-heartbeat", |_| {
+            Ok(pb::HeartbeatResponse {
+                known: false,
+                log: vec![],
+                term: 1,
+            })
+        });
         let node = self.node(&req.node_id);
         let unknown = pb::HeartbeatResponse {
             known: false,

@@ -233,6 +233,14 @@ impl SsdTier {
     }
 }
 
+/// The term an owner's heartbeat answer carries. Failpoint (tests): an
+/// older one, as a deposed leader's answer would; the agent's term fence
+/// must refuse the drops it brings.
+fn answered_term(term: u64) -> u64 {
+    fail::fail_point!("master::deposed-owner-heartbeat", |_| 1);
+    term
+}
+
 impl SsdTier {
     /// An owner's heartbeat: its offload tasks, the copies it must drop
     /// and, if it takes them, promotions (`place` finds their DRAM).
@@ -254,6 +262,7 @@ impl SsdTier {
             Vec::new()
         };
         let (drops, drops_through) = self.drops.take(req);
+        let term = answered_term(term);
         Ok(pb::OwnerHeartbeatResponse {
             tasks,
             drops,

@@ -119,6 +119,22 @@ fn only_a_young_master_asks_nodes_for_their_objects() {
     assert!(!reg(&m, "late").report_objects);
 }
 
+/// Within the window too, only a node's first registration of the term is
+/// asked: one that registers again was dropped (its TTL, a leave) with all
+/// it held, and a key removed meanwhile must not come back from its report.
+#[test]
+fn a_node_registering_again_in_the_same_term_is_not_asked_to_report() {
+    let m = master_with(0, 1 << 20, |c| c.node_ttl = Duration::from_secs(60));
+    assert!(register(&m, "n1", 3).report_objects);
+    assert!(register(&m, "n2", 0).report_objects);
+    assert!(m.rebuilding());
+    assert!(
+        !register(&m, "n1", 3).report_objects,
+        "asked twice in a term"
+    );
+    assert!(register(&m, "n3", 3).report_objects, "others still asked");
+}
+
 /// A master that finds its durable state from an earlier run takes no
 /// writes (and is not ready) until every node it remembers re-registered and
 /// sent its last report batch, or `--node-ttl` passed; a new one takes them

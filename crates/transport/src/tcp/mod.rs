@@ -7,7 +7,7 @@ mod server;
 pub use client::{
     spawn_give_back, spawn_give_back_held, HeldLease, TcpTransport, TcpTransportConfig,
 };
-pub use server::{serve, serve_with, ServerLimits, ServerMetrics};
+pub use server::{current_peer, serve, serve_with, ServerLimits, ServerMetrics};
 
 use std::io::{self, IoSlice};
 use tokio::io::AsyncWriteExt;

@@ -24,6 +24,13 @@ pub struct ServerLimits {
     pub max_connections: usize,
     /// Connections at once from one IP address.
     pub max_per_peer: usize,
+    /// Connections that have not proved a grant yet (strangers), all peers
+    /// together. A new one past it cuts off the oldest stranger instead of
+    /// being refused: a real reader proves its grant with its first request,
+    /// within milliseconds, so strangers from any number of addresses can
+    /// never keep a reader (or the master's takeover ping) out, nor hold
+    /// more than this many of the `max_connections` slots.
+    pub max_strangers: usize,
     /// A connection must present a valid grant within this time (pings
     /// aside); until then it is a stranger.
     pub first_grant_timeout: Duration,
@@ -42,12 +49,26 @@ impl Default for ServerLimits {
         ServerLimits {
             max_connections: 4096,
             max_per_peer: 256,
+            max_strangers: 512,
             first_grant_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(120),
             io_timeout: Duration::from_secs(30),
             max_rejections: 32,
         }
     }
+}
+
+tokio::task_local! {
+    /// The address of the peer whose request this task serves.
+    static PEER: std::net::IpAddr;
+}
+
+/// The address of the data-plane peer whose request is being served, inside
+/// a region's `read`, `write_target` or `stage` and the streams they return
+/// (`None` outside a connection): how a region shares what it holds out
+/// between peers (the SSD agent's staging arena).
+pub fn current_peer() -> Option<std::net::IpAddr> {
+    PEER.try_with(|p| *p).ok()
 }
 
 /// Connections per peer address; the guard gives the slot back.
@@ -77,6 +98,59 @@ impl Drop for PeerSlot {
                 g.remove(&self.1);
             }
         }
+    }
+}
+
+/// The connections that have not proved a grant, oldest first; each holds
+/// a token that cuts it off when newer strangers push it out.
+struct Strangers {
+    max: usize,
+    queue: parking_lot::Mutex<(u64, std::collections::BTreeMap<u64, CancellationToken>)>,
+}
+
+/// A stranger's place in [`Strangers`]; leaving it (a proved grant, or the
+/// connection's end) gives the place back.
+struct Stranger {
+    all: Arc<Strangers>,
+    id: u64,
+    cut: CancellationToken,
+}
+
+impl Strangers {
+    /// Admits a new stranger, cutting off the oldest ones past the cap;
+    /// returns how many were cut off.
+    fn admit(self: &Arc<Self>) -> (Stranger, u64) {
+        let mut g = self.queue.lock();
+        let mut evicted = 0;
+        while g.1.len() >= self.max.max(1) {
+            match g.1.pop_first() {
+                Some((_, cut)) => {
+                    cut.cancel();
+                    evicted += 1;
+                }
+                None => break,
+            }
+        }
+        g.0 += 1;
+        let (id, cut) = (g.0, CancellationToken::new());
+        g.1.insert(id, cut.clone());
+        let me = Stranger {
+            all: self.clone(),
+            id,
+            cut,
+        };
+        (me, evicted)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.queue.lock().1.len()
+    }
+}
+
+impl Drop for Stranger {
+    fn drop(&mut self) {
+        self.all.queue.lock().1.remove(&self.id);
     }
 }
 
@@ -127,6 +201,10 @@ pub async fn serve_with(
     let tracker = TaskTracker::new();
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let peers = Arc::new(PeerSlots::default());
+    let strangers = Arc::new(Strangers {
+        max: limits.max_strangers,
+        queue: Default::default(),
+    });
     let limits = Arc::new(limits);
     loop {
         let accepted = tokio::select! {
@@ -152,6 +230,10 @@ pub async fn serve_with(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        let (stranger, evicted) = strangers.admit();
+        if evicted > 0 {
+            tracing::debug!(%peer, evicted, "too many connections without a grant; cut off the oldest");
+        }
         let (table, metrics, shutdown, limits) = (
             table.clone(),
             metrics.clone(),
@@ -159,7 +241,21 @@ pub async fn serve_with(
             limits.clone(),
         );
         tracker.spawn(async move {
-            let r = connection(stream, table.as_ref(), &metrics, &limits, &shutdown).await;
+            let cut = stranger.cut.clone();
+            let served = connection(
+                stream,
+                table.as_ref(),
+                &metrics,
+                &limits,
+                stranger,
+                &shutdown,
+            );
+            // A stranger pushed out by newer ones holds no lease, staging or
+            // write yet (each needs a grant), so it is dropped mid-request.
+            let r = tokio::select! {
+                r = PEER.scope(peer.ip(), served) => r,
+                _ = cut.cancelled() => Err(timed_out()),
+            };
             if let Err(e) = r {
                 if matches!(
                     e.kind(),
@@ -180,6 +276,8 @@ pub async fn serve_with(
 struct Peer<'a> {
     limits: &'a ServerLimits,
     granted: bool,
+    /// Its place among the strangers, until it proves a grant.
+    stranger: Option<Stranger>,
     rejections: u32,
     /// A stranger must prove a grant by then (pings do not extend it).
     first_grant_by: tokio::time::Instant,
@@ -248,9 +346,24 @@ impl Peer<'_> {
             }
             Prepared::Failed(_) => Ok(()),
             _ => {
-                self.granted = true;
+                self.grant();
                 Ok(())
             }
+        }
+    }
+    /// The connection proved a grant: no longer a stranger.
+    fn grant(&mut self) {
+        self.granted = true;
+        self.stranger = None;
+    }
+    /// When an I/O step that began now must end: `io` later, and for a
+    /// stranger no later than its first-grant deadline (a batch read's
+    /// items arrive under it too).
+    fn io_by(&self, io: Duration) -> tokio::time::Instant {
+        let by = tokio::time::Instant::now() + io;
+        match self.granted {
+            true => by,
+            false => by.min(self.first_grant_by),
         }
     }
     fn deadline(&self) -> tokio::time::Instant {
@@ -325,7 +438,7 @@ enum Incoming {
 async fn read_request(
     s: &mut TcpStream,
     hdr: &[u8; REQ_LEN],
-    io: Duration,
+    by: tokio::time::Instant,
 ) -> std::io::Result<Incoming> {
     let (req, ext) = match Request::decode(hdr) {
         Ok(r) => r,
@@ -334,7 +447,9 @@ async fn read_request(
     let mut block = [0u8; MAX_EXT_LEN];
     let block = &mut block[..ext];
     if ext > 0 {
-        within(io, s.read_exact(block)).await?;
+        tokio::time::timeout_at(by, s.read_exact(block))
+            .await
+            .map_err(|_| timed_out())??;
     }
     Ok(match req {
         Ok(mut r) => match r.read_extensions(block) {
@@ -389,6 +504,7 @@ async fn connection(
     table: &dyn DataRegion,
     m: &ServerMetrics,
     limits: &ServerLimits,
+    stranger: Stranger,
     shutdown: &CancellationToken,
 ) -> std::io::Result<()> {
     let mut hdr = [0u8; REQ_LEN];
@@ -396,6 +512,7 @@ async fn connection(
     let mut peer = Peer {
         limits,
         granted: false,
+        stranger: Some(stranger),
         rejections: 0,
         first_grant_by: tokio::time::Instant::now() + limits.first_grant_timeout,
         held: Held {
@@ -420,7 +537,7 @@ async fn connection(
             Ok(Ok(_)) => {}
         }
         m.requests.inc();
-        let req = match read_request(&mut s, &hdr, io).await? {
+        let req = match read_request(&mut s, &hdr, peer.io_by(io)).await? {
             Incoming::Ok(r) => r,
             Incoming::Refused(e) | Incoming::Broken(e) => {
                 // Not our protocol: say why once, then hang up.
@@ -461,7 +578,7 @@ async fn serve_request(
             let auth = table.write_target(req, unix_ms());
             match auth {
                 Ok(target) => {
-                    peer.granted = true;
+                    peer.grant();
                     continue_trace(&span, req);
                     // SAFETY: the grant verified above names exactly this
                     // range; the master never grants overlapping writes of
@@ -516,7 +633,7 @@ async fn serve_request(
             let staged = table.stage(req, unix_ms()).await;
             match staged {
                 Ok(st) => {
-                    peer.granted = true;
+                    peer.grant();
                     continue_trace(&span, req);
                     let body = st.encode();
                     let h = Response {
@@ -548,7 +665,7 @@ async fn serve_request(
             // connection that staged learned the token.
             if table.give_back(req.offset, req.length) {
                 peer.held.given_back(req.offset);
-                peer.granted = true;
+                peer.grant();
                 within(io, respond_ok(s, req.req_id)).await?;
             } else {
                 m.rejected.inc();
@@ -577,11 +694,17 @@ async fn serve_request(
                 within(io, respond_err(s, req.req_id, &e)).await?;
                 return Ok(Flow::Close);
             }
-            let mut items = Vec::with_capacity(req.length as usize);
+            // Grown as items come: what a peer declares costs nothing until
+            // it sends it.
+            let mut items = Vec::new();
             let mut hdr = [0u8; REQ_LEN];
             for _ in 0..req.length {
-                within(io, s.read_exact(&mut hdr)).await?;
-                items.push(match read_request(s, &hdr, io).await? {
+                // A stranger's items arrive under its first-grant deadline.
+                let by = peer.io_by(io);
+                tokio::time::timeout_at(by, s.read_exact(&mut hdr))
+                    .await
+                    .map_err(|_| timed_out())??;
+                let mut item = match read_request(s, &hdr, by).await? {
                     Incoming::Ok(r) => Ok(r),
                     // One bad item fails alone...
                     Incoming::Refused(e) => Err(e),
@@ -591,7 +714,25 @@ async fn serve_request(
                         within(io, respond_err(s, req.req_id, &e)).await?;
                         return Ok(Flow::Close);
                     }
-                });
+                };
+                // Until one item carries a grant this region's master signed,
+                // each is checked as it arrives, and each that does not
+                // counts against the stranger (too many cut it off).
+                if !peer.granted {
+                    match &item {
+                        Ok(r) if table.signed(&r.grant, &r.mac) => peer.grant(),
+                        _ => {
+                            peer.refused()?;
+                            if item.is_ok() {
+                                item = Err(Error::new(
+                                    Code::PermissionDenied,
+                                    "the item's grant is not signed by this node's master",
+                                ));
+                            }
+                        }
+                    }
+                }
+                items.push(item);
             }
             let h = Response {
                 status: Code::Ok,
@@ -766,4 +907,34 @@ async fn send(
         within(io, s.write_all(&header)).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_strangers_push_out_the_oldest_and_a_grant_leaves_the_queue() {
+        let all = Arc::new(Strangers {
+            max: 3,
+            queue: Default::default(),
+        });
+        let first: Vec<Stranger> = (0..3).map(|_| all.admit().0).collect();
+        assert_eq!(all.len(), 3);
+        assert!(first.iter().all(|s| !s.cut.is_cancelled()));
+        // Past the cap: the oldest is cut off, the others stay.
+        let (fourth, evicted) = all.admit();
+        assert_eq!(evicted, 1);
+        let cut: Vec<bool> = first.iter().map(|s| s.cut.is_cancelled()).collect();
+        assert_eq!(cut, [true, false, false]);
+        assert_eq!(all.len(), 3);
+        // One that proves a grant (or closes) leaves: room without a cut.
+        let mut first = first.into_iter();
+        drop(first.next());
+        drop(first.next());
+        assert_eq!(all.len(), 2);
+        let (_fifth, evicted) = all.admit();
+        assert_eq!(evicted, 0);
+        assert!(first.all(|s| !s.cut.is_cancelled()) && !fourth.cut.is_cancelled());
+    }
 }
