@@ -67,6 +67,26 @@ struct Held {
     resign: parking_lot::Mutex<Option<tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>>>,
 }
 
+/// How long before a lease could expire a leader stops believing it leads:
+/// a third of the TTL (renewals are also sent every third).
+fn margin_ms(ttl_ms: u64) -> u64 {
+    ttl_ms / 3
+}
+
+/// Up to when leading is certain after a renewal (or the lease request)
+/// *sent* at `sent_ms` succeeded: the lease lasts `ttl_ms` from when the
+/// store saw it, which is after it was sent, less the margin. The model
+/// test (`model.rs`) drives this same rule.
+pub(crate) fn valid_until_ms(sent_ms: u64, ttl_ms: u64) -> u64 {
+    sent_ms + ttl_ms - margin_ms(ttl_ms)
+}
+
+/// Whether a leadership still valid until `valid_until_ms` may serve at
+/// `now_ms` (and has not been lost).
+pub(crate) fn leads(now_ms: u64, valid_until_ms: u64, lost: bool) -> bool {
+    !lost && now_ms < valid_until_ms
+}
+
 impl Leadership {
     /// Starts keeping `lease` alive: renewals every `ttl`/3, each with a
     /// deadline of `ttl`/3; the first that fails or times out ends the
@@ -83,7 +103,8 @@ impl Leadership {
         let margin = ttl / 3;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>(1);
         let lost = CancellationToken::new();
-        let valid = Arc::new(AtomicU64::new((ttl - margin).as_millis() as u64));
+        let ttl_ms = ttl.as_millis() as u64;
+        let valid = Arc::new(AtomicU64::new(valid_until_ms(0, ttl_ms)));
         let (lost2, valid2) = (lost.clone(), valid.clone());
         tokio::spawn(async move {
             let why = loop {
@@ -102,7 +123,7 @@ impl Leadership {
                 let sent = base.elapsed();
                 match tokio::time::timeout(margin, lease.renew()).await {
                     Ok(Ok(true)) => {
-                        let until = (sent + ttl - margin).as_millis() as u64;
+                        let until = valid_until_ms(sent.as_millis() as u64, ttl_ms);
                         valid2.fetch_max(until, Ordering::AcqRel);
                     }
                     Ok(Ok(false)) => break "the lease expired".to_string(),
@@ -128,9 +149,11 @@ impl Leadership {
 
     /// Whether this process may serve as leader right now.
     pub fn is_valid(&self) -> bool {
-        !self.inner.lost.is_cancelled()
-            && (self.inner.base.elapsed().as_millis() as u64)
-                < self.inner.valid_until_ms.load(Ordering::Acquire)
+        leads(
+            self.inner.base.elapsed().as_millis() as u64,
+            self.inner.valid_until_ms.load(Ordering::Acquire),
+            self.inner.lost.is_cancelled(),
+        )
     }
 
     /// Fires when the leadership ends (lost or resigned).

@@ -1,16 +1,14 @@
-//! Model test of the election and fencing rules (`MemElectionCore` and
-//! `TermFence`), driven step by step on an explicit clock: candidates
+//! Model test of the election and fencing rules (`MemElectionCore`,
+//! `TermFence`, and the validity rule `Leadership` serves by:
+//! `valid_until_ms`, `leads`), driven step by step on an explicit clock: candidates
 //! acquire, renew on their own schedule, resign and stall; a member admits
 //! what believed leaders send; durable writes are conditioned on the term.
 
-use super::MemElectionCore;
+use super::{leads, valid_until_ms, MemElectionCore};
 use proptest::prelude::*;
 use strata_common::term::TermFence;
 
 const TTL: u64 = 300;
-/// A leader believes it leads until this long after its last renewal was
-/// sent (`Leadership::keep`: two thirds of the TTL).
-const VALID: u64 = TTL - TTL / 3;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -56,13 +54,13 @@ proptest! {
                     if let Some((term, lease)) = core.try_acquire(&format!("m{i}"), TTL, now) {
                         prop_assert!(term > last_term, "terms only grow");
                         last_term = term;
-                        c[i] = Cand { lease: Some(lease), term, valid_until: now + VALID };
+                        c[i] = Cand { lease: Some(lease), term, valid_until: valid_until_ms(now, TTL) };
                     }
                 }
                 Op::Renew(i) => {
                     if let Some(lease) = c[i].lease {
                         if core.renew(lease, TTL, now) {
-                            c[i].valid_until = c[i].valid_until.max(now + VALID);
+                            c[i].valid_until = c[i].valid_until.max(valid_until_ms(now, TTL));
                         } else {
                             c[i] = Cand::default();
                         }
@@ -79,7 +77,7 @@ proptest! {
                     // Only a leader that believes it leads sends; a member
                     // admits only terms not older than what it has seen.
                     if c[i].lease.is_some()
-                        && now < c[i].valid_until
+                        && leads(now, c[i].valid_until, false)
                         && fence.admit(c[i].term).is_ok()
                     {
                         member_terms.push(c[i].term);
@@ -96,7 +94,7 @@ proptest! {
                     }
                 }
             }
-            let believers = c.iter().filter(|x| x.lease.is_some() && now < x.valid_until).count();
+            let believers = c.iter().filter(|x| x.lease.is_some() && leads(now, x.valid_until, false)).count();
             prop_assert!(believers <= 1, "two masters believe they lead at {}", now);
             if let Some(l) = core.leader(now) {
                 prop_assert_eq!(l.term, core.term());
