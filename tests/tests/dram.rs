@@ -645,3 +645,41 @@ async fn the_offload_view_names_keys_to_the_admin_only() {
     assert!(!body.contains("secret-key-name"), "{body}");
     c.shutdown().await;
 }
+
+/// The client's ambiguous PutEnd, driven deterministically (failpoints):
+/// an answer lost after the master committed makes the retry find the key
+/// holding these very bytes (success, one object); a PutEnd lost on its
+/// way leaves the put in flight, and the retry still ends with the object
+/// stored once; an overwrite whose PutEnd was lost revokes its version, so
+/// the retry's version is the one kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_put_ends_resolve_to_one_stored_object() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    fail::cfg("client::put-end-answer-lost", "1*return").unwrap();
+    cl.put("answer-lost", &payload(1, 10_000), &PutOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(cl.get("answer-lost").await.unwrap(), payload(1, 10_000));
+    fail::cfg("client::put-end-unsent", "1*return").unwrap();
+    cl.put("unsent", &payload(2, 10_000), &PutOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(cl.get("unsent").await.unwrap(), payload(2, 10_000));
+    let over = PutOptions {
+        overwrite: true,
+        ..Default::default()
+    };
+    fail::cfg("client::put-end-unsent", "1*return").unwrap();
+    cl.put("unsent", &payload(3, 10_000), &over).await.unwrap();
+    assert_eq!(cl.get("unsent").await.unwrap(), payload(3, 10_000));
+    fail::cfg("client::put-end-answer-lost", "1*return").unwrap();
+    cl.put("unsent", &payload(4, 20_000), &over).await.unwrap();
+    assert_eq!(cl.get("unsent").await.unwrap(), payload(4, 20_000));
+    fail::remove("client::put-end-unsent");
+    fail::remove("client::put-end-answer-lost");
+    // Two objects, nothing left in flight.
+    let listed = cl.list("", 10).await.unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    c.shutdown().await;
+}

@@ -936,3 +936,98 @@ async fn one_address_cannot_take_the_masters_port() {
     again.write_all(b"x").await.unwrap();
     c.shutdown().await;
 }
+
+/// The SSD agent's data plane under hostile frames: a forged grant, a DRAM
+/// node's grant (another member's key), a range past the grant, a write, a
+/// stage request on a TCP agent and a batch mixing good and forged items
+/// are each refused, and garbage ends only its own connection; the object
+/// still reads back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ssd_agents_data_plane_refuses_hostile_frames() {
+    let c = ClusterBuilder::new()
+        .master(strata_tests::eager)
+        .store_nodes(1)
+        .ssd_agents(1)
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let size = 8192u64;
+    strata_tests::put_on_ssd_only(&c, &cl, &["s".to_string()], size as usize, 7).await;
+    cl.put("d", &payload(8, 4096), &PutOptions::default())
+        .await
+        .unwrap();
+    let ssd = granted(&cl, "s").await;
+    let dram = granted(&cl, "d").await;
+    assert_eq!(ssd.addr, c.agents[0].data_addr.to_string(), "an SSD grant");
+    let mut forged = ssd.mac;
+    forged[3] ^= 0x40;
+    let exchange = |req: Request| {
+        let addr = ssd.addr.clone();
+        async move {
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            s.write_all(&req.encode()).await.unwrap();
+            let r = read_raw(&mut s).await;
+            (r, s)
+        }
+    };
+    // A good read, for contrast.
+    let ((r, body), _) = exchange(raw(1, Op::Read, ssd.scope, ssd.mac, size)).await;
+    assert_eq!((r.status, body), (Code::Ok, payload(7, size as usize)));
+    // Forged, another member's grant, past the grant's end.
+    for (req, why) in [
+        (raw(2, Op::Read, ssd.scope, forged, size), "forged"),
+        (
+            raw(3, Op::Read, dram.scope, dram.mac, 4096),
+            "a node's grant",
+        ),
+        (
+            raw(4, Op::Read, ssd.scope, ssd.mac, size + 1),
+            "past the grant",
+        ),
+        (raw(5, Op::Write, ssd.scope, ssd.mac, 0), "a write"),
+    ] {
+        let ((r, body), _) = exchange(req).await;
+        assert_ne!(r.status, Code::Ok, "{why}");
+        assert!(
+            matches!(r.status, Code::PermissionDenied | Code::InvalidArgument),
+            "{why}: {:?} {}",
+            r.status,
+            String::from_utf8_lossy(&body)
+        );
+    }
+    // Staging is lent only by a UCX agent.
+    let ((r, body), _) = exchange(raw(6, Op::Stage, ssd.scope, ssd.mac, size)).await;
+    assert_eq!(
+        r.status,
+        Code::InvalidArgument,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    // A batch of a good item and a forged one: the good one is served.
+    let mut frame = raw(10, Op::ReadV, ssd.scope, ssd.mac, 0).encode().to_vec();
+    frame[80..88].copy_from_slice(&2u64.to_le_bytes());
+    frame.extend_from_slice(&raw(11, Op::Read, ssd.scope, ssd.mac, size).encode());
+    frame.extend_from_slice(&raw(12, Op::Read, ssd.scope, forged, size).encode());
+    let mut s = TcpStream::connect(&ssd.addr).await.unwrap();
+    s.write_all(&frame).await.unwrap();
+    let mut h = [0u8; RESP_LEN];
+    s.read_exact(&mut h).await.unwrap();
+    assert_eq!(Response::decode(&h).unwrap().length, 2);
+    let (r, body) = read_raw(&mut s).await;
+    assert_eq!(
+        (r.status, r.req_id, body),
+        (Code::Ok, 11, payload(7, size as usize))
+    );
+    let (r, _) = read_response(&mut s).await;
+    assert_eq!((r.status, r.req_id), (Code::PermissionDenied, 12));
+    // Garbage: an error naming the protocol, then a hang-up.
+    let mut s = TcpStream::connect(&ssd.addr).await.unwrap();
+    s.write_all(&[0xAB; 96]).await.unwrap();
+    let (r, msg) = read_response(&mut s).await;
+    assert_eq!(r.status, Code::InvalidArgument);
+    assert!(msg.contains("magic"), "{msg}");
+    assert_hung_up(&mut s).await;
+    assert_eq!(cl.get("s").await.unwrap(), payload(7, size as usize));
+    c.shutdown().await;
+}

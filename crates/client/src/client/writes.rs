@@ -86,10 +86,32 @@ impl Client {
         // checks whether it holds these very bytes.
         let unsure = std::sync::atomic::AtomicBool::new(false);
         let unsure = &unsure;
+        // A put whose bytes are written and whose PutEnd failed retryably
+        // (lost on its way, or its answer lost) is ended by sending that
+        // PutEnd again: the master commits a put once and answers a repeat
+        // of the same bytes' PutEnd as done. Starting over instead found
+        // the key "still being written" by this very put until
+        // --put-timeout reclaimed it.
+        let pending_end: std::sync::Mutex<Option<pb::PutEndRequest>> = Default::default();
+        let pending_end = &pending_end;
         let r = self
             .cfg
             .backoff
             .run(|| async {
+                let again = pending_end.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(end) = again {
+                    match self.put_end_unless_lost(end.clone()).await {
+                        Ok(_) => return Ok(()),
+                        Err(e) if e.retryable() => {
+                            *pending_end.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
+                            return Err(e);
+                        }
+                        // The put is gone (its --put-timeout, a new
+                        // leader): start over, and a key found committed
+                        // is checked for these bytes.
+                        Err(_) => {}
+                    }
+                }
                 let req = pb::PutStartRequest {
                     key: key.to_string(),
                     size: len as u64,
@@ -150,19 +172,18 @@ impl Client {
                         });
                     }
                 };
-                let end = self
-                    .put_end(pb::PutEndRequest {
-                        key: key.to_string(),
-                        crc32c: crc,
-                        receipts,
-                        generation,
-                        put_token: token.clone(),
-                        blake3: match wants_digest(integrity) {
-                            true => digest.get().map_or_else(Vec::new, |d| d.to_vec()),
-                            false => Vec::new(),
-                        },
-                    })
-                    .await;
+                let end_req = pb::PutEndRequest {
+                    key: key.to_string(),
+                    crc32c: crc,
+                    receipts,
+                    generation,
+                    put_token: token.clone(),
+                    blake3: match wants_digest(integrity) {
+                        true => digest.get().map_or_else(Vec::new, |d| d.to_vec()),
+                        false => Vec::new(),
+                    },
+                };
+                let end = self.put_end_unless_lost(end_req.clone()).await;
                 if let (Some(s), Some(crc), Some(a), Some(b), Some(c), Some(d)) =
                     (steps, crc_took, started, put_started, wrote, mark())
                 {
@@ -176,6 +197,8 @@ impl Client {
                         // (NotReady) until --put-timeout. A version that
                         // did commit is not touched by a revoke.
                         self.revoke(key, generation, &token).await;
+                    } else {
+                        *pending_end.lock().unwrap_or_else(|p| p.into_inner()) = Some(end_req);
                     }
                 }
                 end.map(|_| ())
@@ -201,6 +224,20 @@ impl Client {
                 put_token: put_token.to_vec(),
             })
             .await;
+    }
+
+    /// `put_end`, through the failpoints (tests) that make its outcome
+    /// unknown to the caller: `client::put-end-unsent` (lost on its way)
+    /// and `client::put-end-answer-lost` (the master acted, its answer lost).
+    async fn put_end_unless_lost(&self, req: pb::PutEndRequest) -> Result<pb::PutEndResponse> {
+        fail::fail_point!("client::put-end-unsent", |_| Err(Error::unavailable(
+            "PutEnd lost on its way (failpoint)"
+        )));
+        let end = self.put_end(req).await;
+        fail::fail_point!("client::put-end-answer-lost", |_| Err(Error::unavailable(
+            "PutEnd's answer lost (failpoint)"
+        )));
+        end
     }
 
     /// After an ambiguous PutEnd: the key exists; is it our put?
