@@ -683,3 +683,30 @@ async fn ambiguous_put_ends_resolve_to_one_stored_object() {
     assert_eq!(listed.len(), 2, "{listed:?}");
     c.shutdown().await;
 }
+
+/// A batch put whose BatchPutEnd was lost on its way sends those PutEnds
+/// again instead of starting over (which found each key "still being
+/// written" by this very batch until the retries gave up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_put_whose_put_end_was_lost_ends_its_puts() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    let keys: Vec<String> = (0..8).map(|i| format!("b{i}")).collect();
+    let data: Vec<Vec<u8>> = (0..8).map(|i| payload(i, 5000 + i as usize)).collect();
+    let items: Vec<(&str, &[u8])> = keys
+        .iter()
+        .zip(&data)
+        .map(|(k, d)| (k.as_str(), d.as_slice()))
+        .collect();
+    fail::cfg("client::batch-put-end-unsent", "1*return").unwrap();
+    let r = cl.batch_put(&items, &PutOptions::default()).await.unwrap();
+    fail::remove("client::batch-put-end-unsent");
+    assert_eq!(r.len(), 8);
+    for (k, r) in keys.iter().zip(r) {
+        r.unwrap_or_else(|e| panic!("{k}: {e}"));
+    }
+    for (k, d) in keys.iter().zip(&data) {
+        assert_eq!(&cl.get(k).await.unwrap(), d, "{k}");
+    }
+    c.shutdown().await;
+}

@@ -365,17 +365,28 @@ impl Client {
         let mut out: Vec<Option<Result<()>>> = vec![None; items.len()];
         // Per item: a PutEnd whose outcome is unknown.
         let mut unsure = vec![false; items.len()];
+        // Per item: that PutEnd, sent again before anything starts over
+        // (as a single put does; the master answers a repeat as done).
+        let mut again: Vec<Option<pb::PutEndRequest>> = vec![None; items.len()];
         for attempt in 0..b.attempts.max(1) {
-            let pending: Vec<usize> = (0..items.len()).filter(|&i| out[i].is_none()).collect();
-            if pending.is_empty() {
-                break;
-            }
             let delay = b.delay(attempt);
             let last_try = attempt + 1 >= b.attempts || t0.elapsed() + delay >= b.deadline;
+            self.end_again(&mut again, &mut out, last_try).await;
+            let pending: Vec<usize> = (0..items.len())
+                .filter(|&i| out[i].is_none() && again[i].is_none())
+                .collect();
+            if pending.is_empty() && out.iter().all(Option::is_some) {
+                break;
+            }
             let round: Vec<(&str, &[&[u8]])> = pending.iter().map(|&i| items[i]).collect();
-            match self.batch_put_round(&round, opts).await {
+            let started = match round.is_empty() {
+                // Only PutEnds sent again this time, none answered yet.
+                true => Ok(Vec::new()),
+                false => self.batch_put_round(&round, opts).await,
+            };
+            match started {
                 Ok(results) => {
-                    for (&i, (r, ended)) in pending.iter().zip(results) {
+                    for (&i, (r, ended, end)) in pending.iter().zip(results) {
                         let (key, data) = items[i];
                         let r = match r {
                             Err(e) if e.code == Code::AlreadyExists && unsure[i] => {
@@ -388,6 +399,8 @@ impl Client {
                         out[i] = match r {
                             Err(e) if e.retryable() && !last_try => {
                                 unsure[i] |= ended;
+                                // Overwrites start a new version instead.
+                                again[i] = end.filter(|_| ended && !opts.overwrite);
                                 None
                             }
                             r => Some(r),
@@ -420,13 +433,68 @@ impl Client {
             .collect())
     }
 
-    /// One attempt at a batch put: per item, its result and whether it got
-    /// as far as PutEnd (a lost answer there leaves the outcome unknown).
+    /// Sends again the PutEnds in `again` (outcome unknown): those the
+    /// master answers are done, those that failed for good start over (a
+    /// key then found committed is checked for its bytes), the rest wait for
+    /// the next attempt, or fail on the last.
+    async fn end_again(
+        &self,
+        again: &mut [Option<pb::PutEndRequest>],
+        out: &mut [Option<Result<()>>],
+        last_try: bool,
+    ) {
+        let idx: Vec<usize> = (0..again.len()).filter(|&i| again[i].is_some()).collect();
+        if idx.is_empty() {
+            return;
+        }
+        let items = idx.iter().filter_map(|&i| again[i].clone()).collect();
+        let res = self
+            .batch_put_end_unless_lost(pb::BatchPutEndRequest { items })
+            .await;
+        for (k, &i) in idx.iter().enumerate() {
+            let r = match &res {
+                Ok(results) if results.len() == idx.len() => from_status(Some(results[k].clone())),
+                Ok(_) => Err(Error::internal(
+                    "master answered a batch with the wrong count",
+                )),
+                Err(e) => Err(e.clone()),
+            };
+            match r {
+                Ok(()) => {
+                    out[i] = Some(Ok(()));
+                    again[i] = None;
+                }
+                Err(e) if e.retryable() => {
+                    if last_try {
+                        out[i] = Some(Err(e));
+                        again[i] = None;
+                    }
+                }
+                Err(_) => again[i] = None,
+            }
+        }
+    }
+
+    /// `BatchPutEnd`, through the failpoint (tests) that loses it on its
+    /// way: `client::batch-put-end-unsent`.
+    async fn batch_put_end_unless_lost(
+        &self,
+        req: pb::BatchPutEndRequest,
+    ) -> Result<Vec<pb::Status>> {
+        fail::fail_point!("client::batch-put-end-unsent", |_| Err(Error::unavailable(
+            "BatchPutEnd lost on its way (failpoint)"
+        )));
+        Ok(self.m().batch_put_end(req).await?.into_inner().results)
+    }
+
+    /// One attempt at a batch put: per item, its result, whether it got as
+    /// far as PutEnd (a lost answer there leaves the outcome unknown), and
+    /// that PutEnd.
     async fn batch_put_round(
         &self,
         items: &[(&str, &[&[u8]])],
         opts: &PutOptions,
-    ) -> Result<Vec<(Result<()>, bool)>> {
+    ) -> Result<Vec<(Result<()>, bool, Option<pb::PutEndRequest>)>> {
         let lens: Vec<usize> = items.iter().map(|(_, d)| parts::total_len(d)).collect();
         // Declared at PutStart where small enough (`announce_up_to`).
         let crcs: Vec<Option<u32>> = items
@@ -522,9 +590,9 @@ impl Client {
                 Err(_) => {}
             }
         }
-        let mut out: Vec<(Result<()>, bool)> = writes
+        let mut out: Vec<(Result<()>, bool, Option<pb::PutEndRequest>)> = writes
             .into_iter()
-            .map(|(w, ..)| (w.map(|_| ()), false))
+            .map(|(w, ..)| (w.map(|_| ()), false, None))
             .collect();
         if !revokes.keys.is_empty() {
             let _ = self.m().batch_put_revoke(revokes).await;
@@ -532,13 +600,12 @@ impl Client {
         if !ends.is_empty() {
             let (idx, reqs): (Vec<usize>, Vec<pb::PutEndRequest>) = ends.into_iter().unzip();
             let res = self
-                .m()
-                .batch_put_end(pb::BatchPutEndRequest { items: reqs })
-                .await
-                .map_err(Error::from)
-                .map(|r| r.into_inner().results);
-            for (k, i) in idx.into_iter().enumerate() {
-                out[i] = match &res {
+                .batch_put_end_unless_lost(pb::BatchPutEndRequest {
+                    items: reqs.clone(),
+                })
+                .await;
+            for (k, (i, req)) in idx.into_iter().zip(reqs).enumerate() {
+                let (r, ended) = match &res {
                     Ok(res) => (
                         res.get(k).cloned().map_or_else(
                             || {
@@ -552,6 +619,7 @@ impl Client {
                     ),
                     Err(e) => (Err(e.clone()), true),
                 };
+                out[i] = (r, ended, Some(req));
             }
         }
         Ok(out)
