@@ -708,5 +708,27 @@ async fn a_batch_put_whose_put_end_was_lost_ends_its_puts() {
     for (k, d) in keys.iter().zip(&data) {
         assert_eq!(&cl.get(k).await.unwrap(), d, "{k}");
     }
+    // Overwrites whose BatchPutEnd was lost revoke that version and start
+    // a new one: the new bytes are what is stored.
+    let newer: Vec<Vec<u8>> = (0..8).map(|i| payload(100 + i, 3000)).collect();
+    let items: Vec<(&str, &[u8])> = keys
+        .iter()
+        .zip(&newer)
+        .map(|(k, d)| (k.as_str(), d.as_slice()))
+        .collect();
+    let over = PutOptions {
+        overwrite: true,
+        ..Default::default()
+    };
+    fail::cfg("client::batch-put-end-unsent", "1*return").unwrap();
+    let r = cl.batch_put(&items, &over).await.unwrap();
+    fail::remove("client::batch-put-end-unsent");
+    assert_eq!(r.len(), 8);
+    for (k, r) in keys.iter().zip(r) {
+        r.unwrap_or_else(|e| panic!("{k}: {e}"));
+    }
+    for (k, d) in keys.iter().zip(&newer) {
+        assert_eq!(&cl.get(k).await.unwrap(), d, "{k}");
+    }
     c.shutdown().await;
 }

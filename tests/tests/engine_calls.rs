@@ -221,10 +221,12 @@ async fn batch_sizes_wait_out_a_rebuilding_master() {
 
 /// A sibling client (a Python thread's, on a runtime driven only while the
 /// thread waits on a call) stays usable after its thread idles past the
-/// master's HTTP/2 keep-alive: its gRPC calls go through the base client's
-/// connection, which answers the master's pings between calls. (With a
-/// connection of its own, left unanswered, the master dropped it and the
-/// next call failed on it: "broken pipe", or waited out the call timeout.)
+/// master's HTTP/2 keep-alive, and so does everyone sharing its channel
+/// after the thread is gone: its gRPC calls go through the base client's
+/// channel, whose connections run on the base's runtime even when the
+/// sibling dials first. (With a connection of its own, or one living on
+/// the thread's runtime, the master dropped it unanswered and the next
+/// call failed on it: "broken pipe", or waited out the call timeout.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_siblings_grpc_calls_survive_its_thread_idling_past_the_keep_alive() {
     let c = ClusterBuilder::new()
@@ -236,10 +238,9 @@ async fn a_siblings_grpc_calls_survive_its_thread_idling_past_the_keep_alive() {
         .build()
         .await
         .unwrap();
+    // No call yet: the sibling's is the first to dial the master.
     let base = c.client().await.unwrap();
-    base.put("k", &payload(6, 1000), &PutOptions::default())
-        .await
-        .unwrap();
+    let sibling_base = base.clone();
     let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -247,7 +248,7 @@ async fn a_siblings_grpc_calls_survive_its_thread_idling_past_the_keep_alive() {
             .unwrap();
         let sib = {
             let _in = rt.enter();
-            base.sibling().unwrap()
+            sibling_base.sibling().unwrap()
         };
         let stat = |sib: &strata_client::Client| {
             rt.block_on(async {
@@ -259,6 +260,8 @@ async fn a_siblings_grpc_calls_survive_its_thread_idling_past_the_keep_alive() {
             })
         };
         stat(&sib).expect("answered").expect("first call");
+        rt.block_on(sib.put("k", &payload(6, 1000), &PutOptions::default()))
+            .unwrap();
         // The thread idles, its runtime undriven, for many keep-alive
         // rounds: nothing of its own may have to answer the master meanwhile.
         std::thread::sleep(Duration::from_secs(2));
@@ -269,5 +272,13 @@ async fn a_siblings_grpc_calls_survive_its_thread_idling_past_the_keep_alive() {
     let (r, got) = thread.join().unwrap();
     r.expect("a gRPC call after the idle time");
     assert_eq!(got.unwrap(), payload(6, 1000));
+    // The thread and its runtime are gone; the shared channel still serves.
+    let st = tokio::time::timeout(
+        Duration::from_secs(5),
+        base.master_client().stat(strata_proto::StatRequest {}),
+    )
+    .await
+    .expect("answered within 5 s");
+    st.expect("a gRPC call after the sibling's thread ended");
     c.shutdown().await;
 }

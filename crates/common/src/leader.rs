@@ -245,13 +245,30 @@ struct Route {
     /// Next list entry to try when no leader is known.
     next: Mutex<usize>,
     etcd: tokio::sync::Mutex<Option<etcd_client::Client>>,
+    /// The runtime the route was made on: its connections' tasks run there,
+    /// whichever caller (another runtime's) dials first.
+    home: Option<tokio::runtime::Handle>,
+}
+
+/// Spawns a channel's tasks on one runtime.
+#[derive(Clone)]
+struct OnRuntime(tokio::runtime::Handle);
+
+impl<F> hyper::rt::Executor<F> for OnRuntime
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        self.0.spawn(fut);
+    }
 }
 
 impl LeaderChannel {
-    /// Its connections are driven by the runtime that makes them (keep-alive
-    /// pings both ways): share one from a runtime that always runs, never
-    /// one made on a runtime driven only while its caller waits (the master
-    /// drops a connection that leaves its pings unanswered for 30 s).
+    /// Its connections run on the runtime this is called on (keep-alive
+    /// pings both ways), whichever caller dials first: make it on a runtime
+    /// that always runs, never on one driven only while its caller waits
+    /// (the master drops a connection whose pings go unanswered for 30 s).
     pub fn new(target: MasterTarget) -> LeaderChannel {
         LeaderChannel {
             route: Arc::new(Route {
@@ -260,6 +277,7 @@ impl LeaderChannel {
                 current: Mutex::new(None),
                 next: Mutex::new(0),
                 etcd: tokio::sync::Mutex::new(None),
+                home: tokio::runtime::Handle::try_current().ok(),
             }),
         }
     }
@@ -286,7 +304,16 @@ impl Route {
                 let mut guard = self.etcd.lock().await;
                 if guard.is_none() {
                     let auth = EtcdAuth::from_env()?;
-                    *guard = Some(etcd_client_as(endpoints, auth.as_ref()).await?);
+                    let endpoints = endpoints.clone();
+                    let connect = async move { etcd_client_as(&endpoints, auth.as_ref()).await };
+                    // Its connections live on the route's home runtime.
+                    let client = match &self.home {
+                        Some(h) => h.spawn(connect).await.map_err(|e| {
+                            Error::unavailable(format!("connecting to etcd failed: {e}"))
+                        })??,
+                        None => connect.await?,
+                    };
+                    *guard = Some(client);
                 }
                 let client = guard.as_ref().expect("just set");
                 match read_leader(client, cluster).await {
@@ -315,15 +342,19 @@ impl Route {
         }
         // A master that hangs (paused, partitioned) fails its calls in a few
         // seconds, not at the 30 s call timeout.
-        let ch = tonic::transport::Endpoint::from_shared(uri_of(addr))
+        let ep = tonic::transport::Endpoint::from_shared(uri_of(addr))
             .map_err(|e| Error::invalid(format!("bad master address {addr:?}: {e}")))?
             .connect_timeout(Duration::from_secs(3))
             .timeout(Duration::from_secs(30))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(1))
             .keep_alive_timeout(Duration::from_secs(2))
-            .keep_alive_while_idle(true)
-            .connect_lazy();
+            .keep_alive_while_idle(true);
+        let ch = match &self.home {
+            Some(h) => ep.executor(OnRuntime(h.clone())),
+            None => ep,
+        }
+        .connect_lazy();
         chans.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }

@@ -76,12 +76,15 @@ struct PeerShare {
 impl Drop for PeerShare {
     fn drop(&mut self) {
         let sem = self.permit.take().map(|p| p.semaphore().clone());
-        // Under the lock no one else can take a new handle to it.
+        // Under the lock no one else can take a new handle to it, and our
+        // own goes before the lock does (two drops racing each see the
+        // other's otherwise, and neither removes the entry).
         let mut peers = self.inner.peers.lock();
         if let Some(sem) = sem {
             if Arc::strong_count(&sem) == 2 {
                 peers.remove(&self.ip);
             }
+            drop(sem);
         }
     }
 }

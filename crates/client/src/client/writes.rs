@@ -386,6 +386,10 @@ impl Client {
             };
             match started {
                 Ok(results) => {
+                    // Overwrites whose PutEnd's outcome is unknown: their
+                    // version is revoked (one that committed is untouched)
+                    // and the retry starts a new one, as a single put's.
+                    let mut revokes = pb::BatchPutRevokeRequest::default();
                     for (&i, (r, ended, end)) in pending.iter().zip(results) {
                         let (key, data) = items[i];
                         let r = match r {
@@ -399,12 +403,21 @@ impl Client {
                         out[i] = match r {
                             Err(e) if e.retryable() && !last_try => {
                                 unsure[i] |= ended;
-                                // Overwrites start a new version instead.
-                                again[i] = end.filter(|_| ended && !opts.overwrite);
+                                match end.filter(|_| ended) {
+                                    Some(end) if opts.overwrite => {
+                                        revokes.keys.push(end.key);
+                                        revokes.generations.push(end.generation.unwrap_or(0));
+                                        revokes.put_tokens.push(end.put_token);
+                                    }
+                                    end => again[i] = end,
+                                }
                                 None
                             }
                             r => Some(r),
                         };
+                    }
+                    if !revokes.keys.is_empty() {
+                        let _ = self.m().batch_put_revoke(revokes).await;
                     }
                 }
                 // Nothing of this round started (the batch PutStart failed).

@@ -41,8 +41,9 @@ pub struct Cluster {
     /// housekeeping: forgotten durably with the expired ones, so a later
     /// master does not wait for them.
     left_nodes: Mutex<Vec<String>>,
-    /// Node ids registered in this term while it rebuilt (see `register`).
-    registered_in_term: Mutex<std::collections::HashSet<String>>,
+    /// Node ids this term dropped after they reported or with replicas on
+    /// them: not asked to report again (see `register`).
+    dropped_in_term: Mutex<std::collections::HashSet<String>>,
     /// Pings data-plane addresses (is an SSD owner's holder still alive?).
     pinger: TcpTransport,
 }
@@ -56,7 +57,7 @@ impl Cluster {
             next_incarnation: AtomicU64::new(1),
             next_generation: AtomicU64::new(unix_ms() << 16),
             left_nodes: Mutex::new(Vec::new()),
-            registered_in_term: Mutex::new(Default::default()),
+            dropped_in_term: Mutex::new(Default::default()),
             pinger: TcpTransport::new(TcpTransportConfig {
                 connect_timeout: std::time::Duration::from_secs(1),
                 io_timeout: std::time::Duration::from_secs(1),

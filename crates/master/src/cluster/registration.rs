@@ -103,13 +103,14 @@ impl Cluster {
             .iter()
             .map(|s| super::ucx_routes::UcxRoute::of(&worker, process.as_ref(), s))
             .collect::<Result<Vec<_>>>()?;
-        // Only a node's first registration of a term reports: one this term
-        // already knew was dropped (its TTL, a leave) with everything it
-        // held, and what it still holds may have been removed meanwhile.
-        let report = rebuilding && !self.registered_in_term.lock().contains(&req.node_id);
         if self.nodes.read().contains_key(&req.node_id) {
             self.drop_node(m, &req.node_id, None, "re-registered");
         }
+        // A node this term dropped after it reported, or with objects on
+        // it (its TTL, a leave), is not asked again: what it still holds
+        // may have been removed meanwhile. One whose registration never got
+        // as far (a lost answer, a retry) still is.
+        let report = rebuilding && !self.dropped_in_term.lock().contains(&req.node_id);
         let incarnation = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
         let ids: Vec<u64> = req
             .segments
@@ -145,10 +146,6 @@ impl Cluster {
             }
         }
         self.nodes.write().insert(req.node_id.clone(), node);
-        if rebuilding {
-            // Needed only while reports are asked for: bounded by them.
-            self.registered_in_term.lock().insert(req.node_id.clone());
-        }
         tracing::info!(
             node = req.node_id,
             addr = req.data_addr,
@@ -256,9 +253,9 @@ impl Cluster {
     /// when given): its segments are unmounted and every replica on them is
     /// dropped; objects left without replicas disappear.
     pub(crate) fn drop_node(&self, m: Model, node_id: &str, incarnation: Option<u64>, why: &str) {
-        if self.remove_node(node_id, incarnation).is_none() {
+        let Some(node) = self.remove_node(node_id, incarnation) else {
             return;
-        }
+        };
         let (mut lost, mut gone) = (0u64, 0i64);
         for shard in m.objects.shards() {
             let mut s = shard.lock();
@@ -277,6 +274,10 @@ impl Cluster {
                 !o.replicas().is_empty()
             });
             gone += dropped.len() as i64;
+        }
+        if lost > 0 || node.reported.load(Ordering::Acquire) {
+            // Bounded by the node ids that ever registered this term.
+            self.dropped_in_term.lock().insert(node_id.to_string());
         }
         m.metrics.lost_replicas.inc_by(lost);
         m.metrics.keys.sub(gone);

@@ -18,6 +18,8 @@ const REPORT_BATCH: usize = 4096;
 
 /// How long a leaving node waits for the master's answer.
 const LEAVE_WAIT: Duration = Duration::from_secs(2);
+/// Tries of one report batch refused retryably, before its last.
+const REPORT_TRIES: usize = 5;
 
 impl Agent {
     /// The objects we hold, by local segment index (a new master gives our
@@ -84,7 +86,7 @@ impl Agent {
                 // sent its last batch.
                 last: i + 1 == batches,
             };
-            match self.client.report_node_objects(req).await {
+            match self.report_batch(req).await {
                 Ok(r) => {
                     let r = r.into_inner();
                     adopted += r.adopted;
@@ -102,6 +104,27 @@ impl Agent {
             refused,
             "reported the objects this node holds to a restarted master"
         );
+    }
+
+    /// Sends one report batch, again after a retryable refusal (a busy
+    /// master's request budget, a moment without a leader): a batch that
+    /// fails for good loses its objects.
+    async fn report_batch(
+        &mut self,
+        req: pb::ReportNodeObjectsRequest,
+    ) -> std::result::Result<tonic::Response<pb::ReportNodeObjectsResponse>, tonic::Status> {
+        let mut wait = Duration::from_millis(100);
+        for _ in 0..REPORT_TRIES {
+            match self.client.report_node_objects(req.clone()).await {
+                Err(e) if Error::from(e.clone()).retryable() => {
+                    tracing::debug!(error = %Error::from(e), retry_in = ?wait, "object report refused for now");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                r => return r,
+            }
+        }
+        self.client.report_node_objects(req).await
     }
 
     pub(super) async fn register(&mut self) -> Result<(u64, Duration)> {

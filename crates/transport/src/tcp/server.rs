@@ -251,10 +251,13 @@ pub async fn serve_with(
                 &shutdown,
             );
             // A stranger pushed out by newer ones holds no lease, staging or
-            // write yet (each needs a grant), so it is dropped mid-request.
+            // write yet (each needs a proven grant first, which takes it out
+            // of the queue), so it is dropped mid-request; checked first, so
+            // a cut stranger is never polled again.
             let r = tokio::select! {
-                r = PEER.scope(peer.ip(), served) => r,
+                biased;
                 _ = cut.cancelled() => Err(timed_out()),
+                r = PEER.scope(peer.ip(), served) => r,
             };
             if let Err(e) = r {
                 if matches!(
@@ -553,6 +556,13 @@ async fn connection(
     }
 }
 
+/// Whether `req` carries a live grant of this region's master (signed, not
+/// expired; range and permission are checked when it is served): what
+/// makes a connection a reader rather than a stranger.
+fn vouched(table: &dyn DataRegion, req: &Request) -> bool {
+    req.grant.expires_unix_ms > unix_ms() && table.signed(&req.grant, &req.mac)
+}
+
 /// Serves one request whose header has been read.
 async fn serve_request(
     s: &mut TcpStream,
@@ -630,6 +640,9 @@ async fn serve_request(
             }
         }
         Op::Stage => {
+            if !peer.granted && vouched(table, req) {
+                peer.grant();
+            }
             let staged = table.stage(req, unix_ms()).await;
             match staged {
                 Ok(st) => {
@@ -677,6 +690,11 @@ async fn serve_request(
             }
         }
         Op::Read => {
+            // Proven before the read waits for anything (SSD staging):
+            // a reader is never pushed out as a stranger while it waits.
+            if !peer.granted && vouched(table, req) {
+                peer.grant();
+            }
             let p = prepare(table, req, m).await;
             peer.note(&p)?;
             if !matches!(p, Prepared::Failed(_)) {
@@ -718,21 +736,23 @@ async fn serve_request(
                 // Until one item carries a grant this region's master signed,
                 // each is checked as it arrives, and each that does not
                 // counts against the stranger (too many cut it off).
+                let mut refused = false;
                 if !peer.granted {
                     match &item {
-                        Ok(r) if table.signed(&r.grant, &r.mac) => peer.grant(),
+                        Ok(r) if vouched(table, r) => peer.grant(),
                         _ => {
                             peer.refused()?;
+                            refused = true;
                             if item.is_ok() {
                                 item = Err(Error::new(
                                     Code::PermissionDenied,
-                                    "the item's grant is not signed by this node's master",
+                                    "the item's grant is not a live grant of this node's master",
                                 ));
                             }
                         }
                     }
                 }
-                items.push(item);
+                items.push((item, refused));
             }
             let h = Response {
                 status: Code::Ok,
@@ -751,14 +771,15 @@ async fn serve_request(
                 }
             };
             let mut next = match items.first() {
-                Some(item) => prep(item).await,
+                Some((item, _)) => prep(item).await,
                 None => None,
             };
             if matches!(next, Some(Prepared::Ready(_) | Prepared::Streaming(..))) {
                 continue_trace(&span, req);
             }
             let replies = async {
-                for (i, item) in items.iter().enumerate() {
+                for (i, (item, refused_on_arrival)) in items.iter().enumerate() {
+                    let refused_on_arrival = *refused_on_arrival;
                     let prepared = next.take();
                     // Read the next item while this one is sent, but only
                     // when this one needs no more staging: a connection never
@@ -767,6 +788,8 @@ async fn serve_request(
                     let overlap = prepared.as_ref().is_some_and(|p| p.complete(item));
                     match &prepared {
                         Some(p) => peer.note(p)?,
+                        // Counted once: as it arrived, if it was then.
+                        None if refused_on_arrival => {}
                         None => peer.refused()?,
                     }
                     let reply = async {
@@ -783,7 +806,7 @@ async fn serve_request(
                             }
                         }
                     };
-                    let upcoming = items.get(i + 1);
+                    let upcoming = items.get(i + 1).map(|(u, _)| u);
                     match upcoming {
                         Some(u) if overlap => {
                             let (sent, p) = tokio::join!(reply, prep(u));
