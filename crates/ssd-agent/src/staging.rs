@@ -75,18 +75,23 @@ struct PeerShare {
 
 impl Drop for PeerShare {
     fn drop(&mut self) {
-        let sem = self.permit.take().map(|p| p.semaphore().clone());
-        // Under the lock no one else can take a new handle to it, and our
-        // own goes before the lock does (two drops racing each see the
-        // other's otherwise, and neither removes the entry).
-        let mut peers = self.inner.peers.lock();
-        if let Some(sem) = sem {
-            if Arc::strong_count(&sem) == 2 {
-                peers.remove(&self.ip);
-            }
-            drop(sem);
-        }
+        drop(self.permit.take());
+        forget_idle(&self.inner, self.ip);
     }
+}
+
+/// Removes `ip`'s share once nothing holds it (no permit, no waiter: each
+/// keeps a handle). Under the lock no one else can take a new handle.
+fn forget_idle(inner: &Inner, ip: IpAddr) {
+    let mut peers = inner.peers.lock();
+    if peers.get(&ip).is_some_and(|s| Arc::strong_count(s) == 1) {
+        peers.remove(&ip);
+    }
+}
+
+/// The arena's piece, in units: a quarter of it, between 4 KiB and 4 MiB.
+fn piece_units(capacity_units: u64) -> u64 {
+    (capacity_units / 4).clamp(1, MAX_PIECE / UNIT)
 }
 
 impl StagingGuard {
@@ -104,13 +109,12 @@ impl Drop for StagingGuard {
 impl Staging {
     pub fn new(capacity: u64, wait: Duration, m: StagingMetrics) -> Staging {
         let units = (capacity / UNIT).clamp(1, u32::MAX as u64 / 2);
-        let piece = (units * UNIT / 4 / UNIT * UNIT).clamp(UNIT, MAX_PIECE) / UNIT;
         m.capacity.set((units * UNIT) as i64);
         Staging {
             inner: Arc::new(Inner {
                 sem: Arc::new(Semaphore::new(units as usize)),
                 capacity: units * UNIT,
-                peer_share: (units / 4).max(piece),
+                peer_share: (units / 4).max(piece_units(units)),
                 peers: Mutex::new(HashMap::new()),
                 wait,
                 m,
@@ -127,7 +131,7 @@ impl Staging {
     /// How much one reader stages at once: a quarter of the arena (so a few
     /// readers make progress together), between 4 KiB and 4 MiB.
     pub fn piece_bytes(&self) -> u64 {
-        (self.inner.capacity / 4 / UNIT * UNIT).clamp(UNIT, MAX_PIECE)
+        piece_units(self.inner.capacity / UNIT) * UNIT
     }
 
     /// A buffer of `n` bytes (at most a piece), reused when one is idle.
@@ -211,6 +215,10 @@ impl Staging {
         };
         let r = tokio::time::timeout(i.wait, both).await;
         i.m.wait_seconds.observe(t0.elapsed().as_secs_f64());
+        if let (Some(ip), Err(_) | Ok(Err(_))) = (peer, &r) {
+            // A waiter that got nothing held a handle to the share too.
+            forget_idle(i, ip);
+        }
         match r {
             Ok(Ok((permit, peer))) => {
                 let staged = units * UNIT;
