@@ -3,6 +3,7 @@
 #   protobuf-compiler  protoc for the gRPC code generation
 #   redis-server       the Redis baseline of `strata bench`
 #   curl               admin-endpoint checks in scripts
+#   openssl            throwaway CAs and certificates for the etcd TLS tests
 #   etcd-server        a real etcd for the DurableKv conformance suite (and HA)
 #   clang libclang-dev build-essential pkg-config  the bundled RocksDB build (bindgen, C++)
 #   python3 python3-venv  the deployment tests (Helm chart, Dockerfile, alerts)
@@ -12,7 +13,7 @@
 #   libssl-dev         SGLang's page-hash extension, compiled on first use (-lcrypto;
 #                      scripts/sglang-tests.sh)
 set -euo pipefail
-pkgs=(protobuf-compiler redis-server curl clang libclang-dev build-essential pkg-config etcd-server
+pkgs=(protobuf-compiler redis-server curl clang libclang-dev build-essential pkg-config openssl etcd-server
   python3 python3-venv prometheus libucx-dev ucx-utils libnuma1 util-linux libssl-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -31,4 +31,5 @@ fi
 export STRATA_BIN_DIR="${STRATA_BIN_DIR:-$CARGO_TARGET_DIR/debug}"
 cd python
 # The engine connectors' tests run in the engines' venvs (scripts/vllm-tests.sh).
-exec "$venv/bin/python" -m pytest -q --ignore=tests/vllm --ignore=tests/sglang "$@"
+# The slowest tests in every log: a stall shows up even when the test passes.
+exec "$venv/bin/python" -m pytest -q --durations=5 --ignore=tests/vllm --ignore=tests/sglang "$@"

@@ -10,6 +10,7 @@ each value parses. Bad values must fail at install time with a clear message.
 Environment: HELM (helm binary), BIN_DIR (the Strata binaries).
 """
 
+import base64
 import os
 import re
 import tempfile
@@ -66,7 +67,10 @@ def check_flags(docs, token_dir, label):
             args = [expand(a, sample_env) for a in c.get("args", [])]
             # The token Secret is mounted at /etc/strata/tokens, the etcd
             # password Secret at /etc/strata/etcd.
-            args = [a.replace("/etc/strata/tokens", token_dir).replace("/etc/strata/etcd", token_dir) for a in args]
+            # The etcd TLS Secret at /etc/strata/etcd-tls (replaced first:
+            # it starts like the password's path).
+            args = [a.replace("/etc/strata/etcd-tls", os.path.join(token_dir, "etcd-tls"))
+                    .replace("/etc/strata/tokens", token_dir).replace("/etc/strata/etcd", token_dir) for a in args]
             r = run([os.path.join(BIN_DIR, binary), "--check-config", *args])
             assert r.returncode == 0, f"{label}: {doc['kind']} {doc['metadata']['name']}: {binary} refused its flags:\n{r.stderr}\nargs: {args}"
             checked += 1
@@ -161,6 +165,44 @@ def check_members_dial_masters_by_name(docs, label):
                     assert "-master-headless." in addr, f"{label}: {c['name']} dials {addr}, not a master pod by name"
 
 
+def check_etcd_tls(docs, label):
+    """The chart's own etcd serves clients over TLS only and admits only
+    certificates its CA signed; the masters present theirs. The generated certificates chain
+    to the CA (checked by openssl), the server's names every member."""
+    etcds = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"].endswith("-etcd")]
+    if not etcds:
+        return 0
+    (etcd,) = etcds
+    name, ns = etcd["metadata"]["name"], "strata"
+    args = pod_spec(etcd)["containers"][0]["args"]
+    assert "--client-cert-auth" in args, f"{label}: etcd admits clients without a certificate"
+    urls = [a.split("=", 1)[1] for a in args if a.split("=", 1)[0] in ("--listen-client-urls", "--advertise-client-urls")]
+    assert len(urls) == 2 and all(u.startswith("https://") for u in urls), f"{label}: client URLs {urls}"
+    (secret,) = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == f"{name}-tls"]
+    with tempfile.TemporaryDirectory() as d:
+        for key, b64 in secret["data"].items():
+            with open(os.path.join(d, key), "wb") as f:
+                f.write(base64.b64decode(b64))
+        ca = os.path.join(d, "ca.crt")
+        replicas = etcd["spec"]["replicas"]
+        for i in range(replicas):
+            host = f"{name}-{i}.{name}.{ns}.svc"
+            r = run(["openssl", "verify", "-CAfile", ca, "-verify_hostname", host, os.path.join(d, "server.crt")])
+            assert r.returncode == 0, f"{label}: etcd's certificate for {host}: {r.stdout}{r.stderr}"
+        r = run(["openssl", "verify", "-CAfile", ca, "-purpose", "sslclient", os.path.join(d, "tls.crt")])
+        assert r.returncode == 0, f"{label}: the masters' certificate: {r.stdout}{r.stderr}"
+        other = run(["openssl", "verify", "-CAfile", ca, "-verify_hostname", "etcd.elsewhere", os.path.join(d, "server.crt")])
+        assert other.returncode != 0, f"{label}: etcd's certificate names any host"
+    for doc in docs:
+        if doc["kind"] == "StatefulSet" and doc["metadata"]["name"].endswith("-master"):
+            margs = pod_spec(doc)["containers"][0]["args"]
+            etcd_flag = next(a for a in margs if a.startswith("--etcd="))
+            assert "https://" in etcd_flag and "http://" not in etcd_flag, f"{label}: {etcd_flag}"
+            for flag in ("--etcd-ca-file=", "--etcd-cert-file=", "--etcd-key-file="):
+                assert any(a.startswith(flag) for a in margs), f"{label}: master without {flag}"
+    return replicas
+
+
 def check_long_names():
     """A long release name still gives valid object names."""
     r = run([HELM, "template", "a-release-name-as-long-as-anyone-would-ever-write-it", CHART,
@@ -195,6 +237,8 @@ def check_bad_values():
         (["master.replicas=3", "etcd.endpoints=http://e:2379", "etcd.auth.user=strata"], "etcd.auth.passwordSecret"),
         (["master.replicas=3", "etcd.deploy=true", "etcd.auth.user=strata", "etcd.auth.passwordSecret=p"],
          "the chart's own etcd runs without it"),
+        (["master.replicas=3", "etcd.endpoints=http://e:2379", "etcd.tls.secret=t"], "not http://"),
+        (["master.replicas=3", "etcd.endpoints=https://e:2379"], "needs etcd.tls.secret"),
     ]
     for sets, want in cases:
         r = render([], sets)
@@ -202,6 +246,7 @@ def check_bad_values():
         assert want in r.stderr, f"--set {sets}: {r.stderr}"
     # ...and the edges of what is allowed render.
     for sets in (["master.offloadPolicy=reads:65535"], ["master.replicas=2", "etcd.endpoints=http://e:2379"],
+                 ["master.replicas=3", "etcd.deploy=true", "etcd.tls.secret=mine"],
                  ["auth.enabled=false", "auth.insecure=true"], ["ssdAgent.enabled=false"],
                  ["tracing.otlpEndpoint=http://otel:4317"]):
         r = render([], sets)
@@ -213,6 +258,12 @@ def main():
     for name in ("member.token", "client.token", "admin.token", "rdma.token", "password"):
         with open(os.path.join(token_dir, name), "w") as f:
             f.write(os.urandom(32).hex())
+    # PEM-shaped stand-ins: --check-config reads them, only a connection
+    # would parse them.
+    os.mkdir(os.path.join(token_dir, "etcd-tls"))
+    for name, kind in (("ca.crt", "CERTIFICATE"), ("tls.crt", "CERTIFICATE"), ("tls.key", "PRIVATE KEY")):
+        with open(os.path.join(token_dir, "etcd-tls", name), "w") as f:
+            f.write(f"-----BEGIN {kind}-----\nMIIB\n-----END {kind}-----\n")
     sets = [("default", [])] + [(os.path.basename(f), [f]) for f in example_values()]
     assert len(sets) >= 2, "an HA example under ci/"
     for label, files in sets:
@@ -230,6 +281,9 @@ def main():
         check_probes(docs, label)
         check_resources(docs, label)
         check_members_dial_masters_by_name(docs, label)
+        members = check_etcd_tls(docs, label)
+        if label == "ha-values.yaml":
+            assert members == 3, f"{label}: the chart's own etcd not checked"
         n = check_flags(docs, token_dir, label)
         assert n >= 3, f"{label}: only {n} Strata containers checked"
         print(f"{label}: {len(docs)} manifests valid ({', '.join(kinds)}); {n} containers' flags accepted")

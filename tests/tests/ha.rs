@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 use strata_client::{Client, ClientConfig, PutOptions};
-use strata_common::testing::EtcdServer;
+use strata_common::testing::{EtcdServer, TestCerts};
 use strata_common::Code;
 use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
@@ -556,4 +556,80 @@ async fn masters_and_clients_authenticate_to_an_etcd_with_auth_on() {
     assert!(!refused.status.success());
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("etcd"), "{err}");
+}
+
+/// etcd serving TLS only and checking client certificates: a master given
+/// the CA and its certificate leads; a CLI finding it through `etcd://`
+/// with the same settings in its environment reads the leader, and without
+/// them, or trusting another CA, is refused with an error naming etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_and_clients_reach_an_etcd_over_tls() {
+    let certs = TestCerts::new("strata");
+    let etcd = EtcdServer::start_tls(&certs).await;
+    assert!(etcd.endpoint.starts_with("https://"), "{}", etcd.endpoint);
+    let plain = strata_common::leader::etcd_client(&[etcd.host_port().to_string()]).await;
+    let plain_read = match plain {
+        Ok(c) => c.kv_client().get("x", None).await.is_ok(),
+        Err(_) => false,
+    };
+    assert!(!plain_read, "etcd answers plain http");
+    let file = |n: &str| certs.file(n).to_str().unwrap().to_string();
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
+    let tls_flags = [
+        "--etcd-ca-file",
+        &ca,
+        "--etcd-cert-file",
+        &cert,
+        "--etcd-key-file",
+        &key,
+    ];
+    let flags: Vec<&str> = HA_FLAGS.iter().copied().chain(tls_flags).collect();
+    // A bare HOST:PORT: https:// follows from the CA.
+    let m = RestartableMaster::ha(etcd.host_port(), "tls", &flags);
+    let _p = m.start().await; // ready: it leads
+    let url = format!("etcd://{}/tls", etcd.host_port());
+    let other = TestCerts::new("other");
+    let other_ca = other.file("ca.pem");
+    let cli = |ca: Option<&std::path::Path>| {
+        let mut c = std::process::Command::new(strata_tests::bin("strata"));
+        c.args(["--master", &url, "stat", "--json"]);
+        for v in [
+            "STRATA_ETCD_CA_FILE",
+            "STRATA_ETCD_CERT_FILE",
+            "STRATA_ETCD_KEY_FILE",
+        ] {
+            c.env_remove(v);
+        }
+        if let Some(ca) = ca {
+            c.env("STRATA_ETCD_CA_FILE", ca)
+                .env("STRATA_ETCD_CERT_FILE", certs.file("client.pem"))
+                .env("STRATA_ETCD_KEY_FILE", certs.file("client.key"));
+        }
+        c
+    };
+    let run = |mut c: std::process::Command| async move {
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            tokio::task::spawn_blocking(move || c.output().unwrap()),
+        )
+        .await
+        .unwrap()
+        .unwrap()
+    };
+    let ok = run(cli(Some(&certs.file("ca.pem")))).await;
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&ok.stdout).contains("\"nodes\""),
+        "{ok:?}"
+    );
+    for (ca, why) in [(None, "no TLS"), (Some(other_ca.as_path()), "another CA")] {
+        let refused = run(cli(ca)).await;
+        assert!(!refused.status.success(), "{why}: accepted");
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(err.contains("etcd"), "{why}: {err}");
+    }
 }

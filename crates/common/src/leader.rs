@@ -15,6 +15,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tonic::transport::Channel;
 
+pub use crate::etcd::{etcd_client, etcd_client_with, EtcdAccess, EtcdAuth, EtcdTls};
+
 /// Response metadata a follower's "not leader" error carries: the leader's
 /// advertised address (defined with the other error headers).
 pub use crate::error::LEADER_HEADER;
@@ -98,10 +100,9 @@ impl MasterTarget {
                 ))
             })?;
             validate_cluster_id(cluster)?;
-            let endpoints = split_list(hosts)
-                .into_iter()
-                .map(|h| format!("http://{h}"))
-                .collect::<Vec<_>>();
+            // Bare HOST:PORT: the scheme follows this process's etcd TLS
+            // settings when it connects.
+            let endpoints = split_list(hosts);
             if endpoints.is_empty() {
                 return Err(Error::invalid(format!(
                     "master address {s:?} names no etcd endpoint"
@@ -161,74 +162,6 @@ pub async fn read_leader(
             )
         }),
     }
-}
-
-/// An etcd user and its password, for an etcd with authentication on.
-#[derive(Clone)]
-pub struct EtcdAuth {
-    pub user: String,
-    pub password: crate::auth::Secret,
-}
-
-impl std::fmt::Debug for EtcdAuth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "EtcdAuth({:?}, <password>)", self.user)
-    }
-}
-
-impl EtcdAuth {
-    /// From a user name and a password file (both or neither).
-    pub fn from_parts(
-        user: Option<String>,
-        password_file: Option<&std::path::Path>,
-    ) -> Result<Option<EtcdAuth>> {
-        match (user.filter(|u| !u.is_empty()), password_file) {
-            (None, None) => Ok(None),
-            (Some(user), Some(f)) => Ok(Some(EtcdAuth {
-                user,
-                password: crate::auth::Secret::from_file(f, "--etcd-password-file")?,
-            })),
-            _ => Err(Error::invalid(
-                "etcd authentication needs both a user (--etcd-user, STRATA_ETCD_USER) \
-                 and a password file (--etcd-password-file, STRATA_ETCD_PASSWORD_FILE)",
-            )),
-        }
-    }
-
-    /// What a process that finds its master through etcd (`etcd://…`)
-    /// presents: `STRATA_ETCD_USER` and `STRATA_ETCD_PASSWORD_FILE`.
-    pub fn from_env() -> Result<Option<EtcdAuth>> {
-        let user = std::env::var("STRATA_ETCD_USER").ok();
-        let file = std::env::var_os("STRATA_ETCD_PASSWORD_FILE")
-            .filter(|v| !v.is_empty())
-            .map(std::path::PathBuf::from);
-        Self::from_parts(user, file.as_deref())
-    }
-}
-
-/// Connects an etcd client (lazily dialled, bounded timeouts).
-pub async fn etcd_client(endpoints: &[String]) -> Result<etcd_client::Client> {
-    etcd_client_as(endpoints, None).await
-}
-
-/// [`etcd_client`] as `auth`'s user (an etcd with authentication on).
-pub async fn etcd_client_as(
-    endpoints: &[String],
-    auth: Option<&EtcdAuth>,
-) -> Result<etcd_client::Client> {
-    let mut opts = etcd_client::ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(3))
-        .with_timeout(Duration::from_secs(5))
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
-    if let Some(a) = auth {
-        // Tokens expire (and die with an etcd restart): log in again then.
-        opts = opts
-            .with_user(a.user.clone(), a.password.expose().to_string())
-            .with_auto_token_refresh(true);
-    }
-    etcd_client::Client::connect(endpoints, Some(opts))
-        .await
-        .map_err(|e| Error::unavailable(format!("cannot reach etcd at {endpoints:?}: {e}")))
 }
 
 /// A gRPC channel to whichever master leads (see the module doc).
@@ -303,9 +236,9 @@ impl Route {
             MasterTarget::Etcd { endpoints, cluster } => {
                 let mut guard = self.etcd.lock().await;
                 if guard.is_none() {
-                    let auth = EtcdAuth::from_env()?;
+                    let access = EtcdAccess::from_env()?;
                     let endpoints = endpoints.clone();
-                    let connect = async move { etcd_client_as(&endpoints, auth.as_ref()).await };
+                    let connect = async move { etcd_client_with(&endpoints, &access).await };
                     // Its connections live on the route's home runtime.
                     let client = match &self.home {
                         Some(h) => h.spawn(connect).await.map_err(|e| {
@@ -510,7 +443,7 @@ mod tests {
         assert_eq!(
             MasterTarget::parse("etcd://e1:2379,e2:2379/prod").unwrap(),
             MasterTarget::Etcd {
-                endpoints: vec!["http://e1:2379".into(), "http://e2:2379".into()],
+                endpoints: vec!["e1:2379".into(), "e2:2379".into()],
                 cluster: "prod".into()
             }
         );
@@ -577,7 +510,7 @@ mod tests {
             assert_eq!(ch.current(), None, "{bad:?}");
         }
         let etcd = LeaderChannel::new(MasterTarget::Etcd {
-            endpoints: vec!["http://e:2379".into()],
+            endpoints: vec!["e:2379".into()],
             cluster: "c".into(),
         });
         assert!(!etcd.route.follow("10.0.0.7:7400"));

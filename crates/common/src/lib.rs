@@ -5,6 +5,7 @@ pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod etcd;
 pub mod files;
 pub mod grant;
 pub mod grpc;

@@ -178,10 +178,12 @@ pub struct MasterConfig {
     pub credentials: Credentials,
     /// Serve beyond loopback without credentials (protected mode off).
     pub insecure: bool,
-    /// HA mode: etcd endpoints (`http://HOST:PORT`); empty = single master.
+    /// HA mode: etcd endpoints (`HOST:PORT`, or with the scheme that
+    /// `etcd_access` implies); empty = single master.
     pub etcd: Vec<String>,
-    /// HA mode: the etcd user and password, for an etcd with authentication.
-    pub etcd_auth: Option<strata_common::leader::EtcdAuth>,
+    /// HA mode: the etcd user and password (an etcd with authentication)
+    /// and TLS to etcd.
+    pub etcd_access: strata_common::leader::EtcdAccess,
     /// HA mode: the cluster these masters lead (names etcd keys).
     pub cluster_id: String,
     /// HA mode: the leader's etcd lease; a dead leader is replaced after
@@ -199,6 +201,11 @@ pub struct MasterConfig {
     /// tests shorten them.
     pub keepalive_interval: Duration,
     pub keepalive_timeout: Duration,
+    /// Encoded bytes of a store node's object log it has not applied; past
+    /// it the node is dropped and registers again (`cluster/node.rs`). Not
+    /// a flag: a healthy node applies its log within a heartbeat; tests
+    /// shrink it.
+    pub max_node_log_bytes: u64,
 }
 
 impl Default for MasterConfig {
@@ -225,7 +232,7 @@ impl Default for MasterConfig {
             credentials: Credentials::default(),
             insecure: false,
             etcd: Vec::new(),
-            etcd_auth: None,
+            etcd_access: Default::default(),
             cluster_id: "strata".into(),
             election_ttl: Duration::from_secs(6),
             max_connections: 8192,
@@ -233,6 +240,7 @@ impl Default for MasterConfig {
             max_inflight_bytes: 1 << 30,
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(20),
+            max_node_log_bytes: 128 << 20,
         }
     }
 }
@@ -309,9 +317,10 @@ impl MasterConfig {
                 self.election_ttl
             )));
         }
-        if self.etcd_auth.is_some() && self.etcd.is_empty() {
+        if self.etcd_access.is_set() && self.etcd.is_empty() {
             return Err(Error::invalid(
-                "--etcd-user and --etcd-password-file are for HA mode: give --etcd too",
+                "--etcd-user, --etcd-password-file and the --etcd-*-file TLS settings are \
+                 for HA mode: give --etcd too",
             ));
         }
         if !self.etcd.is_empty() && self.advertise.is_none() && self.listen.ip().is_unspecified() {
@@ -319,13 +328,9 @@ impl MasterConfig {
                 "HA mode (--etcd) publishes the leader's address: give --advertise HOST:PORT",
             ));
         }
-        for e in &self.etcd {
-            if !(e.starts_with("http://") || e.starts_with("https://")) || e.len() < 9 {
-                return Err(Error::invalid(format!(
-                    "--etcd endpoint {e:?} must look like http://HOST:PORT"
-                )));
-            }
-        }
+        self.etcd_access
+            .urls(&self.etcd)
+            .map_err(|e| Error::invalid(format!("--etcd: {}", e.message)))?;
         if self.max_connections == 0
             || self.max_connections_per_peer == 0
             || self.max_connections_per_peer > self.max_connections
@@ -357,18 +362,13 @@ impl MasterConfig {
     }
 }
 
-/// `--etcd` as endpoint URLs (a bare HOST:PORT gets `http://`).
+/// `--etcd` as a list of endpoints (a bare HOST:PORT gets its scheme from
+/// the TLS settings when the master connects).
 fn etcd_endpoints(s: &str) -> Vec<String> {
     s.split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())
-        .map(|e| {
-            if e.contains("://") {
-                e.to_string()
-            } else {
-                format!("http://{e}")
-            }
-        })
+        .map(String::from)
         .collect()
 }
 
@@ -453,7 +453,7 @@ pub struct MasterArgs {
     /// Serve beyond loopback without any token file (anyone reaching the ports owns the cluster) [default: false]
     #[arg(long, env = "STRATA_INSECURE", num_args = 0..=1, default_missing_value = "true")]
     pub insecure: Option<bool>,
-    /// HA mode: etcd endpoints, comma-separated (HOST:PORT or http://HOST:PORT); without it the master runs single [default: none]
+    /// HA mode: etcd endpoints, comma-separated (HOST:PORT, http://HOST:PORT, or https://HOST:PORT with --etcd-ca-file); without it the master runs single [default: none]
     #[arg(long, env = "STRATA_ETCD")]
     pub etcd: Option<String>,
     /// HA mode: the etcd user to authenticate as (an etcd with authentication on; with --etcd-password-file) [default: none]
@@ -462,6 +462,15 @@ pub struct MasterArgs {
     /// HA mode: file holding that etcd user's password [default: none]
     #[arg(long, env = "STRATA_ETCD_PASSWORD_FILE")]
     pub etcd_password_file: Option<PathBuf>,
+    /// HA mode: TLS to etcd: PEM file of the CA that signed etcd's certificate; bare --etcd endpoints then get https:// [default: none: plain http]
+    #[arg(long, env = "STRATA_ETCD_CA_FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// HA mode: this master's client certificate (PEM) for an etcd that checks its clients (--client-cert-auth); with --etcd-key-file [default: none]
+    #[arg(long, env = "STRATA_ETCD_CERT_FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+    /// HA mode: the private key (PEM) of --etcd-cert-file [default: none]
+    #[arg(long, env = "STRATA_ETCD_KEY_FILE")]
+    pub etcd_key_file: Option<PathBuf>,
     /// HA mode: name of the cluster these masters lead (etcd key prefix) [default: strata]
     #[arg(long, env = "STRATA_CLUSTER_ID")]
     pub cluster_id: Option<String>,
@@ -521,6 +530,9 @@ impl MasterArgs {
                     etcd,
                     etcd_user,
                     etcd_password_file,
+                    etcd_ca_file,
+                    etcd_cert_file,
+                    etcd_key_file,
                     cluster_id,
                     election_ttl,
                     max_connections,
@@ -536,9 +548,12 @@ impl MasterArgs {
             advertise: self.advertise,
             state_dir: self.state_dir,
             etcd: self.etcd.as_deref().map(etcd_endpoints).unwrap_or_default(),
-            etcd_auth: strata_common::leader::EtcdAuth::from_parts(
+            etcd_access: strata_common::leader::EtcdAccess::from_parts(
                 self.etcd_user,
                 self.etcd_password_file.as_deref(),
+                self.etcd_ca_file.as_deref(),
+                self.etcd_cert_file.as_deref(),
+                self.etcd_key_file.as_deref(),
             )?,
             cluster_id: self.cluster_id.unwrap_or(d.cluster_id.clone()),
             election_ttl: self.election_ttl.map_or(d.election_ttl, |v| v.0),
@@ -551,6 +566,7 @@ impl MasterArgs {
                 .map_or(d.max_inflight_bytes, |v| v.0),
             keepalive_interval: d.keepalive_interval,
             keepalive_timeout: d.keepalive_timeout,
+            max_node_log_bytes: d.max_node_log_bytes,
             lease_ttl: self.lease_ttl.map_or(d.lease_ttl, |v| v.0),
             max_lease: self.max_lease.map(|v| v.0),
             node_ttl: self.node_ttl.map_or(d.node_ttl, |v| v.0),

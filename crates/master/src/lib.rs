@@ -115,8 +115,7 @@ pub async fn start(cfg: MasterConfig, shutdown: CancellationToken) -> Result<Mas
             "single-master",
         )
     } else {
-        let client =
-            strata_common::leader::etcd_client_as(&cfg.etcd, cfg.etcd_auth.as_ref()).await?;
+        let client = strata_common::leader::etcd_client_with(&cfg.etcd, &cfg.etcd_access).await?;
         (
             Arc::new(EtcdElection::new(
                 client.clone(),

@@ -694,8 +694,9 @@ impl Master {
 
     pub fn report_inventory(&self, req: pb::ReportInventoryRequest) -> Result<u64> {
         let adopted = self.ssd.report_inventory(self.model(), &req)?;
-        if !req.relocation {
-            // A restarted master waits for this before calling keys absent.
+        if !req.relocation && !req.more {
+            // A restarted master waits for this (the last page of the
+            // inventory) before calling keys absent.
             self.gate.reported(Member::Owner(req.owner_id));
         }
         Ok(adopted)

@@ -137,6 +137,8 @@ pub struct MasterMetrics {
     /// DRAM still held by replaced versions until their readers are done.
     pub retired_bytes: IntGauge,
     pub lost_replicas: IntCounter,
+    /// Store nodes dropped because their object log overflowed.
+    pub node_log_overflows: IntCounter,
     pub tombstones: IntGauge,
     pub tombstoned_copies: IntCounter,
     /// SSD copies reported without the master's record of making them.
@@ -358,6 +360,10 @@ impl MasterMetrics {
             lost_replicas: c(
                 "strata_master_lost_replicas_total",
                 "Replicas dropped because their node missed --node-ttl",
+            ),
+            node_log_overflows: c(
+                "strata_master_node_log_overflows_total",
+                "Store nodes dropped because they fell too far behind applying their object log (they register again)",
             ),
             tombstones: g(
                 "strata_master_tombstones",

@@ -23,6 +23,12 @@ pub const MAX_REQUEST: usize = strata_common::grpc::MAX_MESSAGE;
 const SMALL_REQUEST: usize = 64 << 10;
 /// A batch of MAX_BATCH keys of MAX_KEY_LEN bytes, with framing.
 const BATCH_REQUEST: usize = MAX_BATCH * (crate::objects::MAX_KEY_LEN + 64);
+/// A store node's rebuild report batch: 4,096 objects (its batch size)
+/// of MAX_KEY_LEN-byte keys with their records, and room to spare.
+const NODE_REPORT: usize = 32 << 20;
+/// An SSD owner's per-heartbeat reports: results of at most 10,000 tasks
+/// (or promotions), or the bucket ids it evicts at once.
+const OWNER_REPORT: usize = 16 << 20;
 
 /// What each method needs and may send. Client calls are the default. A
 /// forced remove additionally needs the admin role, checked once its message
@@ -30,11 +36,12 @@ const BATCH_REQUEST: usize = MAX_BATCH * (crate::objects::MAX_KEY_LEN + 64);
 /// any is decoded.
 pub fn policy_of(method: &str) -> MethodPolicy {
     let (role, max_bytes, max_items) = match method {
-        "ReportInventory" | "ReportOffload" | "ReportPromotion" | "EvictBuckets" => {
-            (Role::Member, MAX_REQUEST, None)
-        }
+        // Agents send their inventory in pages of at most a few MiB; the
+        // full size is for agents that predate paging, which send it whole.
+        "ReportInventory" => (Role::Member, MAX_REQUEST, None),
+        "ReportOffload" | "ReportPromotion" | "EvictBuckets" => (Role::Member, OWNER_REPORT, None),
         "RegisterNode" => (Role::Member, 1 << 20, None),
-        "ReportNodeObjects" => (Role::Member, MAX_REQUEST, None),
+        "ReportNodeObjects" => (Role::Member, NODE_REPORT, None),
         "Heartbeat" | "RegisterOwner" | "OwnerHeartbeat" => (Role::Member, SMALL_REQUEST, None),
         "EvictMemory" => (Role::Admin, BATCH_REQUEST, Some(MAX_BATCH)),
         "RemoveAll" => (Role::Admin, SMALL_REQUEST, None),

@@ -243,6 +243,7 @@ impl Evictor {
                 objects,
                 relocation: true,
                 instance_proof: who.proof.clone(),
+                more: false,
             })
             .await
         {

@@ -71,12 +71,15 @@ impl Session {
         }
     }
 
+    /// Reports every copy this owner holds, in pages (each adopted on its
+    /// own, so a page is as good as the whole): no request near the
+    /// master's body limit, and none that holds its workers for long.
     pub(crate) async fn report_inventory(
         &mut self,
         store: &OwnerStore,
         who: &Registration,
     ) -> Result<u64> {
-        let objects = store
+        let objects: Vec<pb::SsdObject> = store
             .inventory()
             .into_iter()
             .map(|(b, e)| pb::SsdObject {
@@ -88,17 +91,84 @@ impl Session {
                 copy_record: e.record,
             })
             .collect();
-        let r = self
-            .client
-            .report_inventory(pb::ReportInventoryRequest {
-                owner_id: who.owner_id,
-                epoch: who.epoch,
-                objects,
-                relocation: false,
-                instance_proof: who.proof.clone(),
-            })
-            .await
-            .map_err(Error::from)?;
-        Ok(r.into_inner().adopted)
+        let mut adopted = 0;
+        let pages = inventory_pages(objects);
+        let last = pages.len() - 1;
+        for (i, page) in pages.into_iter().enumerate() {
+            let r = self
+                .client
+                .report_inventory(pb::ReportInventoryRequest {
+                    owner_id: who.owner_id,
+                    epoch: who.epoch,
+                    objects: page,
+                    relocation: false,
+                    instance_proof: who.proof.clone(),
+                    // The master counts this owner as reported with the
+                    // last page only.
+                    more: i < last,
+                })
+                .await
+                .map_err(Error::from)?;
+            adopted += r.into_inner().adopted;
+        }
+        Ok(adopted)
+    }
+}
+
+/// Objects in one inventory page at most...
+const PAGE_OBJECTS: usize = 16_384;
+/// ...and encoded bytes (keys are up to 4 KiB).
+const PAGE_BYTES: usize = 4 << 20;
+
+/// `objects` cut into pages of at most [`PAGE_OBJECTS`] and about
+/// [`PAGE_BYTES`] (a page holds at least one object); one empty page when
+/// there are none (the report that says so).
+fn inventory_pages(objects: Vec<pb::SsdObject>) -> Vec<Vec<pb::SsdObject>> {
+    let mut pages = Vec::new();
+    let (mut page, mut bytes) = (Vec::new(), 0);
+    for o in objects {
+        let len = prost::Message::encoded_len(&o) + 4;
+        if !page.is_empty() && (page.len() == PAGE_OBJECTS || bytes + len > PAGE_BYTES) {
+            pages.push(std::mem::take(&mut page));
+            bytes = 0;
+        }
+        bytes += len;
+        page.push(o);
+    }
+    if !page.is_empty() || pages.is_empty() {
+        pages.push(page);
+    }
+    pages
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(key_len: usize) -> pb::SsdObject {
+        pb::SsdObject {
+            key: "k".repeat(key_len),
+            length: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn inventories_go_in_bounded_pages_and_nothing_is_lost() {
+        assert_eq!(inventory_pages(vec![]), vec![Vec::new()]);
+        for (n, key_len) in [(1, 10), (40_000, 10), (3_000, 4096), (16_384, 10)] {
+            let pages = inventory_pages((0..n).map(|_| object(key_len)).collect());
+            let total: usize = pages.iter().map(Vec::len).sum();
+            assert_eq!(total, n, "{n} objects of {key_len}-byte keys");
+            for p in &pages {
+                assert!(!p.is_empty() && p.len() <= PAGE_OBJECTS, "{}", p.len());
+                let bytes: usize = p.iter().map(prost::Message::encoded_len).sum();
+                assert!(bytes <= PAGE_BYTES, "{bytes} bytes in a page");
+            }
+        }
+        assert_eq!(
+            inventory_pages((0..40_000).map(|_| object(10)).collect()).len(),
+            3
+        );
     }
 }

@@ -128,7 +128,9 @@ impl Cluster {
             .segments
             .read()
             .values()
-            .filter(|s| s.is_mounted() && s.free_bytes() >= len)
+            // A node whose log overflowed is about to be dropped: a put
+            // there could never be confirmed.
+            .filter(|s| s.is_mounted() && s.free_bytes() >= len && !s.node.log_overflowed())
             .cloned()
             .collect();
         match strategy {

@@ -45,6 +45,11 @@ pub struct NodeEntry {
     pub(crate) acks: Arc<Acks>,
     /// The log grew: a long-polling heartbeat answers at once.
     pub(crate) log_grew: tokio::sync::Notify,
+    /// The log overflowed (mirrors `NodeLog::overflowed` for placement,
+    /// which skips the node without taking its log's lock).
+    overflowed: AtomicBool,
+    /// Counts nodes whose log overflowed (the master's metric).
+    overflows: Option<prometheus::IntCounter>,
     /// The node keeps announced puts (`Op::Pending`); older nodes do not, so
     /// their PutEnds wait for the commit itself.
     pub records_pending: bool,
@@ -68,10 +73,30 @@ pub struct NodeEntry {
 struct NodeLog {
     next_seq: u64,
     entries: VecDeque<ObjectLogEntry>,
+    /// Encoded size of `entries`.
+    bytes: u64,
+    /// Most `bytes` held; past it the log overflowed.
+    max_bytes: u64,
+    /// The node fell so far behind that an entry was dropped unsent: its
+    /// records no longer match the master's, so it is dropped (its next
+    /// heartbeat, or its TTL) and starts over with a new registration.
+    overflowed: bool,
 }
 
 impl NodeEntry {
     pub fn new(id: NodeIdentity, incarnation: u64, segment_ids: Vec<u64>, now_ms: u64) -> Self {
+        Self::with_log_bound(id, incarnation, segment_ids, now_ms, u64::MAX)
+    }
+
+    /// [`NodeEntry::new`] whose object log holds at most `max_log_bytes`
+    /// (encoded) the node has not applied.
+    pub fn with_log_bound(
+        id: NodeIdentity,
+        incarnation: u64,
+        segment_ids: Vec<u64>,
+        now_ms: u64,
+        max_log_bytes: u64,
+    ) -> Self {
         let id_for_acks = id.node_id.clone();
         NodeEntry {
             node_id: id.node_id,
@@ -84,10 +109,13 @@ impl NodeEntry {
             last_heartbeat_ms: AtomicU64::new(now_ms),
             log: Mutex::new(NodeLog {
                 next_seq: 1,
-                entries: VecDeque::new(),
+                max_bytes: max_log_bytes,
+                ..Default::default()
             }),
             acks: Arc::new(Acks::new(format!("store node {}", id_for_acks))),
             log_grew: tokio::sync::Notify::new(),
+            overflowed: AtomicBool::new(false),
+            overflows: None,
             records_pending: false,
             records_receipts: false,
             commit_records: None,
@@ -158,18 +186,56 @@ impl NodeEntry {
     /// Appends `op`; with `wake`, a long-polling heartbeat delivers it at
     /// once, else it rides with the next entry that wakes one (or the next
     /// heartbeat): one node round trip fewer for what nobody waits for.
+    ///
+    /// Past the log's bound the entry is dropped unsent and the log marked
+    /// overflowed: whoever waits for it is told at once (`Acks::lose`), and
+    /// the node's next heartbeat is answered "unknown" (it registers again,
+    /// reporting nothing this term), so a node that stops applying its log
+    /// costs the master a bounded amount of memory.
     fn push(&self, op: object_log_entry::Op, wake: bool) -> u64 {
-        let seq = {
+        let (seq, overflowed, first) = {
             let mut log = self.log.lock();
             let seq = log.next_seq;
             log.next_seq += 1;
-            log.entries.push_back(ObjectLogEntry { seq, op: Some(op) });
-            seq
+            let entry = ObjectLogEntry { seq, op: Some(op) };
+            let len = prost::Message::encoded_len(&entry) as u64;
+            let first = !log.overflowed && log.bytes.saturating_add(len) > log.max_bytes;
+            if !log.overflowed && !first {
+                log.bytes += len;
+                log.entries.push_back(entry);
+            } else {
+                log.overflowed = true;
+            }
+            (seq, log.overflowed, first)
         };
-        if wake {
+        if first {
+            self.overflowed.store(true, Ordering::Release);
+            if let Some(c) = &self.overflows {
+                c.inc();
+            }
+            tracing::warn!(
+                node = self.node_id,
+                "store node fell too far behind applying its object log; dropping it (it registers again)"
+            );
+        }
+        if overflowed {
+            self.acks.lose(seq);
+        }
+        if wake || overflowed {
             self.log_grew.notify_waiters();
         }
         seq
+    }
+
+    /// Whether the log overflowed (see [`NodeEntry::push`]).
+    pub fn log_overflowed(&self) -> bool {
+        self.overflowed.load(Ordering::Acquire)
+    }
+
+    /// Counts the overflow of this node's log in `c`.
+    pub(crate) fn with_overflow_counter(mut self, c: prometheus::IntCounter) -> Self {
+        self.overflows = Some(c);
+        self
     }
 
     /// Records a committed object (`Op::Commit`) or an announced put
@@ -242,7 +308,9 @@ impl NodeEntry {
             )));
         }
         while log.entries.front().is_some_and(|e| e.seq <= applied_seq) {
-            log.entries.pop_front();
+            if let Some(e) = log.entries.pop_front() {
+                log.bytes -= prost::Message::encoded_len(&e) as u64;
+            }
         }
         Ok(log.entries.iter().take(LOG_PAGE).cloned().collect())
     }

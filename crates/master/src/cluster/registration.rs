@@ -119,7 +119,7 @@ impl Cluster {
             .collect();
         let grant_key = keys.member_key(&node_member(&req.node_id), &proof);
         let node = Arc::new(
-            NodeEntry::new(
+            NodeEntry::with_log_bound(
                 NodeIdentity {
                     node_id: req.node_id.clone(),
                     data_addr: req.data_addr.clone(),
@@ -130,7 +130,9 @@ impl Cluster {
                 incarnation,
                 ids.clone(),
                 unix_ms(),
+                m.cfg.max_node_log_bytes,
             )
+            .with_overflow_counter(m.metrics.node_log_overflows.clone())
             .with_pending_records(req.records_pending)
             .with_commit_records(keys.commit_records())
             .with_report(report)
@@ -197,6 +199,15 @@ impl Cluster {
                 // id meanwhile stays.
                 self.drop_node(m, &req.node_id, Some(req.incarnation), "left the cluster");
                 self.left_nodes.lock().push(req.node_id.clone());
+                Ok(unknown)
+            }
+            Some(n) if n.incarnation == req.incarnation && n.log_overflowed() => {
+                self.drop_node(
+                    m,
+                    &req.node_id,
+                    Some(req.incarnation),
+                    "its object log overflowed (it stopped applying it)",
+                );
                 Ok(unknown)
             }
             Some(n) if n.incarnation == req.incarnation => {

@@ -282,3 +282,85 @@ fn a_loopback_data_addr_is_refused_from_another_host() {
         "no peer known"
     );
 }
+
+/// A node that stops applying its object log costs the master a bounded
+/// amount of memory: past `max_node_log_bytes` the entry is dropped unsent,
+/// whoever waits for it is told at once, and the node's next heartbeat
+/// drops it (it registers again). One that applies its log never hits it.
+#[tokio::test]
+async fn a_node_that_stops_applying_its_object_log_is_dropped_at_the_bound() {
+    let bound = 4096;
+    let hb = |inc, applied_seq| pb::HeartbeatRequest {
+        node_id: "n0".into(),
+        incarnation: inc,
+        applied_seq,
+        instance_proof: NODE_PROOF.to_vec(),
+        wait_ms: 0,
+        leaving: false,
+    };
+    // Applying its log: many times the bound goes through.
+    let m = master_with(1, 1 << 30, |c| c.max_node_log_bytes = bound);
+    let node = m.cluster().node("n0").unwrap();
+    let mut applied = 0;
+    for i in 0..1000 {
+        put(&m, &format!("applied-{i}"), 100);
+        let r = m.heartbeat(&hb(node.incarnation, applied)).unwrap();
+        assert!(r.known);
+        if let Some(e) = r.log.last() {
+            applied = e.seq;
+        }
+    }
+    assert!(!node.log_overflowed());
+    assert!(m.heartbeat(&hb(node.incarnation, applied)).unwrap().known);
+    assert_eq!(m.metrics.node_log_overflows.get(), 0);
+
+    // Not applying it: the log fills up to the bound and no further.
+    let m = master_with(1, 1 << 30, |c| c.max_node_log_bytes = bound);
+    let node = m.cluster().node("n0").unwrap();
+    let (mut n, mut last) = (0, None);
+    while !node.log_overflowed() {
+        let k = format!("k{n}");
+        m.put_start(spec(&k, 100, 1)).unwrap();
+        last = Some(m.put_end_unsynced(&k, 0, &[]).unwrap());
+        n += 1;
+        assert!(n < 1000, "no overflow after {n} puts");
+    }
+    assert!(n > 20, "only {n} entries fit in {bound} bytes");
+    let held = node.log_backlog();
+    assert_eq!(held, n - 1, "the entry past the bound is kept");
+    assert_eq!(
+        m.metrics.node_log_overflows.get(),
+        1,
+        "counted as it happens"
+    );
+    // Nothing more is placed there (it could never be confirmed)...
+    assert_eq!(
+        m.put_start(spec("late", 100, 1)).unwrap_err().code,
+        Code::NoSpace
+    );
+    // ...and whoever waits for the dropped entry is told at once.
+    let unsynced = last.unwrap();
+    let t0 = std::time::Instant::now();
+    let e = unsynced
+        .wait(
+            t0 + Duration::from_secs(30),
+            &tokio_util::sync::CancellationToken::new(),
+            &prometheus::IntCounter::new("t", "t").unwrap(),
+            "put",
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "waited {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(e.code, Code::Unavailable);
+    assert!(e.message.contains("never sent"), "{e}");
+    assert_eq!(node.log_backlog(), held, "the log grew past its bound");
+    // Its next heartbeat drops it, with what it held.
+    assert!(!m.heartbeat(&hb(node.incarnation, 0)).unwrap().known);
+    assert_eq!(m.metrics.node_log_overflows.get(), 1);
+    assert_eq!(m.stat().segments, 0);
+    assert_eq!(m.get_replicas("k0").unwrap_err().code, Code::NotFound);
+}

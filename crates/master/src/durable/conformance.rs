@@ -173,3 +173,121 @@ async fn file_kv_survives_reopen_and_refuses_damage() {
     let e = FileKv::open(d.path()).err().expect("garbage state");
     assert!(e.message.contains("not valid master state"), "{e}");
 }
+
+/// Each change is one appended line, not a rewrite of every entry: the
+/// snapshot stays as it is until the log outgrows it. A change cut short
+/// by a crash (the log's last line) is dropped on reopen; damage before
+/// it, or a state from a newer master, is refused; a state written before
+/// the log (format 1) is read.
+#[tokio::test]
+async fn file_kv_appends_each_change_and_drops_only_a_torn_last_one() {
+    let d = tempfile::tempdir().unwrap();
+    let (snap, log) = (
+        d.path().join("master-state.json"),
+        d.path().join("master-state.log"),
+    );
+    {
+        let kv = FileKv::open(d.path()).unwrap();
+        let before = std::fs::read(&snap).unwrap();
+        for i in 0..200 {
+            assert!(kv
+                .compare_and_set(format!("members/nodes/n{i}"), None, "live".into())
+                .await
+                .unwrap());
+        }
+        assert_eq!(
+            std::fs::read(&snap).unwrap(),
+            before,
+            "the snapshot was rewritten"
+        );
+        assert_eq!(kv.compactions(), 0);
+        let lines = std::fs::read_to_string(&log).unwrap().lines().count();
+        assert_eq!(lines, 200);
+    }
+    // A crash in the middle of an append.
+    let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    std::io::Write::write_all(&mut f, b"{\"k\":\"x\",\"v").unwrap();
+    drop(f);
+    {
+        let kv = FileKv::open(d.path()).unwrap();
+        let all = kv.list("members/".into()).await.unwrap();
+        assert_eq!(all.len(), 200);
+        assert_eq!(kv.get("x".into()).await.unwrap(), None);
+        for k in ["a", "b", "c"] {
+            kv.compare_and_set(k.into(), None, "1".into())
+                .await
+                .unwrap();
+        }
+    }
+    // Damage before the last line: refused, not skipped.
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.lines().count(), 3, "{text}");
+    std::fs::write(&log, text.replacen("\"1\"", "\"2\"", 1)).unwrap();
+    let e = FileKv::open(d.path()).err().expect("a damaged change");
+    assert_eq!(e.code, strata_common::Code::Corrupted);
+    assert!(e.message.contains("damaged change"), "{e}");
+    // The same damage on the last line is a torn write: dropped.
+    let lines: Vec<&str> = text.lines().collect();
+    let damaged_last = format!(
+        "{}\n{}\n{}\n",
+        lines[0],
+        lines[1],
+        lines[2].replace("\"1\"", "\"2\"")
+    );
+    std::fs::write(&log, damaged_last).unwrap();
+    let kv = FileKv::open(d.path()).unwrap();
+    assert_eq!(kv.get("b".into()).await.unwrap().as_deref(), Some("1"));
+    assert_eq!(kv.get("c".into()).await.unwrap(), None);
+    drop(kv);
+
+    // A format-1 state (a master from before the log) is read, and
+    // rewritten as format 2 so that master would refuse it now.
+    let d = tempfile::tempdir().unwrap();
+    let snap = d.path().join("master-state.json");
+    let entries = "\"handles/a\": \"7\"";
+    let mut crc = crc32c::crc32c_append(0, b"handles/a\0");
+    crc = crc32c::crc32c_append(crc, b"7\0");
+    std::fs::write(
+        &snap,
+        format!("{{\"version\": 1, \"crc32c\": {crc}, \"entries\": {{{entries}}}}}"),
+    )
+    .unwrap();
+    let kv = FileKv::open(d.path()).unwrap();
+    assert_eq!(
+        kv.get("handles/a".into()).await.unwrap().as_deref(),
+        Some("7")
+    );
+    drop(kv);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&snap).unwrap()).unwrap();
+    assert_eq!(v["version"], 2);
+    let newer = std::fs::read_to_string(&snap)
+        .unwrap()
+        .replace("\"version\": 2", "\"version\": 3");
+    std::fs::write(&snap, newer).unwrap();
+    let e = FileKv::open(d.path()).err().expect("a newer format");
+    assert!(e.message.contains("format version 3"), "{e}");
+}
+
+/// The log is folded into the snapshot once it outgrows it (and 1 MiB):
+/// a few times over thousands of changes, never per change, and nothing is
+/// lost across the folds.
+#[tokio::test]
+async fn file_kv_folds_its_log_rarely_and_loses_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let value = "v".repeat(8 << 10);
+    {
+        let kv = FileKv::open(d.path()).unwrap();
+        for i in 0..600 {
+            assert!(kv
+                .compare_and_set(format!("k{i}"), None, value.clone())
+                .await
+                .unwrap());
+        }
+        let n = kv.compactions();
+        assert!((1..=4).contains(&n), "{n} compactions over 600 changes");
+    }
+    let kv = FileKv::open(d.path()).unwrap();
+    let all = kv.list("k".into()).await.unwrap();
+    assert_eq!(all.len(), 600);
+    assert!(all.iter().all(|(_, v)| *v == value));
+}

@@ -274,6 +274,7 @@ async fn a_relocation_moves_a_live_copy_and_never_revives_a_removed_key() {
         epoch,
         objects: vec![moved("live"), moved("gone")],
         relocation,
+        more: false,
     };
     m.report_inventory(report(true)).unwrap();
     let live = m
@@ -619,6 +620,7 @@ async fn a_restarted_master_waits_for_its_ssd_owners_before_calling_keys_absent(
         epoch,
         objects,
         relocation: false,
+        more: false,
     };
     let obj = pb::SsdObject {
         key: "on-ssd".into(),
@@ -638,6 +640,18 @@ async fn a_restarted_master_waits_for_its_ssd_owners_before_calling_keys_absent(
     );
     assert_eq!(again.gate().missing(), vec![Member::Owner(other)]);
     let r1 = register(&again, "h/1").await;
+    // An inventory in pages: reported with its last page only.
+    let first_page = pb::ReportInventoryRequest {
+        more: true,
+        ..inventory(other, r1.epoch, vec![])
+    };
+    again.report_inventory(first_page).unwrap();
+    assert_eq!(
+        again.exists("unknown").unwrap_err().code,
+        Code::NotReady,
+        "h/1 has more pages to send"
+    );
+    assert_eq!(again.gate().missing(), vec![Member::Owner(other)]);
     again
         .report_inventory(inventory(other, r1.epoch, vec![]))
         .unwrap();
@@ -763,6 +777,7 @@ async fn only_copies_a_master_recorded_are_adopted_from_an_inventory() {
         epoch,
         objects,
         relocation: false,
+        more: false,
     };
     let forged = vec![
         obj("live", crc, Vec::new()),
@@ -815,6 +830,7 @@ async fn a_lookup_with_nothing_to_read_leaves_no_lease() {
         epoch: r.epoch,
         objects: vec![obj],
         relocation: false,
+        more: false,
     };
     assert_eq!(m.report_inventory(report).unwrap(), 1);
     // Its only owner stops heartbeating: the copy cannot be served (seen

@@ -41,6 +41,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- if or .Values.etcd.endpoints .Values.etcd.deploy -}}true{{- end -}}
 {{- end -}}
 
+{{/* The Secret with the CA (ca.crt) and the masters' certificate (tls.crt,
+     tls.key) for TLS to etcd: etcd.tls.secret when given, else for the
+     chart's own etcd the one it makes (empty: plain http). */}}
+{{- define "strata.etcdTlsSecret" -}}
+{{- $own := dig "tls" "secret" "" .Values.etcd -}}
+{{- if $own -}}
+{{- $own -}}
+{{- else if and .Values.etcd.deploy (not .Values.etcd.endpoints) -}}
+{{- printf "%s-etcd-tls" (include "strata.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "strata.etcdEndpoints" -}}
 {{- if .Values.etcd.endpoints -}}
 {{- .Values.etcd.endpoints -}}
@@ -49,7 +61,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $ns := .Release.Namespace -}}
 {{- $eps := list -}}
 {{- range $i := until (int .Values.etcd.replicas) -}}
-{{- $eps = append $eps (printf "http://%s-%d.%s.%s.svc:2379" $name $i $name $ns) -}}
+{{- $eps = append $eps (printf "https://%s-%d.%s.%s.svc:2379" $name $i $name $ns) -}}
 {{- end -}}
 {{- join "," $eps -}}
 {{- end -}}
