@@ -306,7 +306,9 @@ async fn an_owner_cannot_be_taken_over_with_its_published_instance() {
 
 /// The grant key lives in `--state-dir`: after a master restart an agent
 /// that re-registers still serves what it holds (before, every SSD read then
-/// failed its signature check).
+/// failed its signature check). Under `--integrity blake3` the copy comes
+/// back with the writer's digest (its record carries it), so readers still
+/// check the agent's bytes against it (before, an adopted copy had none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ssd_reads_survive_a_master_restart() {
     let state = tempfile::tempdir().unwrap();
@@ -314,10 +316,17 @@ async fn ssd_reads_survive_a_master_restart() {
     let tokens = tempfile::tempdir().unwrap();
     let t = token_files(tokens.path());
     let (member, admin) = (t.member.clone(), t.admin.clone());
-    let mut extra: Vec<String> = ["--offload-policy", "eager", "--node-ttl", "2s"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut extra: Vec<String> = [
+        "--offload-policy",
+        "eager",
+        "--node-ttl",
+        "2s",
+        "--integrity",
+        "blake3",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     extra.extend(t.master_args());
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let m = strata_tests::procs::RestartableMaster::new(state.path(), &extra);
@@ -381,6 +390,7 @@ async fn ssd_reads_survive_a_master_restart() {
         strata_tests::http_get_as(admin_addr, "/api/v1/keys/ssd-only", Some(&secret(&admin))).await;
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(!v.to_string().contains("\"memory\""), "SSD-only: {v}");
+    assert_eq!(v["verified_by"], "blake3", "{v}");
 }
 
 /// The in-process harness runs with generated credentials; protected mode

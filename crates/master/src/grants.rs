@@ -71,22 +71,63 @@ impl TermKeys {
 /// to an SSD owner (`OffloadTask.copy_record`). Under the durable grant
 /// key, not the term's: an owner's inventory is believed after any restart
 /// or failover, and only for copies a master made.
+///
+/// A copy of an object with the writer's digest (`--integrity blake3`)
+/// gets a version-2 record: its MAC covers the digest too, which follows
+/// the MAC in the record. The owner keeps the record as it is and reports
+/// it back, so a later master adopts the copy with the digest its readers
+/// verify, and believes it because its own key signed it. Owners need no
+/// change for this: to them a record is opaque bytes.
 pub(crate) struct CopyRecords(GrantKey);
 
+/// The digest a version-2 copy record carries after its MAC.
+const DIGEST_LEN: usize = 32;
+
 impl CopyRecords {
-    pub(crate) fn sign(&self, key: &str, size: u64, crc32c: u32) -> [u8; MAC_LEN] {
+    pub(crate) fn sign(
+        &self,
+        key: &str,
+        size: u64,
+        crc32c: u32,
+        digest: Option<&[u8; 32]>,
+    ) -> Vec<u8> {
         let mut h = blake3::Hasher::new_keyed(self.0.as_bytes());
-        h.update(b"strata ssd copy record v1\0");
+        h.update(match digest {
+            None => b"strata ssd copy record v1\0",
+            Some(_) => b"strata ssd copy record v2\0",
+        });
         h.update(&size.to_le_bytes());
         h.update(&crc32c.to_le_bytes());
+        if let Some(d) = digest {
+            h.update(d);
+        }
         h.update(key.as_bytes());
-        let mut out = [0u8; MAC_LEN];
-        out.copy_from_slice(&h.finalize().as_bytes()[..MAC_LEN]);
+        let mut out = h.finalize().as_bytes()[..MAC_LEN].to_vec();
+        if let Some(d) = digest {
+            out.extend_from_slice(d);
+        }
         out
     }
 
-    pub(crate) fn verify(&self, key: &str, size: u64, crc32c: u32, record: &[u8]) -> bool {
-        strata_common::grant::same_mac(&self.sign(key, size, crc32c), record)
+    /// Whether `record` is this master's record of a copy of `key` with
+    /// that size and crc32c: `Some` with the digest it carries (`None` for a
+    /// version-1 record), or `None` when it is not.
+    pub(crate) fn verify(
+        &self,
+        key: &str,
+        size: u64,
+        crc32c: u32,
+        record: &[u8],
+    ) -> Option<Option<[u8; 32]>> {
+        let digest: Option<[u8; 32]> = match record.len() {
+            MAC_LEN => None,
+            n if n == MAC_LEN + DIGEST_LEN => Some(record[MAC_LEN..].try_into().ok()?),
+            _ => return None,
+        };
+        let want: [u8; MAC_LEN] = self.sign(key, size, crc32c, digest.as_ref())[..MAC_LEN]
+            .try_into()
+            .ok()?;
+        strata_common::grant::same_mac(&want, &record[..MAC_LEN]).then_some(digest)
     }
 }
 

@@ -689,7 +689,22 @@ impl Master {
     /// (`OffloadTask.copy_record`): for tests that play an owner.
     #[doc(hidden)]
     pub fn copy_record(&self, key: &str, size: u64, crc32c: u32) -> Vec<u8> {
-        self.keys.copy_records().sign(key, size, crc32c).to_vec()
+        self.keys.copy_records().sign(key, size, crc32c, None)
+    }
+
+    /// [`Master::copy_record`] of a copy with the writer's digest (a
+    /// version-2 record, which carries it).
+    #[doc(hidden)]
+    pub fn copy_record_with_digest(
+        &self,
+        key: &str,
+        size: u64,
+        crc32c: u32,
+        digest: &[u8; 32],
+    ) -> Vec<u8> {
+        self.keys
+            .copy_records()
+            .sign(key, size, crc32c, Some(digest))
     }
 
     pub fn report_inventory(&self, req: pb::ReportInventoryRequest) -> Result<u64> {

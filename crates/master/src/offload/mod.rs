@@ -12,7 +12,7 @@ pub(crate) mod removal;
 pub(crate) mod tests;
 
 use crate::cluster::Replica;
-use crate::config::{MasterConfig, SsdAdmission};
+use crate::config::{Integrity, MasterConfig, SsdAdmission};
 use crate::durable::DurableKv;
 use crate::grants::CopyRecords;
 use crate::lock_order::{Lock, OrderedMutex};
@@ -34,6 +34,15 @@ use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 use tokio_util::sync::CancellationToken;
+
+/// What a reported SSD copy must match to be taken for the object's: its
+/// size and crc32c and, when its record carries one, the writer's digest.
+#[derive(Clone, Copy)]
+struct Expected {
+    size: u64,
+    crc32c: u32,
+    digest: Option<[u8; 32]>,
+}
 
 /// The SSD tier as the master keeps it: its owners (SSD agents), the
 /// offload queue, the admission policy and filter, the removals owners must
@@ -353,13 +362,13 @@ impl SsdTier {
                         // From now on an SSD copy may exist somewhere: its
                         // removal leaves a tombstone.
                         o.set_offloaded(true);
-                        Some((o.replicas()[0].clone(), o.size, o.crc32c))
+                        Some((o.replicas()[0].clone(), o.size, o.crc32c, o.digest()))
                     }
                     _ => None,
                 }
             };
             match source {
-                Some((r, size, crc)) => {
+                Some((r, size, crc, digest)) => {
                     self.queue.lock().note_source(t.id, size, crc);
                     out.push(pb::OffloadTask {
                         task_id: t.id,
@@ -368,7 +377,9 @@ impl SsdTier {
                         crc32c: crc,
                         source: Some(r.view(size, PERM_READ, deadline, true)),
                         deadline_unix_ms: deadline,
-                        copy_record: self.records.sign(&t.key, size, crc).to_vec(),
+                        // With the writer's digest, which a later master
+                        // adopting the copy takes from it.
+                        copy_record: self.records.sign(&t.key, size, crc, digest.as_ref()),
                     });
                 }
                 None => {
@@ -438,7 +449,12 @@ impl SsdTier {
                         offset: r.offset,
                         length: task.source.map_or(task.size, |(size, _)| size),
                     };
-                    let added = self.add_ssd_replica(m, &task.key, replica, task.source, false);
+                    let expect = task.source.map(|(size, crc32c)| Expected {
+                        size,
+                        crc32c,
+                        digest: None,
+                    });
+                    let added = self.add_ssd_replica(m, &task.key, replica, expect, false);
                     if added {
                         pressure.free_after_offload(m, &task.key);
                     } else {
@@ -532,14 +548,18 @@ impl SsdTier {
         m: Model,
         key: &str,
         r: SsdReplica,
-        expect: Option<(u64, u32)>,
+        expect: Option<Expected>,
         create: bool,
     ) -> bool {
         let mut shard = m.objects.shard(key);
         match shard.get_mut(key) {
             Some(o) if o.is_complete() => {
-                if let Some((size, crc)) = expect {
-                    if size != o.size || crc != o.crc32c {
+                if let Some(e) = expect {
+                    let other_digest = matches!(
+                        (e.digest, o.digest()),
+                        (Some(a), Some(b)) if a != b
+                    );
+                    if e.size != o.size || e.crc32c != o.crc32c || other_digest {
                         return false; // a stale copy of an older object
                     }
                 }
@@ -559,14 +579,17 @@ impl SsdTier {
                 // its offload report never arrived): never adopted. Checked
                 // only when creating, so a live object with the same bytes
                 // keeps its copies.
-                Some((size, crc)) if m.tombstones.is_removed(key, size, crc) => {
+                Some(e) if m.tombstones.is_removed(key, e.size, e.crc32c) => {
                     m.metrics.tombstoned_copies.inc();
                     false
                 }
-                Some((size, crc)) => {
-                    // Adopted: a node's report of its DRAM copy may add to
-                    // it (and bring its digest).
-                    let mut o = crate::objects::Object::ssd_only(size, crc, r);
+                Some(e) => {
+                    // Adopted, with the digest its record carries; a node's
+                    // report of its DRAM copy may add to it.
+                    let mut o = crate::objects::Object::ssd_only(e.size, e.crc32c, r);
+                    if let Some(d) = e.digest {
+                        o.set_digest(d);
+                    }
                     o.set_adopted(true);
                     shard.insert(key, o);
                     m.metrics.keys.inc();
@@ -597,19 +620,30 @@ impl SsdTier {
                 length: o.length,
             };
             // Only copies a master gave this tier: never one matched by its
-            // (public, forgeable) size and crc32c alone.
-            if !self
+            // (public, forgeable) size and crc32c alone. With --integrity
+            // blake3, only those whose record carries the writer's digest:
+            // readers then check the bytes against it, so the owner cannot
+            // serve others.
+            let digest = self
                 .records
-                .verify(&o.key, o.length, o.crc32c, &o.copy_record)
-            {
-                m.metrics.unrecorded_copies.inc();
-                self.forget(&o.key, &[r]);
-                continue;
-            }
+                .verify(&o.key, o.length, o.crc32c, &o.copy_record);
+            let digest = match digest {
+                Some(d) if d.is_some() || m.cfg.integrity != Integrity::Blake3 => d,
+                _ => {
+                    m.metrics.unrecorded_copies.inc();
+                    self.forget(&o.key, &[r]);
+                    continue;
+                }
+            };
             // A relocation (compaction moved the object) never brings back
             // a key removed meanwhile; a restart's inventory may create it.
             let create = !req.relocation;
-            if self.add_ssd_replica(m, &o.key, r, Some((o.length, o.crc32c)), create) {
+            let expect = Expected {
+                size: o.length,
+                crc32c: o.crc32c,
+                digest,
+            };
+            if self.add_ssd_replica(m, &o.key, r, Some(expect), create) {
                 adopted += 1;
             } else {
                 // A stale copy of an older object under the same key.

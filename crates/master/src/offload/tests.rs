@@ -26,6 +26,30 @@ pub(crate) async fn with_owner(
 /// The instance proof the fake agent of these tests registers with.
 pub(crate) const PROOF: &[u8] = &[7u8; 32];
 
+/// A 100-byte copy of `key` an owner reports in its inventory.
+fn obj(key: &str, crc32c: u32, copy_record: Vec<u8>) -> pb::SsdObject {
+    pb::SsdObject {
+        key: key.into(),
+        bucket_id: 3,
+        offset: 64,
+        length: 100,
+        crc32c,
+        copy_record,
+    }
+}
+
+/// A whole inventory (one page) of `owner`.
+fn inventory(owner: u64, epoch: u64, objects: Vec<pb::SsdObject>) -> pb::ReportInventoryRequest {
+    pb::ReportInventoryRequest {
+        instance_proof: PROOF.to_vec(),
+        owner_id: owner,
+        epoch,
+        objects,
+        relocation: false,
+        more: false,
+    }
+}
+
 /// Registers an SSD owner of 1 GiB under `handle`.
 pub(crate) async fn register(m: &Master, handle: &str) -> pb::RegisterOwnerResponse {
     m.register_owner(pb::RegisterOwnerRequest {
@@ -614,14 +638,6 @@ async fn a_restarted_master_waits_for_its_ssd_owners_before_calling_keys_absent(
         Code::NotReady,
         "registered, inventory to come"
     );
-    let inventory = |id, epoch, objects| pb::ReportInventoryRequest {
-        instance_proof: PROOF.to_vec(),
-        owner_id: id,
-        epoch,
-        objects,
-        relocation: false,
-        more: false,
-    };
     let obj = pb::SsdObject {
         key: "on-ssd".into(),
         bucket_id: 1,
@@ -763,22 +779,7 @@ async fn only_copies_a_master_recorded_are_adopted_from_an_inventory() {
     let (m, owner, epoch) = with_owner(OffloadPolicy::OnEvict, 1 << 20, 0.9).await;
     put(&m, "live", 100);
     let crc = m.inspect("live").unwrap().crc32c;
-    let obj = |key: &str, crc32c, copy_record| pb::SsdObject {
-        key: key.into(),
-        bucket_id: 3,
-        offset: 64,
-        length: 100,
-        crc32c,
-        copy_record,
-    };
-    let report = |objects| pb::ReportInventoryRequest {
-        instance_proof: PROOF.to_vec(),
-        owner_id: owner,
-        epoch,
-        objects,
-        relocation: false,
-        more: false,
-    };
+    let report = |objects| inventory(owner, epoch, objects);
     let forged = vec![
         obj("live", crc, Vec::new()),
         obj("live", crc, m.copy_record("live", 100, crc ^ 1)),
@@ -852,4 +853,71 @@ async fn a_lookup_with_nothing_to_read_leaves_no_lease() {
         lease <= strata_common::time::unix_ms(),
         "a lease of {lease} left"
     );
+}
+
+/// `--integrity blake3`: an offload task's record carries the writer's
+/// digest, and a later master adopts an SSD copy only from such a record,
+/// with that digest (which its readers then verify): not from a record
+/// without one (a member could then serve any bytes of that crc32c), nor
+/// one whose digest was changed, nor a copy of other bytes than a live
+/// object's. Without the flag, records without a digest are still taken.
+#[tokio::test]
+async fn with_integrity_blake3_ssd_copies_are_adopted_only_with_the_writers_digest() {
+    use crate::config::Integrity;
+    let (d1, d2) = ([1u8; 32], [2u8; 32]);
+    let m = master_with(1, 1 << 20, |c| {
+        c.integrity = Integrity::Blake3;
+        c.offload_policy = OffloadPolicy::Eager;
+    });
+    let r = register(&m, "h/nvme0").await;
+    let put = m.put_start(crate::tests::spec("k", 100, 1)).unwrap();
+    let g = put[0].grant.as_ref().unwrap().generation;
+    m.put_end_request(&pb::PutEndRequest {
+        key: "k".into(),
+        generation: Some(g),
+        blake3: d1.to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+    let tasks = heartbeat(&m, r.owner_id, r.epoch, 10).tasks;
+    assert_eq!(tasks.len(), 1);
+    let rec = &tasks[0].copy_record;
+    assert_eq!(rec.len(), 16 + 32, "a record with the digest after its MAC");
+    assert_eq!(rec[16..], d1);
+    let crc = tasks[0].crc32c;
+
+    let report = |objects| inventory(r.owner_id, r.epoch, objects);
+    let mut changed = m.copy_record_with_digest("b", 100, 5, &d1);
+    changed[16..].copy_from_slice(&d2);
+    let refused = vec![
+        // A record without a digest.
+        obj("a", 5, m.copy_record("a", 100, 5)),
+        // The digest after the MAC changed.
+        obj("b", 5, changed),
+        // A live object's key with another digest: other bytes.
+        obj("k", crc, m.copy_record_with_digest("k", 100, crc, &d2)),
+    ];
+    assert_eq!(m.report_inventory(report(refused)).unwrap(), 0);
+    assert!(!m.exists("a").unwrap() && !m.exists("b").unwrap());
+    assert!(m.objects().shard("k").get("k").unwrap().ssd().is_empty());
+    assert_eq!(m.metrics.unrecorded_copies.get(), 2);
+
+    let taken = vec![
+        obj("b", 5, m.copy_record_with_digest("b", 100, 5, &d2)),
+        obj("k", crc, tasks[0].copy_record.clone()),
+    ];
+    assert_eq!(m.report_inventory(report(taken)).unwrap(), 2);
+    assert_eq!(
+        m.get_replicas("b").unwrap().blake3,
+        d2,
+        "adopted with its digest"
+    );
+    assert_eq!(m.objects().shard("k").get("k").unwrap().ssd().len(), 1);
+    assert_eq!(m.get_replicas("k").unwrap().blake3, d1);
+
+    // crc32c mode: a record without a digest is a master's record still.
+    let (m, owner, epoch) = with_owner(OffloadPolicy::OnEvict, 1 << 20, 0.9).await;
+    let plain = inventory(owner, epoch, vec![obj("a", 5, m.copy_record("a", 100, 5))]);
+    assert_eq!(m.report_inventory(plain).unwrap(), 1);
+    assert!(m.get_replicas("a").unwrap().blake3.is_empty());
 }
