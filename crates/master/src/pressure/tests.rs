@@ -538,3 +538,53 @@ async fn a_waiting_put_answers_at_shutdown() {
     assert_eq!(m.pressure().waiting(), 0);
     assert_eq!(m.allocated_bytes(), allocated);
 }
+
+/// Many replaced versions at once, each still read: each reader's end
+/// frees exactly its own version (found by key, not by scanning them all),
+/// the DRAM they hold is counted as they come and go, and the rest go when
+/// their leases run out.
+#[test]
+fn replaced_versions_are_freed_one_by_one_as_their_readers_end() {
+    let m = master_with(1, 1 << 24, |c| c.lease_ttl = Duration::from_secs(60));
+    let n = 50;
+    let mut old = Vec::new();
+    for i in 0..n {
+        let k = format!("k{i}");
+        put(&m, &k, 1000);
+        old.push(version(&m.get_replicas(&k).unwrap()));
+        let g = m
+            .put_start(PutSpec {
+                overwrite: true,
+                ..spec(&k, 1000, 1)
+            })
+            .unwrap()[0]
+            .grant
+            .as_ref()
+            .unwrap()
+            .generation;
+        m.put_end_of(&k, 0, &[], Some(g)).unwrap();
+    }
+    let each = m.metrics.retired_bytes.get() as u64 / n as u64;
+    assert!(each >= 1000, "{each} bytes per replaced version");
+    assert_eq!(m.metrics.retired_bytes.get() as u64, each * n as u64);
+    let now = strata_common::time::unix_ms();
+    assert_eq!(m.free_retired(now), 0, "all still read");
+    for (i, g) in old.iter().enumerate().take(10) {
+        ended(&m, &format!("k{i}"), *g);
+    }
+    assert_eq!(m.free_retired(now), 10);
+    assert_eq!(m.metrics.retired_bytes.get() as u64, each * (n as u64 - 10));
+    // An end of a version already freed, or of the current one, frees
+    // nothing more.
+    ended(&m, "k0", old[0]);
+    assert_eq!(m.free_retired(now), 0);
+    assert_eq!(
+        m.free_retired(now + 61_000),
+        n - 10,
+        "the TTL frees the rest"
+    );
+    assert_eq!(m.metrics.retired_bytes.get(), 0);
+    for i in 0..n {
+        assert_eq!(m.get_replicas(&format!("k{i}")).unwrap().size, 1000);
+    }
+}
