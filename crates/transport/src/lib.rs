@@ -61,6 +61,14 @@ impl RemoteRange {
     }
 }
 
+/// What a read found of the bytes it read: their crc32c and, when asked,
+/// their BLAKE3 digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verified {
+    pub crc32c: u32,
+    pub blake3: Option<[u8; 32]>,
+}
+
 /// One-sided access to remote memory. `at` is relative to the start of the
 /// range; implementations bounds-check and may split large transfers.
 pub trait Transport: Send + Sync + 'static {
@@ -165,6 +173,23 @@ pub trait Transport: Send + Sync + 'static {
             let crc = self.read_crc32c(src, 0, &mut buf).await?;
             parts::scatter(&buf, &mut parts);
             Ok(crc)
+        })
+    }
+
+    /// [`Transport::read_parts`] that also hashes the bytes with BLAKE3 when
+    /// `blake3` (readers of objects with the writer's digest). Transports
+    /// that stream the bytes hash them as they land; the default hashes
+    /// them afterwards.
+    fn read_parts_verified<'a>(
+        &'a self,
+        src: &'a RemoteRange,
+        mut parts: Vec<&'a mut [u8]>,
+        blake3: bool,
+    ) -> BoxFuture<'a, Result<Verified>> {
+        Box::pin(async move {
+            let crc32c = self.read_parts(src, parts::reborrow(&mut parts)).await?;
+            let blake3 = blake3.then(|| parts::blake3(&parts));
+            Ok(Verified { crc32c, blake3 })
         })
     }
 

@@ -23,6 +23,11 @@ pub fn blake3<B: AsRef<[u8]>>(parts: &[B]) -> [u8; 32] {
     *h.finalize().as_bytes()
 }
 
+/// The same buffers borrowed again (the originals stay usable afterwards).
+pub fn reborrow<'b>(bufs: &'b mut [&mut [u8]]) -> Vec<&'b mut [u8]> {
+    bufs.iter_mut().map(|b| &mut **b).collect()
+}
+
 /// The concatenation of `parts`, cut into pieces of `chunk` bytes (the last
 /// one shorter), each a list of sub-slices of the parts. Empty parts are
 /// skipped; no bytes are copied.

@@ -425,6 +425,46 @@ async fn objects_of_parts(f: Fixture) {
     assert_eq!(got[0], Ok(crc32c::crc32c(&bytes)));
     assert_eq!(got[1], Ok(crc32c::crc32c(&other)));
     assert!(into == bytes && one == other);
+    // Hashed with BLAKE3 too when asked (as the bytes land, where the
+    // transport streams them): whole objects of one request and of several
+    // chunks, into one buffer and into parts.
+    let blake3 = |b: &[u8]| Some(*blake3::hash(b).as_bytes());
+    let mut into = vec![0u8; len];
+    let (a, b) = into.split_at_mut(len / 3);
+    let v = f
+        .transport
+        .read_parts_verified(&w, vec![a, b], true)
+        .await
+        .unwrap();
+    assert!(into == bytes);
+    assert_eq!(
+        (v.crc32c, v.blake3),
+        (crc32c::crc32c(&bytes), blake3(&bytes))
+    );
+    let mut one = vec![0u8; 4096];
+    let v = f
+        .transport
+        .read_parts_verified(&small, vec![&mut one[..]], true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (v.crc32c, v.blake3),
+        (crc32c::crc32c(&other), blake3(&other))
+    );
+    let (mut x, mut y) = (vec![0u8; 1000], vec![0u8; 3096]);
+    let v = f
+        .transport
+        .read_parts_verified(&small, vec![&mut x[..], &mut y[..]], true)
+        .await
+        .unwrap();
+    assert!(x[..] == other[..1000] && y[..] == other[1000..]);
+    assert_eq!(v.blake3, blake3(&other));
+    let v = f
+        .transport
+        .read_parts_verified(&small, vec![&mut one[..]], false)
+        .await
+        .unwrap();
+    assert_eq!((v.crc32c, v.blake3), (crc32c::crc32c(&other), None));
     // Parts one byte past the grant: refused, whichever way.
     let (mut x, mut y) = (vec![0u8; 4096], vec![0u8; 1]);
     let e = f

@@ -229,10 +229,17 @@ impl Client {
         for round in 0..2 {
             let mut last = Error::unavailable(format!("key {key:?} has no readable replica"));
             let mut expired = false;
+            // With the writer's digest the transport hashes the bytes as
+            // they land (TCP), not in a second pass afterwards.
+            let blake3 = !info.blake3.is_empty();
             for r in &info.replicas {
                 let range = remote_range(r)?;
-                match self.transport.read_parts(&range, reborrow(buf)).await {
-                    Ok(crc) if intact(&info, crc, buf) => return Ok(()),
+                match self
+                    .transport
+                    .read_parts_verified(&range, reborrow(buf), blake3)
+                    .await
+                {
+                    Ok(v) if matches_writer(&info, v) => return Ok(()),
                     Ok(_) => {
                         tracing::warn!(
                             key,
@@ -560,6 +567,12 @@ impl Client {
 /// recorded one (`--integrity blake3`: a member cannot forge that).
 fn intact(info: &pb::GetReplicasResponse, crc: u32, buf: &[&mut [u8]]) -> bool {
     crc == info.crc32c && (info.blake3.is_empty() || parts::blake3(buf)[..] == info.blake3[..])
+}
+
+/// [`intact`] of a read that hashed its bytes itself.
+fn matches_writer(info: &pb::GetReplicasResponse, v: strata_transport::Verified) -> bool {
+    v.crc32c == info.crc32c
+        && (info.blake3.is_empty() || v.blake3.is_some_and(|d| d[..] == info.blake3[..]))
 }
 
 fn reborrow<'b>(bufs: &'b mut [&mut [u8]]) -> Vec<&'b mut [u8]> {

@@ -3,7 +3,7 @@ use crate::frame::{
     Op, Request, Response, Staged, WriteRecord, FLAG_HELD, MAX_READV_ITEMS, MAX_STAGED_LEN,
     RESP_LEN,
 };
-use crate::{check_sub_range, parts, RemoteRange, Transport};
+use crate::{check_sub_range, parts, RemoteRange, Transport, Verified};
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
@@ -138,8 +138,9 @@ type BatchItem<'a> = (usize, &'a RemoteRange, Vec<&'a mut [u8]>);
 /// parts, or one buffer).
 enum Io<'a> {
     Out(Vec<&'a [u8]>),
-    /// Read into the buffers; with `true`, checksum them as they stream in.
-    In(Vec<&'a mut [u8]>, bool),
+    /// Read into the buffers; with `true`, checksum them as they stream in,
+    /// and with a hasher, hash them with BLAKE3 as they land too.
+    In(Vec<&'a mut [u8]>, bool, Option<&'a mut blake3::Hasher>),
     /// Write a put's bytes with its record; the node's receipt (if it keeps
     /// records) lands in the slot.
     Recorded(
@@ -153,7 +154,7 @@ impl Io<'_> {
     fn len(&self) -> usize {
         match self {
             Io::Out(b) | Io::Recorded(b, ..) => parts::total_len(b),
-            Io::In(b, _) => parts::total_len(b),
+            Io::In(b, ..) => parts::total_len(b),
         }
     }
 }
@@ -178,8 +179,10 @@ async fn exchange(s: &mut TcpStream, req: &Request, io: Io<'_>) -> Result<u32, E
         Io::In(..) => s.write_all(&hdr).await?,
     }
     match io {
-        Io::Out(_) => read_response(s, req, &mut [], false).await,
-        Io::In(mut bufs, with_crc) => read_response(s, req, &mut bufs, with_crc).await,
+        Io::Out(_) => read_response(s, req, &mut [], false, None).await,
+        Io::In(mut bufs, with_crc, hasher) => {
+            read_response(s, req, &mut bufs, with_crc, hasher).await
+        }
         Io::Recorded(_, _, receipt) => {
             // A node that keeps no records answers with no body.
             let resp = read_head(s, req).await?;
@@ -230,12 +233,14 @@ async fn read_head(s: &mut TcpStream, req: &Request) -> Result<Response, Exchang
 }
 
 /// Reads one response to `req`: for a read, its bytes into `bufs` in order
-/// (checksummed when asked); for a write (no buffers), nothing.
+/// (checksummed when asked, and hashed into `hasher` when given); for a
+/// write (no buffers), nothing.
 async fn read_response(
     s: &mut TcpStream,
     req: &Request,
     bufs: &mut [&mut [u8]],
     with_crc: bool,
+    mut hasher: Option<&mut blake3::Hasher>,
 ) -> Result<u32, Exchange> {
     let resp = read_head(s, req).await?;
     let want = parts::total_len(bufs);
@@ -246,16 +251,19 @@ async fn read_response(
         ))));
     }
     if bufs.len() > 1 {
-        return Ok(read_vectored_exact(s, bufs, with_crc).await?);
+        return Ok(read_vectored_exact(s, bufs, with_crc, hasher).await?);
     }
-    // Checksum each piece as it lands, while the sender keeps filling the
-    // socket: the check costs almost no extra time.
+    // Checksum (and hash) each piece as it lands, while the sender keeps
+    // filling the socket: the check costs almost no extra time.
     let mut crc = 0;
     for buf in bufs.iter_mut() {
         for piece in buf.chunks_mut(CRC_PIECE) {
             s.read_exact(piece).await?;
             if with_crc {
                 crc = crc32c::crc32c_append(crc, piece);
+            }
+            if let Some(h) = hasher.as_deref_mut() {
+                h.update(piece);
             }
         }
     }
@@ -268,6 +276,7 @@ async fn read_vectored_exact(
     s: &mut TcpStream,
     bufs: &mut [&mut [u8]],
     with_crc: bool,
+    mut hasher: Option<&mut blake3::Hasher>,
 ) -> std::io::Result<u32> {
     let mut crc = 0;
     // The next byte to fill: part `i`, offset `off`.
@@ -302,6 +311,9 @@ async fn read_vectored_exact(
             let take = n.min(bufs[i].len() - off);
             if with_crc {
                 crc = crc32c::crc32c_append(crc, &bufs[i][off..off + take]);
+            }
+            if let Some(h) = hasher.as_deref_mut() {
+                h.update(&bufs[i][off..off + take]);
             }
             off += take;
             n -= take;
@@ -747,7 +759,7 @@ impl TcpTransport {
                     trace: None,
                     record: None,
                 };
-                let r = tokio::time::timeout(t, read_response(&mut conn, &item, buf, true))
+                let r = tokio::time::timeout(t, read_response(&mut conn, &item, buf, true, None))
                     .await
                     .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?;
                 match r {
@@ -785,7 +797,7 @@ impl TcpTransport {
         check_sub_range(src.len(), at, parts::total_len(&bufs))?;
         let ios = parts::chunks_mut(bufs, self.cfg.chunk_bytes)
             .into_iter()
-            .map(|c| Io::In(c, crc))
+            .map(|c| Io::In(c, crc, None))
             .collect();
         self.chunked(src, Op::Read, at, ios).await
     }
@@ -850,6 +862,38 @@ impl Transport for TcpTransport {
         parts: Vec<&'a mut [u8]>,
     ) -> BoxFuture<'a, Result<u32>> {
         Box::pin(self.read_in(src, 0, parts, true))
+    }
+
+    /// A read of one request (no larger than a chunk) hashes each piece as
+    /// it lands, as it checksums it; one in several chunks, which arrive
+    /// side by side, is hashed once they are all in.
+    fn read_parts_verified<'a>(
+        &'a self,
+        src: &'a RemoteRange,
+        mut parts: Vec<&'a mut [u8]>,
+        blake3: bool,
+    ) -> BoxFuture<'a, Result<Verified>> {
+        Box::pin(async move {
+            let len = parts::total_len(&parts);
+            if !blake3 || len > self.cfg.chunk_bytes || len == 0 {
+                let crc = self
+                    .read_in(src, 0, parts::reborrow(&mut parts), true)
+                    .await?;
+                let blake3 = blake3.then(|| parts::blake3(&parts));
+                return Ok(Verified {
+                    crc32c: crc,
+                    blake3,
+                });
+            }
+            check_sub_range(src.len(), 0, len)?;
+            let mut h = blake3::Hasher::new();
+            let io = vec![Io::In(parts, true, Some(&mut h))];
+            let crc = self.chunked(src, Op::Read, 0, io).await?;
+            Ok(Verified {
+                crc32c: crc,
+                blake3: Some(*h.finalize().as_bytes()),
+            })
+        })
     }
 
     fn read_many_parts<'a>(
