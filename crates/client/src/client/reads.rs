@@ -173,8 +173,13 @@ impl Client {
                 failed = true;
                 continue;
             };
-            match self.transport.read_parts(&range, reborrow(buf)).await {
-                Ok(crc) if intact(info, crc, buf) => {
+            let blake3 = !info.blake3.is_empty();
+            match self
+                .transport
+                .read_parts_verified(&range, reborrow(buf), blake3)
+                .await
+            {
+                Ok(v) if matches_writer(info, v) => {
                     done = true;
                     break;
                 }
