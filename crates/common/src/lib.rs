@@ -17,6 +17,7 @@ pub mod quick_client;
 pub mod quick_wire;
 pub mod service;
 pub mod shutdown;
+pub mod slices;
 pub mod telemetry;
 pub mod term;
 #[cfg(feature = "testing")]

@@ -85,12 +85,12 @@ where
         let slot = SameThread(&mut fut);
         let r = py.detach(move || {
             let slot = slot;
-            // The timer is made inside the runtime (it needs its clock).
-            rt.block_on(async { tokio::time::timeout(SIGNAL_POLL, slot.0.as_mut()).await })
+            // No wake-up is lost when a slice runs out (see the helper).
+            strata_common::slices::block_on_slice(rt, slot.0.as_mut(), SIGNAL_POLL)
         });
         match r {
-            Ok(v) => return Ok(v),
-            Err(_) => py.check_signals()?,
+            Some(v) => return Ok(v),
+            None => py.check_signals()?,
         }
     }
 }

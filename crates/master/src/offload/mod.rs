@@ -369,7 +369,7 @@ impl SsdTier {
             };
             match source {
                 Some((r, size, crc, digest)) => {
-                    self.queue.lock().note_source(t.id, size, crc);
+                    self.queue.lock().note_source(t.id, size, crc, digest);
                     out.push(pb::OffloadTask {
                         task_id: t.id,
                         key: t.key.clone(),
@@ -377,9 +377,19 @@ impl SsdTier {
                         crc32c: crc,
                         source: Some(r.view(size, PERM_READ, deadline, true)),
                         deadline_unix_ms: deadline,
-                        // With the writer's digest, which a later master
-                        // adopting the copy takes from it.
-                        copy_record: self.records.sign(&t.key, size, crc, digest.as_ref()),
+                        // With the writer's digest under --integrity
+                        // blake3, which a later master adopting the copy
+                        // takes from it. Not otherwise: a master that
+                        // predates version-2 records refuses them, and a
+                        // rollback would drop every such copy.
+                        copy_record: self.records.sign(
+                            &t.key,
+                            size,
+                            crc,
+                            digest
+                                .as_ref()
+                                .filter(|_| m.cfg.integrity == Integrity::Blake3),
+                        ),
                     });
                 }
                 None => {
@@ -452,7 +462,7 @@ impl SsdTier {
                     let expect = task.source.map(|(size, crc32c)| Expected {
                         size,
                         crc32c,
-                        digest: None,
+                        digest: task.source_digest,
                     });
                     let added = self.add_ssd_replica(m, &task.key, replica, expect, false);
                     if added {
@@ -539,8 +549,9 @@ impl SsdTier {
         Ok(())
     }
 
-    /// Adds an SSD replica to `key`. With `expect` = Some((size, crc)) the
-    /// object must match it (else the copy is stale), and with `create` an
+    /// Adds an SSD replica to `key`. With `expect` the object must match its
+    /// size, crc32c and (when both have one) digest, else the copy is stale;
+    /// an object without a digest takes the copy's. With `create` an
     /// object the master does not know is created SSD-only (inventory after
     /// a master restart). Returns whether the replica was recorded.
     fn add_ssd_replica(
@@ -561,6 +572,12 @@ impl SsdTier {
                     );
                     if e.size != o.size || e.crc32c != o.crc32c || other_digest {
                         return false; // a stale copy of an older object
+                    }
+                    // Readers learn the digest from the copy's record when
+                    // the object had none (its DRAM copy came back first,
+                    // from a report without one).
+                    if let (Some(d), None) = (e.digest, o.digest()) {
+                        o.set_digest(d);
                     }
                 }
                 // An owner holds one copy; its latest report of where wins
@@ -624,20 +641,22 @@ impl SsdTier {
             // blake3, only those whose record carries the writer's digest:
             // readers then check the bytes against it, so the owner cannot
             // serve others.
+            // A version-1 record (a copy made before the flag, or by a
+            // master before version 2) is still a master's record: under
+            // blake3 it may join a live object that has the writer's
+            // digest (readers check the copy against it), never create one.
             let digest = self
                 .records
                 .verify(&o.key, o.length, o.crc32c, &o.copy_record);
-            let digest = match digest {
-                Some(d) if d.is_some() || m.cfg.integrity != Integrity::Blake3 => d,
-                _ => {
-                    m.metrics.unrecorded_copies.inc();
-                    self.forget(&o.key, &[r]);
-                    continue;
-                }
+            let Some(digest) = digest else {
+                m.metrics.unrecorded_copies.inc();
+                self.forget(&o.key, &[r]);
+                continue;
             };
+            let digestless = digest.is_none() && m.cfg.integrity == Integrity::Blake3;
             // A relocation (compaction moved the object) never brings back
             // a key removed meanwhile; a restart's inventory may create it.
-            let create = !req.relocation;
+            let create = !req.relocation && !digestless;
             let expect = Expected {
                 size: o.length,
                 crc32c: o.crc32c,
@@ -646,7 +665,11 @@ impl SsdTier {
             if self.add_ssd_replica(m, &o.key, r, Some(expect), create) {
                 adopted += 1;
             } else {
-                // A stale copy of an older object under the same key.
+                if digestless {
+                    m.metrics.unrecorded_copies.inc();
+                }
+                // A stale copy of an older object under the same key (or,
+                // without a digest under blake3, of no live object).
                 self.forget(&o.key, &[r]);
             }
         }

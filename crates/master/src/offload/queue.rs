@@ -36,6 +36,10 @@ pub struct Task {
     /// last assigned: its copy belongs to that version only (the key may
     /// be overwritten, or removed and put again, meanwhile).
     pub source: Option<(u64, u32)>,
+    /// That version's writer digest, if it has one: an overwrite to other
+    /// bytes of the same size and crc32c (which anyone can make) is still
+    /// another version.
+    pub source_digest: Option<[u8; 32]>,
 }
 
 /// What a report did.
@@ -98,6 +102,7 @@ impl OffloadQueue {
                 attempts: 0,
                 urgent: false,
                 source: None,
+                source_digest: None,
                 state: TaskState::Queued {
                     not_before_ms: now_ms,
                 },
@@ -323,9 +328,10 @@ impl OffloadQueue {
     }
 
     /// Records which version an assigned task copies (`Task::source`).
-    pub fn note_source(&mut self, id: u64, size: u64, crc32c: u32) {
+    pub fn note_source(&mut self, id: u64, size: u64, crc32c: u32, digest: Option<[u8; 32]>) {
         if let Some(t) = self.tasks.get_mut(&id) {
             t.source = Some((size, crc32c));
+            t.source_digest = digest;
         }
     }
 

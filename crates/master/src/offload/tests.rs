@@ -902,9 +902,11 @@ async fn with_integrity_blake3_ssd_copies_are_adopted_only_with_the_writers_dige
     assert!(m.objects().shard("k").get("k").unwrap().ssd().is_empty());
     assert_eq!(m.metrics.unrecorded_copies.get(), 2);
 
+    // A record without a digest (made before the flag) still joins a live
+    // object that has one: readers check the copy against it.
     let taken = vec![
         obj("b", 5, m.copy_record_with_digest("b", 100, 5, &d2)),
-        obj("k", crc, tasks[0].copy_record.clone()),
+        obj("k", crc, m.copy_record("k", 100, crc)),
     ];
     assert_eq!(m.report_inventory(report(taken)).unwrap(), 2);
     assert_eq!(
@@ -914,10 +916,80 @@ async fn with_integrity_blake3_ssd_copies_are_adopted_only_with_the_writers_dige
     );
     assert_eq!(m.objects().shard("k").get("k").unwrap().ssd().len(), 1);
     assert_eq!(m.get_replicas("k").unwrap().blake3, d1);
+    let again = vec![obj("k", crc, tasks[0].copy_record.clone())];
+    assert_eq!(m.report_inventory(report(again)).unwrap(), 1);
+    assert_eq!(m.objects().shard("k").get("k").unwrap().ssd().len(), 1);
+    assert_eq!(m.metrics.unrecorded_copies.get(), 2);
 
-    // crc32c mode: a record without a digest is a master's record still.
+    // crc32c mode: a record without a digest is a master's record still,
+    // and tasks get version-1 records even for objects with a digest (a
+    // master that predates version 2, after a rollback, refuses those).
+    let m2 = master_with(1, 1 << 20, |c| c.offload_policy = OffloadPolicy::Eager);
+    let r2 = register(&m2, "h/nvme0").await;
+    let put = m2.put_start(crate::tests::spec("k", 100, 1)).unwrap();
+    m2.put_end_request(&pb::PutEndRequest {
+        key: "k".into(),
+        generation: Some(put[0].grant.as_ref().unwrap().generation),
+        blake3: d1.to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+    let tasks = heartbeat(&m2, r2.owner_id, r2.epoch, 10).tasks;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0].copy_record.len(), 16, "a version-1 record");
     let (m, owner, epoch) = with_owner(OffloadPolicy::OnEvict, 1 << 20, 0.9).await;
     let plain = inventory(owner, epoch, vec![obj("a", 5, m.copy_record("a", 100, 5))]);
     assert_eq!(m.report_inventory(plain).unwrap(), 1);
     assert!(m.get_replicas("a").unwrap().blake3.is_empty());
+}
+
+/// An overwrite to other bytes of the same size and crc32c (which anyone
+/// can make: crc32c is linear) while the old version is being copied: with
+/// the writers' digests the copy is still of another version, never taken
+/// for the new one.
+#[tokio::test]
+async fn a_copy_of_a_replaced_version_with_the_same_crc32c_is_not_taken_for_the_new_one() {
+    use crate::config::Integrity;
+    let m = master_with(1, 1 << 20, |c| {
+        c.integrity = Integrity::Blake3;
+        c.offload_policy = OffloadPolicy::Eager;
+    });
+    let r = register(&m, "h/nvme0").await;
+    let end = |m: &Master, g: u64, d: [u8; 32]| {
+        m.put_end_request(&pb::PutEndRequest {
+            key: "k".into(),
+            generation: Some(g),
+            blake3: d.to_vec(),
+            ..Default::default()
+        })
+        .unwrap();
+    };
+    let g1 = m.put_start(crate::tests::spec("k", 100, 1)).unwrap()[0]
+        .grant
+        .as_ref()
+        .unwrap()
+        .generation;
+    end(&m, g1, [1u8; 32]);
+    let tasks = heartbeat(&m, r.owner_id, r.epoch, 10).tasks;
+    assert_eq!(tasks.len(), 1);
+    let g2 = m
+        .put_start(crate::master::PutSpec {
+            overwrite: true,
+            ..crate::tests::spec("k", 100, 1)
+        })
+        .unwrap()[0]
+        .grant
+        .as_ref()
+        .unwrap()
+        .generation;
+    end(&m, g2, [2u8; 32]);
+    assert_eq!(
+        m.inspect("k").unwrap().crc32c,
+        tasks[0].crc32c,
+        "same crc32c"
+    );
+    report_results(&m, r.owner_id, r.epoch, persisted(&tasks)).await;
+    let o = m.objects().shard("k").get("k").unwrap().ssd().len();
+    assert_eq!(o, 0, "the old version's copy was taken for the new one");
+    assert_eq!(m.get_replicas("k").unwrap().blake3, [2u8; 32]);
 }

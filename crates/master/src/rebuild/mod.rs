@@ -420,7 +420,11 @@ fn adopt_one(
                 if x.is_complete()
                     && x.size == o.length
                     && x.crc32c == o.crc32c
-                    && (x.digest() == digest || (x.adopted() && x.digest().is_none()))
+                    // An SSD copy's record may bring a digest the node's
+                    // report lacks (or the other way round); readers check
+                    // every copy against the object's digest either way.
+                    && (x.digest() == digest
+                        || (x.adopted() && (x.digest().is_none() || digest.is_none())))
                     && x.replicas().iter().all(|r| r.seg.id != seg.id) =>
             {
                 if let (None, Some(d)) = (x.digest(), digest) {
