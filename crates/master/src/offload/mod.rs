@@ -638,13 +638,13 @@ impl SsdTier {
             };
             // Only copies a master gave this tier: never one matched by its
             // (public, forgeable) size and crc32c alone. With --integrity
-            // blake3, only those whose record carries the writer's digest:
-            // readers then check the bytes against it, so the owner cannot
-            // serve others.
-            // A version-1 record (a copy made before the flag, or by a
-            // master before version 2) is still a master's record: under
-            // blake3 it may join a live object that has the writer's
-            // digest (readers check the copy against it), never create one.
+            // blake3, a copy creates an object only from a record that
+            // carries the writer's digest: readers then check the bytes
+            // against it, so the owner cannot serve others. A version-1
+            // record (a copy made before the flag, or by a master before
+            // version 2) is still a master's record: under blake3 it may
+            // join a live object (readers check the copy against that
+            // object's digest), never create one.
             let digest = self
                 .records
                 .verify(&o.key, o.length, o.crc32c, &o.copy_record);
