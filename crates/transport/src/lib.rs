@@ -69,6 +69,15 @@ pub struct Verified {
     pub blake3: Option<[u8; 32]>,
 }
 
+impl Verified {
+    /// A read's crc32c, with the BLAKE3 of the `parts` it filled worked
+    /// out afterwards (when `blake3`).
+    pub(crate) fn hashed_after(crc32c: u32, parts: &[&mut [u8]], blake3: bool) -> Verified {
+        let blake3 = blake3.then(|| parts::blake3(parts));
+        Verified { crc32c, blake3 }
+    }
+}
+
 /// One-sided access to remote memory. `at` is relative to the start of the
 /// range; implementations bounds-check and may split large transfers.
 pub trait Transport: Send + Sync + 'static {
@@ -188,8 +197,7 @@ pub trait Transport: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Verified>> {
         Box::pin(async move {
             let crc32c = self.read_parts(src, parts::reborrow(&mut parts)).await?;
-            let blake3 = blake3.then(|| parts::blake3(&parts));
-            Ok(Verified { crc32c, blake3 })
+            Ok(Verified::hashed_after(crc32c, &parts, blake3))
         })
     }
 

@@ -8,7 +8,8 @@ use futures::StreamExt;
 use std::sync::Arc;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
-use strata_transport::{parts, remote_range, RemoteRange};
+use strata_transport::parts::reborrow;
+use strata_transport::{parts, remote_range, RemoteRange, Verified};
 
 /// A batch's replicas, per key, which came from the location cache, and
 /// the leases of those the master was asked for (held until the batch's
@@ -571,15 +572,18 @@ impl Client {
 /// transfer worked out, and the writer's BLAKE3 digest where the master
 /// recorded one (`--integrity blake3`: a member cannot forge that).
 fn intact(info: &pb::GetReplicasResponse, crc: u32, buf: &[&mut [u8]]) -> bool {
-    crc == info.crc32c && (info.blake3.is_empty() || parts::blake3(buf)[..] == info.blake3[..])
+    let blake3 = (!info.blake3.is_empty()).then(|| parts::blake3(buf));
+    matches_writer(
+        info,
+        Verified {
+            crc32c: crc,
+            blake3,
+        },
+    )
 }
 
 /// [`intact`] of a read that hashed its bytes itself.
-fn matches_writer(info: &pb::GetReplicasResponse, v: strata_transport::Verified) -> bool {
+fn matches_writer(info: &pb::GetReplicasResponse, v: Verified) -> bool {
     v.crc32c == info.crc32c
         && (info.blake3.is_empty() || v.blake3.is_some_and(|d| d[..] == info.blake3[..]))
-}
-
-fn reborrow<'b>(bufs: &'b mut [&mut [u8]]) -> Vec<&'b mut [u8]> {
-    bufs.iter_mut().map(|b| &mut **b).collect()
 }

@@ -45,8 +45,10 @@ pub struct NodeEntry {
     pub(crate) acks: Arc<Acks>,
     /// The log grew: a long-polling heartbeat answers at once.
     pub(crate) log_grew: tokio::sync::Notify,
-    /// The log overflowed (mirrors `NodeLog::overflowed` for placement,
-    /// which skips the node without taking its log's lock).
+    /// The node fell so far behind that an entry of its log was dropped
+    /// unsent: its records no longer match the master's, so it is dropped
+    /// (its next heartbeat, or its TTL) and starts over with a new
+    /// registration. Set under the log's lock; read without it (placement).
     overflowed: AtomicBool,
     /// Counts nodes whose log overflowed (the master's metric).
     overflows: Option<prometheus::IntCounter>,
@@ -77,10 +79,6 @@ struct NodeLog {
     bytes: u64,
     /// Most `bytes` held; past it the log overflowed.
     max_bytes: u64,
-    /// The node fell so far behind that an entry was dropped unsent: its
-    /// records no longer match the master's, so it is dropped (its next
-    /// heartbeat, or its TTL) and starts over with a new registration.
-    overflowed: bool,
 }
 
 impl NodeEntry {
@@ -199,17 +197,17 @@ impl NodeEntry {
             log.next_seq += 1;
             let entry = ObjectLogEntry { seq, op: Some(op) };
             let len = prost::Message::encoded_len(&entry) as u64;
-            let first = !log.overflowed && log.bytes.saturating_add(len) > log.max_bytes;
-            if !log.overflowed && !first {
+            let was = self.overflowed.load(Ordering::Acquire);
+            let fits = !was && log.bytes.saturating_add(len) <= log.max_bytes;
+            if fits {
                 log.bytes += len;
                 log.entries.push_back(entry);
             } else {
-                log.overflowed = true;
+                self.overflowed.store(true, Ordering::Release);
             }
-            (seq, log.overflowed, first)
+            (seq, !fits, !was && !fits)
         };
         if first {
-            self.overflowed.store(true, Ordering::Release);
             if let Some(c) = &self.overflows {
                 c.inc();
             }

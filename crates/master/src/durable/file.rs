@@ -87,17 +87,22 @@ fn io_err(dir: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::internal(format!("writing master state in {}: {e}", dir.display()))
 }
 
-/// Reads the snapshot (empty when there is none); its size on disk.
-fn read_snapshot(path: &Path) -> Result<(BTreeMap<String, String>, u64)> {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((BTreeMap::new(), 0)),
-        Err(e) => {
-            return Err(Error::internal(format!(
-                "cannot read {}: {e}",
-                path.display()
-            )))
-        }
+/// The bytes of `path`, or `None` when there is no such file.
+fn read_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::internal(format!(
+            "cannot read {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// Reads the snapshot (empty when there is none).
+fn read_snapshot(path: &Path) -> Result<BTreeMap<String, String>> {
+    let Some(bytes) = read_if_exists(path)? else {
+        return Ok(BTreeMap::new());
     };
     let d: OnDisk = serde_json::from_slice(&bytes)
         .map_err(|e| corrupted(path, format!("is not valid master state ({e})")))?;
@@ -111,24 +116,16 @@ fn read_snapshot(path: &Path) -> Result<(BTreeMap<String, String>, u64)> {
     if entries_crc(&d.entries) != d.crc32c {
         return Err(corrupted(path, "fails its checksum"));
     }
-    Ok((d.entries, bytes.len() as u64))
+    Ok(d.entries)
 }
 
 /// Applies the log at `path` to `map`. A last line cut short (no newline,
 /// or not a whole, intact change) is a write a crash interrupted, never
-/// acknowledged: dropped (the file is cut back; logged as an error when it
-/// had its newline). Any other bad line is damage. Returns the log's length
-/// once cut.
-fn replay_log(path: &Path, map: &mut BTreeMap<String, String>) -> Result<u64> {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => {
-            return Err(Error::internal(format!(
-                "cannot read {}: {e}",
-                path.display()
-            )))
-        }
+/// acknowledged: skipped (logged as an error when it had its newline; the
+/// fold at open empties the log). Any other bad line is damage.
+fn replay_log(path: &Path, map: &mut BTreeMap<String, String>) -> Result<()> {
+    let Some(bytes) = read_if_exists(path)? else {
+        return Ok(());
     };
     let mut at = 0;
     while at < bytes.len() {
@@ -169,11 +166,8 @@ fn replay_log(path: &Path, map: &mut BTreeMap<String, String>) -> Result<u64> {
             dropped_bytes = bytes.len() - at,
             "dropping a master state change cut short by a crash (never acknowledged)"
         );
-        let f = OpenOptions::new().write(true).open(path);
-        f.and_then(|f| f.set_len(at as u64).and_then(|_| f.sync_all()))
-            .map_err(|e| Error::internal(format!("cannot cut {}: {e}", path.display())))?;
     }
-    Ok(at as u64)
+    Ok(())
 }
 
 impl FileKv {
@@ -195,7 +189,7 @@ impl FileKv {
                 lock_path.display()
             )));
         }
-        let (mut map, _) = read_snapshot(&dir.join(FILE))?;
+        let mut map = read_snapshot(&dir.join(FILE))?;
         replay_log(&dir.join(LOG), &mut map)?;
         // Folded at once: the snapshot then carries this version, so an
         // older master refuses the directory instead of missing the log.

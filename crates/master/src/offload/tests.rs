@@ -38,6 +38,27 @@ fn obj(key: &str, crc32c: u32, copy_record: Vec<u8>) -> pb::SsdObject {
     }
 }
 
+/// Puts 100 bytes at `key` (an overwrite when `overwrite`) whose writer
+/// declared digest `d` (`--integrity blake3`).
+fn put_with_digest(m: &Master, key: &str, overwrite: bool, d: [u8; 32]) {
+    let spec = crate::master::PutSpec {
+        overwrite,
+        ..crate::tests::spec(key, 100, 1)
+    };
+    let g = m.put_start(spec).unwrap()[0]
+        .grant
+        .as_ref()
+        .unwrap()
+        .generation;
+    m.put_end_request(&pb::PutEndRequest {
+        key: key.into(),
+        generation: Some(g),
+        blake3: d.to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+}
+
 /// A whole inventory (one page) of `owner`.
 fn inventory(owner: u64, epoch: u64, objects: Vec<pb::SsdObject>) -> pb::ReportInventoryRequest {
     pb::ReportInventoryRequest {
@@ -870,15 +891,7 @@ async fn with_integrity_blake3_ssd_copies_are_adopted_only_with_the_writers_dige
         c.offload_policy = OffloadPolicy::Eager;
     });
     let r = register(&m, "h/nvme0").await;
-    let put = m.put_start(crate::tests::spec("k", 100, 1)).unwrap();
-    let g = put[0].grant.as_ref().unwrap().generation;
-    m.put_end_request(&pb::PutEndRequest {
-        key: "k".into(),
-        generation: Some(g),
-        blake3: d1.to_vec(),
-        ..Default::default()
-    })
-    .unwrap();
+    put_with_digest(&m, "k", false, d1);
     let tasks = heartbeat(&m, r.owner_id, r.epoch, 10).tasks;
     assert_eq!(tasks.len(), 1);
     let rec = &tasks[0].copy_record;
@@ -926,14 +939,7 @@ async fn with_integrity_blake3_ssd_copies_are_adopted_only_with_the_writers_dige
     // master that predates version 2, after a rollback, refuses those).
     let m2 = master_with(1, 1 << 20, |c| c.offload_policy = OffloadPolicy::Eager);
     let r2 = register(&m2, "h/nvme0").await;
-    let put = m2.put_start(crate::tests::spec("k", 100, 1)).unwrap();
-    m2.put_end_request(&pb::PutEndRequest {
-        key: "k".into(),
-        generation: Some(put[0].grant.as_ref().unwrap().generation),
-        blake3: d1.to_vec(),
-        ..Default::default()
-    })
-    .unwrap();
+    put_with_digest(&m2, "k", false, d1);
     let tasks = heartbeat(&m2, r2.owner_id, r2.epoch, 10).tasks;
     assert_eq!(tasks.len(), 1);
     assert_eq!(tasks[0].copy_record.len(), 16, "a version-1 record");
@@ -955,34 +961,10 @@ async fn a_copy_of_a_replaced_version_with_the_same_crc32c_is_not_taken_for_the_
         c.offload_policy = OffloadPolicy::Eager;
     });
     let r = register(&m, "h/nvme0").await;
-    let end = |m: &Master, g: u64, d: [u8; 32]| {
-        m.put_end_request(&pb::PutEndRequest {
-            key: "k".into(),
-            generation: Some(g),
-            blake3: d.to_vec(),
-            ..Default::default()
-        })
-        .unwrap();
-    };
-    let g1 = m.put_start(crate::tests::spec("k", 100, 1)).unwrap()[0]
-        .grant
-        .as_ref()
-        .unwrap()
-        .generation;
-    end(&m, g1, [1u8; 32]);
+    put_with_digest(&m, "k", false, [1u8; 32]);
     let tasks = heartbeat(&m, r.owner_id, r.epoch, 10).tasks;
     assert_eq!(tasks.len(), 1);
-    let g2 = m
-        .put_start(crate::master::PutSpec {
-            overwrite: true,
-            ..crate::tests::spec("k", 100, 1)
-        })
-        .unwrap()[0]
-        .grant
-        .as_ref()
-        .unwrap()
-        .generation;
-    end(&m, g2, [2u8; 32]);
+    put_with_digest(&m, "k", true, [2u8; 32]);
     assert_eq!(
         m.inspect("k").unwrap().crc32c,
         tasks[0].crc32c,

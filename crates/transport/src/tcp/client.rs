@@ -876,14 +876,10 @@ impl Transport for TcpTransport {
         Box::pin(async move {
             let len = parts::total_len(&parts);
             if !blake3 || len > self.cfg.chunk_bytes || len == 0 {
-                let crc = self
+                let crc32c = self
                     .read_in(src, 0, parts::reborrow(&mut parts), true)
                     .await?;
-                let blake3 = blake3.then(|| parts::blake3(&parts));
-                return Ok(Verified {
-                    crc32c: crc,
-                    blake3,
-                });
+                return Ok(Verified::hashed_after(crc32c, &parts, blake3));
             }
             check_sub_range(src.len(), 0, len)?;
             let mut h = blake3::Hasher::new();
