@@ -769,6 +769,7 @@ async fn meta_path(
     use strata_proto as pb;
     let batches = keys.div_ceil(batch as u64);
     let phase = Phase::new(&format!("metadata path x{batch}"), batches, quiet);
+    let cpu0 = process_cpu();
     let el = drive(&phase, conns, |_, ph| {
         let (mut m, run) = (c.master_client(), run.to_string());
         async move {
@@ -827,6 +828,23 @@ async fn meta_path(
     let mut row = phase.finish("master metadata path", 0, conns, 0, el);
     row.ops *= batch as u64;
     row.ops_per_sec *= batch as f64;
-    row.note = format!("keys/s; PutStart+PutEnd+GetReplicas, batches of {batch}");
+    // CPU time per key of the whole process: the rate alone swings with
+    // what else the machine runs; with --local this is master, nodes and
+    // load generator together.
+    let cpu_us = process_cpu().saturating_sub(cpu0).as_secs_f64() * 1e6 / row.ops.max(1) as f64;
+    row.note = format!(
+        "keys/s; PutStart+PutEnd+GetReplicas, batches of {batch}; process CPU {cpu_us:.1} us/key"
+    );
     Ok(row)
+}
+
+/// User + system CPU time of this process so far.
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage writes the struct it is given and nothing else.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
 }

@@ -1,5 +1,10 @@
 use clap::Parser;
 
+// Allocation-heavy metadata paths run ~15% faster than on glibc's malloc
+// (docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     // Failpoints from FAILPOINTS (a no-op unless built with `failpoints`).

@@ -253,7 +253,7 @@ mod tests {
             seq: 1,
             op: Some(strata_proto::object_log_entry::Op::Free(free)),
         }];
-        r.records.apply_freeing(&log, |f| {
+        r.records.apply_freeing(log, |f| {
             r.table
                 .freed(f.segment_id, f.offset, f.length, f.generation)
         });

@@ -52,10 +52,12 @@ pub struct ObjectRecords {
 #[derive(Default)]
 struct Inner {
     applied_seq: u64,
-    /// (segment id, offset) → committed object.
-    by_range: HashMap<(u64, u64), CommittedObject>,
+    /// (segment id, offset) → committed object. Boxed: a node holds
+    /// millions, and growing the table moves every entry (a record is
+    /// ~200 bytes, its box 8).
+    by_range: HashMap<(u64, u64), Box<CommittedObject>>,
     /// (segment id, offset) → announced put, until its commit or free.
-    pending: HashMap<(u64, u64), CommittedObject>,
+    pending: HashMap<(u64, u64), Box<CommittedObject>>,
     /// Sum of their lengths, kept as they change (read every heartbeat,
     /// which follows every commit).
     bytes: u64,
@@ -65,20 +67,27 @@ struct Inner {
 /// or an older one: a late commit or free of an older allocation never ends
 /// a newer one placed at the same offset.
 fn end_at(
-    records: &mut HashMap<(u64, u64), CommittedObject>,
+    records: &mut HashMap<(u64, u64), Box<CommittedObject>>,
     at: (u64, u64),
     generation: u64,
-) -> Option<CommittedObject> {
+) -> Option<Box<CommittedObject>> {
     match records.get(&at) {
         Some(r) if r.generation <= generation => records.remove(&at),
         _ => None,
     }
 }
 
+/// Copies of the records, in key order.
+fn by_key(records: &HashMap<(u64, u64), Box<CommittedObject>>) -> Vec<CommittedObject> {
+    let mut v: Vec<_> = records.values().map(|c| (**c).clone()).collect();
+    v.sort_by(|a, b| a.key.cmp(&b.key));
+    v
+}
+
 impl ObjectRecords {
     /// Applies log entries in order; entries at or below the applied sequence
     /// (re-sent after a lost response) are skipped.
-    pub fn apply(&self, entries: &[ObjectLogEntry]) -> u64 {
+    pub fn apply(&self, entries: impl IntoIterator<Item = ObjectLogEntry>) -> u64 {
         self.apply_freeing(entries, |_| {})
     }
 
@@ -87,9 +96,11 @@ impl ObjectRecords {
     /// recorded from its write checks its allocation's fence under the same
     /// lock (`record_put`), so it is kept either before the free (which
     /// then ends it) or not at all.
+    /// The entries are moved in, not copied (a heartbeat brings up to
+    /// 32,768).
     pub fn apply_freeing(
         &self,
-        entries: &[ObjectLogEntry],
+        entries: impl IntoIterator<Item = ObjectLogEntry>,
         freed: impl Fn(&strata_proto::FreedRange),
     ) -> u64 {
         let mut g = self.inner.lock();
@@ -97,20 +108,20 @@ impl ObjectRecords {
             if e.seq <= g.applied_seq {
                 continue;
             }
-            match &e.op {
+            match e.op {
                 Some(Op::Pending(p)) => {
-                    g.pending.insert((p.segment_id, p.offset), p.clone());
+                    g.pending.insert((p.segment_id, p.offset), Box::new(p));
                 }
                 Some(Op::Commit(c)) => {
                     let at = (c.segment_id, c.offset);
                     end_at(&mut g.pending, at, c.generation);
                     g.bytes += c.length;
-                    if let Some(old) = g.by_range.insert(at, c.clone()) {
+                    if let Some(old) = g.by_range.insert(at, Box::new(c)) {
                         g.bytes -= old.length;
                     }
                 }
                 Some(Op::Free(f)) => {
-                    freed(f);
+                    freed(&f);
                     let at = (f.segment_id, f.offset);
                     end_at(&mut g.pending, at, f.generation);
                     if let Some(old) = end_at(&mut g.by_range, at, f.generation) {
@@ -140,7 +151,7 @@ impl ObjectRecords {
         if committed || !live() {
             return false;
         }
-        g.pending.insert(at, p);
+        g.pending.insert(at, Box::new(p));
         true
     }
 
@@ -165,9 +176,7 @@ impl ObjectRecords {
     }
 
     pub fn snapshot(&self) -> Vec<CommittedObject> {
-        let mut v: Vec<_> = self.inner.lock().by_range.values().cloned().collect();
-        v.sort_by(|a, b| a.key.cmp(&b.key));
-        v
+        by_key(&self.inner.lock().by_range)
     }
 
     /// Up to `limit` committed objects (announced puts, with `pending`)
@@ -201,7 +210,7 @@ impl ObjectRecords {
         keep.truncate(limit);
         let page = keep
             .iter()
-            .filter_map(|c| map.get(&(c.segment_id, c.offset)).cloned())
+            .filter_map(|c| map.get(&(c.segment_id, c.offset)).map(|c| (**c).clone()))
             .collect();
         (page, more)
     }
@@ -209,9 +218,7 @@ impl ObjectRecords {
     /// Announced puts not yet committed or freed; a rebuilding master gets
     /// those whose bytes match (`verified_pending`).
     pub fn pending(&self) -> Vec<CommittedObject> {
-        let mut v: Vec<_> = self.inner.lock().pending.values().cloned().collect();
-        v.sort_by(|a, b| a.key.cmp(&b.key));
-        v
+        by_key(&self.inner.lock().pending)
     }
 
     /// Of the announced puts, those whose bytes (`bytes_of`, None when the
@@ -261,14 +268,14 @@ mod tests {
     #[test]
     fn announced_puts_end_with_their_commit_or_free() {
         let r = ObjectRecords::default();
-        r.apply(&[
+        r.apply([
             entry(1, Op::Pending(obj("a", 0, 10, 1))),
             entry(2, Op::Pending(obj("b", 64, 10, 2))),
         ]);
         assert_eq!(r.pending_len(), 2);
         assert!(r.is_empty(), "announced puts are not committed objects");
         assert_eq!(r.bytes(), 0);
-        r.apply(&[
+        r.apply([
             entry(3, Op::Commit(obj("a", 0, 10, 1))),
             entry(
                 4,
@@ -284,9 +291,9 @@ mod tests {
         assert_eq!(r.len(), 1);
         assert_eq!(r.bytes(), 10);
         // Re-sent entries are skipped: no announcement comes back.
-        r.apply(&[entry(2, Op::Pending(obj("b", 64, 10, 2)))]);
+        r.apply([entry(2, Op::Pending(obj("b", 64, 10, 2)))]);
         assert_eq!(r.pending_len(), 0);
-        r.apply(&[entry(5, Op::Pending(obj("c", 128, 10, 3)))]);
+        r.apply([entry(5, Op::Pending(obj("c", 128, 10, 3)))]);
         r.reset();
         assert_eq!(r.pending_len(), 0);
     }
@@ -305,14 +312,14 @@ mod tests {
         assert_eq!(r.pending_len(), 0);
         assert!(r.record_put(put("a", 7), || true));
         assert_eq!(r.pending(), [put("a", 7)]);
-        r.apply(&[entry(1, Op::Commit(put("a", 7)))]);
+        r.apply([entry(1, Op::Commit(put("a", 7)))]);
         assert_eq!((r.pending_len(), r.len()), (0, 1), "its commit ends it");
         // A commit of this allocation, or a newer one, is in: not again.
         assert!(!r.record_put(put("a", 7), || true));
         assert!(!r.record_put(put("old", 6), || true));
         assert_eq!(r.pending_len(), 0);
         assert!(r.record_put(put("new", 8), || true));
-        r.apply(&[entry(
+        r.apply([entry(
             2,
             Op::Free(strata_proto::FreedRange {
                 segment_id: 1,
@@ -343,27 +350,27 @@ mod tests {
                 generation,
             })
         };
-        r.apply(&[entry(1, at(8, Op::Pending)), entry(2, free(7))]);
+        r.apply([entry(1, at(8, Op::Pending)), entry(2, free(7))]);
         assert_eq!(
             r.pending_len(),
             1,
             "an older free ended a newer announcement"
         );
-        r.apply(&[entry(3, at(7, Op::Commit))]);
+        r.apply([entry(3, at(7, Op::Commit))]);
         assert_eq!(
             r.pending_len(),
             1,
             "an older commit ended a newer announcement"
         );
-        r.apply(&[entry(4, free(7))]);
+        r.apply([entry(4, free(7))]);
         assert_eq!(r.len(), 0, "the older commit is freed by its own free");
-        r.apply(&[entry(5, at(8, Op::Commit)), entry(6, free(7))]);
+        r.apply([entry(5, at(8, Op::Commit)), entry(6, free(7))]);
         assert_eq!((r.len(), r.pending_len()), (1, 0), "{:?}", r.snapshot());
         assert_eq!(r.bytes(), 10);
         // The allocation's own free ends it (both sides of the check).
-        r.apply(&[entry(7, free(8))]);
+        r.apply([entry(7, free(8))]);
         assert_eq!((r.len(), r.bytes()), (0, 0));
-        r.apply(&[entry(8, at(9, Op::Pending)), entry(9, free(9))]);
+        r.apply([entry(8, at(9, Op::Pending)), entry(9, free(9))]);
         assert_eq!(r.pending_len(), 0);
     }
 

@@ -106,11 +106,11 @@ impl Agent {
                             self.table.clear();
                             continue 'outer;
                         }
-                        let full = r.log.len() >= 32_768;
+                        let (full, delivered) = (r.log.len() >= 32_768, !r.log.is_empty());
                         // A free ends its fence under the records' lock: a
                         // write's record is kept only while its allocation's
                         // fence stands (`receipts.rs`).
-                        self.records.apply_freeing(&r.log, |f| {
+                        self.records.apply_freeing(r.log, |f| {
                             self.table
                                 .freed(f.segment_id, f.offset, f.length, f.generation)
                         });
@@ -121,7 +121,7 @@ impl Agent {
                             .set(self.records.pending_len() as i64);
                         // Entries delivered: acknowledge them at once. Else
                         // the master held the call; keep the cadence.
-                        if full || !r.log.is_empty() {
+                        if full || delivered {
                             wait = Duration::ZERO;
                         }
                     }
