@@ -10,11 +10,12 @@
 #   prometheus         promtool and a real Prometheus for the alert and dashboard tests
 #   libucx-dev ucx-utils  the UCX transport (headers for its bindings; ucx_info)
 #   libnuma1 util-linux   vLLM on the CPU (the connector's tests: scripts/vllm-tests.sh)
+#   iproute2           the fleet tests' hosts (network namespaces, veth, a bridge)
 #   libssl-dev         SGLang's page-hash extension, compiled on first use (-lcrypto;
 #                      scripts/sglang-tests.sh)
 set -euo pipefail
 pkgs=(protobuf-compiler redis-server curl clang libclang-dev build-essential pkg-config openssl etcd-server
-  python3 python3-venv prometheus libucx-dev ucx-utils libnuma1 util-linux libssl-dev)
+  python3 python3-venv prometheus libucx-dev ucx-utils libnuma1 util-linux libssl-dev iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,5 +1,6 @@
 //! Helpers shared by the cluster-level tests.
 
+pub mod fleet;
 pub mod load;
 pub mod procs;
 

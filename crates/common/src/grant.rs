@@ -160,7 +160,6 @@ impl GrantKey {
 }
 
 /// Constant-time comparison of a MAC with the one expected.
-/// Constant-time comparison of a MAC with what it should be.
 pub fn same_mac(want: &[u8; MAC_LEN], mac: &[u8]) -> bool {
     mac.len() == MAC_LEN && want.iter().zip(mac).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }

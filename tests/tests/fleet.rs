@@ -1,0 +1,403 @@
+//! Every service on a host of its own (network namespaces, `strata_tests::
+//! fleet`), and the faults real clusters see: partitions between hosts.
+
+use std::time::{Duration, Instant};
+use strata_client::{Client, ClientConfig, Code, PutOptions};
+use strata_common::auth::Secret;
+use strata_tests::fleet::Fleet;
+use strata_tests::procs::{token_files, wait_ready, Proc, TokenFiles};
+use strata_tests::{http_get, payload};
+
+const MASTER: usize = 0;
+const CLIENT: usize = 3;
+
+/// `strata-master` on host `h` (gRPC port 7000, admin 7001) with every
+/// role's token (off loopback, every service wants credentials).
+fn spawn_master(f: &Fleet, h: usize, t: &TokenFiles, extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "--listen".into(),
+        f.host(h).at(7000),
+        "--admin-addr".into(),
+        f.host(h).at(7001),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(t.master_args());
+    f.spawn(h, "strata-master", &args)
+}
+
+/// `strata-store-node` `id` on host `h` (data port 7100, admin 7101).
+fn spawn_node(f: &Fleet, h: usize, master: &str, id: &str, t: &TokenFiles) -> Proc {
+    let args = [
+        "--master",
+        master,
+        "--listen",
+        &f.host(h).at(7100),
+        "--admin-addr",
+        &f.host(h).at(7101),
+        "--node-id",
+        id,
+        "--capacity",
+        "64MiB",
+        "--token-file",
+        t.member.to_str().unwrap(),
+    ];
+    f.spawn(h, "strata-store-node", &args.map(String::from))
+}
+
+/// Hosts 0 (master), 1 and 2 (store nodes `node-1`, `node-2`), 3 (the
+/// test's client); the master drops a silent node after `ttl`.
+fn cluster(f: &Fleet, t: &TokenFiles, ttl: &str) -> Vec<Proc> {
+    let master = f.host(MASTER).at(7000);
+    let mut procs = vec![spawn_master(f, MASTER, t, &["--node-ttl", ttl])];
+    for h in [1, 2] {
+        procs.push(spawn_node(f, h, &master, &format!("node-{h}"), t));
+    }
+    procs
+}
+
+async fn live_nodes(f: &Fleet) -> usize {
+    let admin = f.host(MASTER).at(7001).parse().unwrap();
+    let (_, body) = http_get(admin, "/api/v1/nodes").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["nodes"].as_array().map_or(0, Vec::len)
+}
+
+async fn wait_nodes(f: &Fleet, n: usize, within: Duration) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < within {
+        if live_nodes(f).await == n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Each read is the key's bytes or an error, never other bytes.
+async fn read_checked(cl: &Client, key: &str, want: &[u8]) -> Result<(), Code> {
+    match cl.get(key).await {
+        Ok(b) => {
+            assert!(b == want, "{key}: wrong bytes served ({} bytes)", b.len());
+            Ok(())
+        }
+        Err(e) => Err(e.code),
+    }
+}
+
+#[test]
+fn hosts_reach_each_other_until_partitioned_and_again_once_healed() {
+    let f = Fleet::new(3);
+    assert_eq!(f.hosts.len(), 3);
+    let server = f.runtime(1);
+    let client = f.runtime(2);
+    let addr = f.host(1).at(7000);
+    let listener = server
+        .block_on(tokio::net::TcpListener::bind(&addr))
+        .expect("bind on the host's own address");
+    server.spawn(async move { while let Ok((_s, _)) = listener.accept().await {} });
+    let connect = |addr: String| {
+        client.block_on(async move {
+            tokio::time::timeout(
+                Duration::from_millis(500),
+                tokio::net::TcpStream::connect(addr),
+            )
+            .await
+            .is_ok_and(|r| r.is_ok())
+        })
+    };
+    assert!(connect(addr.clone()), "host 2 reaches host 1");
+    f.partition(1, 2);
+    assert!(
+        !connect(addr.clone()),
+        "a partition cuts host 2 from host 1"
+    );
+    f.heal();
+    assert!(connect(addr.clone()), "healed");
+    f.isolate(1);
+    assert!(
+        !connect(addr.clone()),
+        "an isolated host is reached by no one"
+    );
+    f.heal();
+    assert!(connect(addr), "healed again");
+}
+
+/// A store node that clients reach but the master does not, past
+/// `--node-ttl`, then healed: no read returns wrong bytes meanwhile; the
+/// node's objects are dropped cleanly (NotFound) and stay dropped or come
+/// back whole; a key removed meanwhile stays removed; the cluster serves
+/// both nodes again with no manual step.
+#[test]
+fn a_node_cut_off_from_the_master_past_its_ttl_serves_no_wrong_bytes() {
+    let f = Fleet::new(4);
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_files(dir.path());
+    let _procs = cluster(&f, &tokens, "2s");
+    let rt = f.runtime(CLIENT);
+    rt.block_on(async {
+        wait_ready(f.host(MASTER).at(7001).parse().unwrap()).await;
+        for h in [1, 2] {
+            wait_ready(f.host(h).at(7101).parse().unwrap()).await;
+        }
+        assert!(wait_nodes(&f, 2, Duration::from_secs(10)).await);
+        let token = Secret::from_file(&tokens.client, "--token-file").unwrap();
+        let cl =
+            Client::connect(ClientConfig::new(f.host(MASTER).at(7000)).with_token(Some(token)))
+                .await
+                .unwrap();
+        let (single, dual): (Vec<String>, Vec<String>) = (
+            (0..16).map(|i| format!("single-{i}")).collect(),
+            (0..8).map(|i| format!("dual-{i}")).collect(),
+        );
+        for (i, k) in single.iter().enumerate() {
+            cl.put(k, &payload(i as u64, 100_000), &PutOptions::default())
+                .await
+                .unwrap();
+        }
+        let two = PutOptions {
+            replicas: 2,
+            ..Default::default()
+        };
+        for (i, k) in dual.iter().enumerate() {
+            cl.put(k, &payload(100 + i as u64, 100_000), &two)
+                .await
+                .unwrap();
+        }
+        let mut on_1 = Vec::new();
+        for (i, k) in single.iter().enumerate() {
+            let info = cl.inspect(k).await.unwrap();
+            assert_eq!(info.replicas.len(), 1);
+            if info.replicas[0].node_id == "node-1" {
+                on_1.push(i);
+            }
+        }
+        assert!(
+            !on_1.is_empty() && on_1.len() < single.len(),
+            "placement spreads the keys over both nodes: {on_1:?}"
+        );
+
+        f.partition(MASTER, 1);
+        // While the master still counts node-1 in, its objects are read
+        // from it (clients reach it); a removal of one of them cannot be
+        // confirmed by node-1, so it either fails retryably or goes through.
+        let removed = &single[on_1[0]];
+        match cl.remove(removed, false).await {
+            Ok(()) => {}
+            Err(e) => assert!(e.retryable(), "a removal fails only retryably: {e}"),
+        }
+        for (i, k) in single.iter().enumerate() {
+            let r = read_checked(&cl, k, &payload(i as u64, 100_000)).await;
+            if !on_1.contains(&i) {
+                assert_eq!(r, Ok(()), "{k} lives on node-2, which the master reaches");
+            }
+        }
+        assert!(
+            wait_nodes(&f, 1, Duration::from_secs(15)).await,
+            "the master drops node-1 after --node-ttl"
+        );
+        for (i, k) in single.iter().enumerate() {
+            let r = read_checked(&cl, k, &payload(i as u64, 100_000)).await;
+            if on_1.contains(&i) {
+                // The master forgot it; a read through the client's cached
+                // grant may still get node-1's (right) bytes.
+                let e = cl.inspect(k).await.unwrap_err();
+                assert_eq!(e.code, Code::NotFound, "{k}: cleanly gone with node-1");
+                assert!(r == Ok(()) || r == Err(Code::NotFound), "{k}: {r:?}");
+            } else {
+                assert_eq!(r, Ok(()), "{k}");
+            }
+        }
+        for (i, k) in dual.iter().enumerate() {
+            let r = read_checked(&cl, k, &payload(100 + i as u64, 100_000)).await;
+            assert_eq!(r, Ok(()), "{k}: its node-2 replica serves it");
+        }
+
+        f.heal();
+        assert!(
+            wait_nodes(&f, 2, Duration::from_secs(15)).await,
+            "node-1 registers again once healed, with no manual step"
+        );
+        assert_eq!(
+            read_checked(&cl, removed, &payload(on_1[0] as u64, 100_000)).await,
+            Err(Code::NotFound),
+            "a key removed during the partition stays removed"
+        );
+        // Both nodes take writes again; node-1's space is handed out anew,
+        // over the ranges its forgotten objects held.
+        for i in 0..12u64 {
+            let k = format!("after-{i}");
+            cl.put(&k, &payload(200 + i, 100_000), &two).await.unwrap();
+            assert_eq!(cl.inspect(&k).await.unwrap().replicas.len(), 2);
+        }
+        // Reads of the forgotten objects (through grants the client still
+        // holds) get their own bytes or NotFound, never the new objects'.
+        let node1: std::net::SocketAddr = f.host(1).at(7101).parse().unwrap();
+        let refused = || async move {
+            let (_, m) = http_get(node1, "/metrics").await;
+            strata_tests::metric(&m, "strata_store_node_rejected_requests_total")
+        };
+        let refused_before = refused().await;
+        for (i, k) in single.iter().enumerate() {
+            let r = read_checked(&cl, k, &payload(i as u64, 100_000)).await;
+            assert!(
+                r == Ok(()) || (on_1.contains(&i) && r == Err(Code::NotFound)),
+                "{k}: {r:?}"
+            );
+        }
+        // The reads went to node-1 on their old grants, and its fences
+        // turned them away (what makes the new bytes unreachable by them).
+        assert!(
+            refused().await > refused_before,
+            "node-1 refused the forgotten objects' grants"
+        );
+        for i in 0..12u64 {
+            let k = format!("after-{i}");
+            assert_eq!(
+                read_checked(&cl, &k, &payload(200 + i, 100_000)).await,
+                Ok(())
+            );
+        }
+    });
+}
+
+/// Whether the master whose admin address is `admin` leads and serves
+/// (`/ready` 200), asked with a short bound (a cut-off host never answers).
+async fn ready(admin: &str) -> bool {
+    let get = reqwest::get(format!("http://{admin}/ready"));
+    tokio::time::timeout(Duration::from_millis(300), get)
+        .await
+        .is_ok_and(|r| r.is_ok_and(|r| r.status().is_success()))
+}
+
+/// Two HA masters (hosts 1, 2) electing through etcd (host 0), a store
+/// node (host 3) and the client (host 4). The leader is cut off from etcd
+/// but not from its members or clients: it stops serving before its
+/// successor starts (never two leaders), the successor rebuilds from the
+/// node and serves every acknowledged object, and once healed the old
+/// leader stays a follower.
+#[test]
+fn a_leader_cut_off_from_etcd_stops_serving_before_its_successor_starts() {
+    const ETCD: usize = 0;
+    const NODE: usize = 3;
+    const CL: usize = 4;
+    let f = Fleet::new(5);
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_files(dir.path());
+    let _etcd = f.spawn_etcd(ETCD, dir.path());
+    let masters = [1, 2];
+    let list = masters.map(|h| f.host(h).at(7000)).join(",");
+    let etcd = f.host(ETCD).at(2379);
+    let mut procs: Vec<Proc> = masters
+        .iter()
+        .map(|&h| {
+            let flags = ["--etcd", &etcd, "--cluster-id", "fleet"];
+            let ttls = ["--election-ttl", "2s", "--node-ttl", "3s"];
+            spawn_master(&f, h, &tokens, &[&flags[..], &ttls[..]].concat())
+        })
+        .collect();
+    procs.push(spawn_node(&f, NODE, &list, "node", &tokens));
+    let rt = f.runtime(CL);
+    rt.block_on(async {
+        let admins = masters.map(|h| f.host(h).at(7001));
+        let t0 = Instant::now();
+        let leader = loop {
+            let mut found = None;
+            for (i, a) in admins.iter().enumerate() {
+                if ready(a).await {
+                    found = Some(i);
+                }
+            }
+            if let Some(i) = found {
+                break i;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "no master leads");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let follower = 1 - leader;
+        assert!(!ready(&admins[follower]).await, "one leader at a time");
+        let token = Secret::from_file(&tokens.client, "--token-file").unwrap();
+        let cl = Client::connect(ClientConfig::new(&list).with_token(Some(token)))
+            .await
+            .unwrap();
+        // The node has registered once a put finds room.
+        let t0 = Instant::now();
+        while cl.put("probe", b"x", &PutOptions::default()).await.is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the node never registered"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+        for (i, k) in keys.iter().enumerate() {
+            cl.put(k, &payload(i as u64, 50_000), &PutOptions::default())
+                .await
+                .unwrap();
+        }
+
+        f.partition(masters[leader], ETCD);
+        let cut = Instant::now();
+        let (mut stopped, mut succeeded) = (None, None);
+        while succeeded.is_none() && cut.elapsed() < Duration::from_secs(30) {
+            // The follower first: a successor seen ready while the old
+            // leader still answers ready is two leaders at once.
+            let f_ready = ready(&admins[follower]).await;
+            let l_ready = ready(&admins[leader]).await;
+            assert!(!(f_ready && l_ready), "two masters serve at once");
+            if !l_ready && stopped.is_none() {
+                stopped = Some(cut.elapsed());
+            }
+            if f_ready {
+                succeeded = Some(cut.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let (stopped, succeeded) = (
+            stopped.expect("the cut-off leader stops serving"),
+            succeeded.expect("the follower takes over"),
+        );
+        assert!(
+            stopped <= succeeded,
+            "the old leader stopped serving at {stopped:?}, its successor started at {succeeded:?}"
+        );
+        // The successor serves every acknowledged object (rebuilt from the
+        // node's report) and takes writes.
+        let t0 = Instant::now();
+        for (i, k) in keys.iter().enumerate() {
+            loop {
+                match cl.get(k).await {
+                    Ok(b) => {
+                        assert!(b == payload(i as u64, 50_000), "{k}: wrong bytes");
+                        break;
+                    }
+                    Err(e) => {
+                        assert!(e.retryable(), "{k}: {e}");
+                        assert!(t0.elapsed() < Duration::from_secs(30), "{k}: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        }
+        cl.put("after", &payload(99, 50_000), &PutOptions::default())
+            .await
+            .unwrap();
+
+        f.heal();
+        // Healed, the old leader finds a live successor and stays a
+        // follower.
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(4) {
+            assert!(
+                !ready(&admins[leader]).await,
+                "the old leader came back as a leader"
+            );
+            assert!(
+                ready(&admins[follower]).await,
+                "the successor keeps leading"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_eq!(cl.get("after").await.unwrap(), payload(99, 50_000));
+    });
+    drop(procs);
+}
