@@ -232,6 +232,40 @@ mod tests {
         assert_eq!(pending_keys(&r), ["a", "b"]);
     }
 
+    /// What a kept record says is exactly what the master signed, for the
+    /// term the node had seen (a rebuilding master checks each field), and
+    /// the region answers for its table (signatures, pings).
+    #[test]
+    fn a_kept_record_names_the_signed_put_and_the_term() {
+        let key = GrantKey::random();
+        let r = region(&key);
+        r.fence.admit(3).unwrap();
+        let req = write(&key, 4096, 100, 9);
+        let _lease = r.write_target(&req, 0).unwrap();
+        let rec = record(&key, "a", &req);
+        r.record_put(&req, &rec).unwrap().unwrap();
+        let kept = r.records.pending();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(
+            kept[0],
+            CommittedObject {
+                key: "a".into(),
+                segment_id: SEG,
+                offset: 4096,
+                length: 100,
+                crc32c: 7,
+                generation: 9,
+                put_record: rec.mac.to_vec(),
+                put_record_term: 3,
+                ..Default::default()
+            }
+        );
+        assert!(r.signed(&req.grant, &req.mac));
+        assert!(!r.signed(&req.grant, &[0; MAC_LEN]));
+        r.table.set_ping_payload(b"node-a".to_vec());
+        assert_eq!(r.ping_payload(), b"node-a");
+    }
+
     /// The master freed the put's range while its bytes were on the way (a
     /// revoke or a timeout, applied by the heartbeat as the node's log
     /// says): the record is refused and nothing is kept, so no rebuilding
