@@ -269,57 +269,76 @@ async fn ready(admin: &str) -> bool {
         .is_ok_and(|r| r.is_ok_and(|r| r.status().is_success()))
 }
 
-/// Two HA masters (hosts 1, 2) electing through etcd (host 0), a store
-/// node (host 3) and the client (host 4). The leader is cut off from etcd
-/// but not from its members or clients: it stops serving before its
-/// successor starts (never two leaders), the successor rebuilds from the
-/// node and serves every acknowledged object, and once healed the old
-/// leader stays a follower.
-#[test]
-fn a_leader_cut_off_from_etcd_stops_serving_before_its_successor_starts() {
-    const ETCD: usize = 0;
-    const NODE: usize = 3;
-    const CL: usize = 4;
-    let f = Fleet::new(5);
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = token_files(dir.path());
-    let _etcd = f.spawn_etcd(ETCD, dir.path());
-    let masters = [1, 2];
-    let list = masters.map(|h| f.host(h).at(7000)).join(",");
-    let etcd = f.host(ETCD).at(2379);
-    let mut procs: Vec<Proc> = masters
-        .iter()
-        .map(|&h| {
+/// Two HA masters (hosts 1 and 2, `MASTERS`) electing through etcd (host
+/// 0), a store node (host 3) and the test's client (host 4).
+struct Ha {
+    f: Fleet,
+    tokens: TokenFiles,
+    /// `HOST:PORT,HOST:PORT` of the masters.
+    list: String,
+    admins: [String; 2],
+    _procs: Vec<Proc>,
+    _dir: tempfile::TempDir,
+}
+
+const ETCD: usize = 0;
+const MASTERS: [usize; 2] = [1, 2];
+const HA_NODE: usize = 3;
+const HA_CLIENT: usize = 4;
+
+impl Ha {
+    fn start() -> Ha {
+        let f = Fleet::new(5);
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = token_files(dir.path());
+        let mut procs = vec![f.spawn_etcd(ETCD, dir.path())];
+        let list = MASTERS.map(|h| f.host(h).at(7000)).join(",");
+        let etcd = f.host(ETCD).at(2379);
+        for h in MASTERS {
             let flags = ["--etcd", &etcd, "--cluster-id", "fleet"];
             let ttls = ["--election-ttl", "2s", "--node-ttl", "3s"];
-            spawn_master(&f, h, &tokens, &[&flags[..], &ttls[..]].concat())
-        })
-        .collect();
-    procs.push(spawn_node(&f, NODE, &list, "node", &tokens));
-    let rt = f.runtime(CL);
-    rt.block_on(async {
-        let admins = masters.map(|h| f.host(h).at(7001));
+            procs.push(spawn_master(
+                &f,
+                h,
+                &tokens,
+                &[&flags[..], &ttls[..]].concat(),
+            ));
+        }
+        procs.push(spawn_node(&f, HA_NODE, &list, "node", &tokens));
+        let admins = MASTERS.map(|h| f.host(h).at(7001));
+        Ha {
+            f,
+            tokens,
+            list,
+            admins,
+            _procs: procs,
+            _dir: dir,
+        }
+    }
+
+    /// Which of `MASTERS` leads (0 or 1), once one does; checks the other
+    /// does not.
+    async fn leader(&self) -> usize {
         let t0 = Instant::now();
-        let leader = loop {
-            let mut found = None;
-            for (i, a) in admins.iter().enumerate() {
+        loop {
+            for (i, a) in self.admins.iter().enumerate() {
                 if ready(a).await {
-                    found = Some(i);
+                    assert!(!ready(&self.admins[1 - i]).await, "one leader at a time");
+                    return i;
                 }
-            }
-            if let Some(i) = found {
-                break i;
             }
             assert!(t0.elapsed() < Duration::from_secs(30), "no master leads");
             tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        let follower = 1 - leader;
-        assert!(!ready(&admins[follower]).await, "one leader at a time");
-        let token = Secret::from_file(&tokens.client, "--token-file").unwrap();
-        let cl = Client::connect(ClientConfig::new(&list).with_token(Some(token)))
+        }
+    }
+
+    /// A client of both masters, once the node has registered (a put finds
+    /// room).
+    async fn client(&self) -> Client {
+        let token = Secret::from_file(&self.tokens.client, "--token-file").unwrap();
+        let cl = Client::connect(ClientConfig::new(&self.list).with_token(Some(token)))
             .await
             .unwrap();
-        // The node has registered once a put finds room.
         let t0 = Instant::now();
         while cl.put("probe", b"x", &PutOptions::default()).await.is_err() {
             assert!(
@@ -328,6 +347,23 @@ fn a_leader_cut_off_from_etcd_stops_serving_before_its_successor_starts() {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        cl
+    }
+}
+
+/// The leader is cut off from etcd but not from its members or clients:
+/// it stops serving before its successor starts (never two leaders), the
+/// successor rebuilds from the node and serves every acknowledged object,
+/// and once healed the old leader stays a follower.
+#[test]
+fn a_leader_cut_off_from_etcd_stops_serving_before_its_successor_starts() {
+    let ha = Ha::start();
+    let (f, admins) = (&ha.f, &ha.admins);
+    let rt = f.runtime(HA_CLIENT);
+    rt.block_on(async {
+        let leader = ha.leader().await;
+        let follower = 1 - leader;
+        let cl = ha.client().await;
         let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
         for (i, k) in keys.iter().enumerate() {
             cl.put(k, &payload(i as u64, 50_000), &PutOptions::default())
@@ -335,7 +371,7 @@ fn a_leader_cut_off_from_etcd_stops_serving_before_its_successor_starts() {
                 .unwrap();
         }
 
-        f.partition(masters[leader], ETCD);
+        f.partition(MASTERS[leader], ETCD);
         let cut = Instant::now();
         let (mut stopped, mut succeeded) = (None, None);
         while succeeded.is_none() && cut.elapsed() < Duration::from_secs(30) {
@@ -399,5 +435,60 @@ fn a_leader_cut_off_from_etcd_stops_serving_before_its_successor_starts() {
         }
         assert_eq!(cl.get("after").await.unwrap(), payload(99, 50_000));
     });
-    drop(procs);
+}
+
+/// A client that reaches only the follower (the leader is cut off from it,
+/// not from anyone else): every call ends within its deadline with a
+/// retryable error, never a wrong answer; healed, the same client works
+/// with no manual step.
+#[test]
+fn a_client_that_reaches_only_a_follower_gets_retryable_errors_then_recovers() {
+    let ha = Ha::start();
+    let rt = ha.f.runtime(HA_CLIENT);
+    rt.block_on(async {
+        let leader = ha.leader().await;
+        let cl = ha.client().await;
+        cl.put("before", &payload(1, 20_000), &PutOptions::default())
+            .await
+            .unwrap();
+        ha.f.partition(MASTERS[leader], HA_CLIENT);
+        let bound = Duration::from_secs(20);
+        let put = tokio::time::timeout(
+            bound,
+            cl.put("during", &payload(2, 20_000), &PutOptions::default()),
+        )
+        .await
+        .expect("a put ends within its deadline");
+        let e = put.expect_err("no leader reachable: the put cannot be acknowledged");
+        assert!(e.retryable(), "{e}");
+        let get = tokio::time::timeout(bound, cl.get("before"))
+            .await
+            .expect("a get ends within its deadline");
+        match get {
+            // Its node is reachable, and a cached location may serve it.
+            Ok(b) => assert!(b == payload(1, 20_000), "wrong bytes"),
+            Err(e) => assert!(e.retryable(), "{e}"),
+        }
+        ha.f.heal();
+        assert_eq!(
+            ha.leader().await,
+            leader,
+            "nobody took over: the leader kept etcd"
+        );
+        let t0 = Instant::now();
+        loop {
+            match cl
+                .put("after", &payload(3, 20_000), &PutOptions::default())
+                .await
+            {
+                Ok(()) => break,
+                Err(e) => {
+                    assert!(e.retryable() && t0.elapsed() < bound, "{e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        assert_eq!(cl.get("before").await.unwrap(), payload(1, 20_000));
+        assert_eq!(cl.get("after").await.unwrap(), payload(3, 20_000));
+    });
 }
