@@ -217,3 +217,17 @@ pub(crate) async fn load_grant_key(kv: &dyn DurableKv) -> Result<GrantKey> {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The term a master's keys are for is the one it was elected with
+    /// (heartbeats and fences compare members' terms with it).
+    #[test]
+    fn term_keys_know_their_term() {
+        let k = GrantKey::random();
+        assert_eq!(TermKeys::new(k.clone(), 7).term(), 7);
+        assert_eq!(TermKeys::new(k, 8).term(), 8);
+    }
+}

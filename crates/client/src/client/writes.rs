@@ -94,6 +94,12 @@ impl Client {
         // --put-timeout reclaimed it.
         let pending_end: std::sync::Mutex<Option<pb::PutEndRequest>> = Default::default();
         let pending_end = &pending_end;
+        // An earlier attempt started a put of the key whose revoke may not
+        // have reached the master (it is best effort): a retry's PutStart
+        // then finds the key "being written" by this very call, which is
+        // no reason to give up (found by the nemesis, tests/nemesis.rs).
+        let started_once = std::sync::atomic::AtomicBool::new(false);
+        let started_once = &started_once;
         let r = self
             .cfg
             .backoff
@@ -145,8 +151,15 @@ impl Client {
                     {
                         return self.same_object(key, len as u64, crc, e).await;
                     }
+                    Err(e)
+                        if e.code == Code::AlreadyExists
+                            && started_once.load(std::sync::atomic::Ordering::Relaxed) =>
+                    {
+                        return Err(e.retry_later());
+                    }
                     Err(e) => return Err(e),
                 };
+                started_once.store(true, std::sync::atomic::Ordering::Relaxed);
                 // Every put names its version at PutEnd and revoke, so a late
                 // or repeated call never ends another writer's put of the
                 // key (an overwrite's is found by it, too).
@@ -162,14 +175,7 @@ impl Client {
                     Ok(r) => r,
                     Err(e) => {
                         self.revoke(key, generation, &token).await;
-                        // A grant refused by its node came from a leader that
-                        // was deposed meanwhile (the node re-registered with a
-                        // newer term's key): a new grant will do.
-                        return Err(if e.code == Code::PermissionDenied {
-                            e.retry_later()
-                        } else {
-                            e
-                        });
+                        return Err(placement_gone_stale(e));
                     }
                 };
                 let end_req = pb::PutEndRequest {
@@ -189,6 +195,14 @@ impl Client {
                 {
                     s.record(crc, [a, b, c, d]);
                 }
+                let end = match end {
+                    // The master dropped the put before its end (a node of
+                    // it left the cluster, or --put-timeout passed): nothing
+                    // was committed, and a new put will do (found by the
+                    // nemesis).
+                    Err(e) if e.code == Code::NotFound => return Err(e.retry_later()),
+                    end => end,
+                };
                 if end.as_ref().is_err_and(|e| e.retryable()) {
                     unsure.store(true, std::sync::atomic::Ordering::Relaxed);
                     if opts.overwrite {
@@ -560,12 +574,7 @@ impl Client {
                 let hash = wants_digest(st.integrity);
                 let (w, digest) = self.write_hashing(key, crc, &st.replicas, data, hash).await;
                 let digest = digest.map_or_else(Vec::new, Vec::from);
-                let w = w.map_err(|e| match e.code {
-                    // A grant from a leader deposed meanwhile: a new
-                    // grant will do (as for a single put).
-                    Code::PermissionDenied => e.retry_later(),
-                    _ => e,
-                });
+                let w = w.map_err(placement_gone_stale);
                 (w, true, generation, st.put_token, digest)
             });
         }
@@ -636,5 +645,17 @@ impl Client {
             }
         }
         Ok(out)
+    }
+}
+
+/// A write refused because the master's placement went stale under it: a
+/// grant refused by its node came from a leader deposed meanwhile (the node
+/// re-registered with a newer term's key), or the node no longer serves
+/// the segment (it restarted and registered again since the master chose
+/// it). A new PutStart gets a fresh placement, so both are retryable.
+fn placement_gone_stale(e: Error) -> Error {
+    match e.code {
+        Code::PermissionDenied | Code::NotFound => e.retry_later(),
+        _ => e,
     }
 }
