@@ -7,10 +7,11 @@
 //! in a host (`Fleet::runtime`), since sockets belong to the namespace of
 //! the thread that made them.
 //!
-//! Faults: `partition` (routes blackholed on both sides: packets vanish,
-//! as on a real partition, rather than being refused), `isolate` (the host's
-//! port on the bridge down), `heal`; processes are stopped and killed with
-//! signals (`procs::Proc`).
+//! Faults: `partition` and `drop_from` (packets dropped where they arrive,
+//! by a policy rule: the sender hears nothing, as across a real partition),
+//! `isolate` (the host's port on the bridge down), `heal`; processes are
+//! stopped and killed with signals (`procs::Proc`); `Proxy` delays and
+//! paces a link.
 //!
 //! Needs root and iproute2 (`ip`); without them `Fleet::new` fails with a
 //! message that says so (a test never skips silently). Namespace names carry
@@ -54,19 +55,22 @@ impl Host {
 pub struct Fleet {
     switch: String,
     pub hosts: Vec<Host>,
+    /// (from, to): what `from` sends `to` is dropped on arrival.
+    dropped: std::sync::Mutex<std::collections::HashSet<(usize, usize)>>,
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
+    let tool = "ip";
+    let out = Command::new(tool)
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run `ip` (iproute2): {e}"))?;
+        .map_err(|e| format!("cannot run `{tool}` (iproute2): {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(format!(
-            "`ip {}` failed: {}",
+            "`{tool} {}` failed: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         ))
@@ -131,6 +135,7 @@ impl Fleet {
         let mut fleet = Fleet {
             switch: format!("{id}sw"),
             hosts: Vec::new(),
+            dropped: Default::default(),
         };
         // Made one step at a time so that a failure part-way leaves only
         // namespaces that `Drop` deletes.
@@ -167,6 +172,19 @@ impl Fleet {
             ip(&["-n", &host.netns, "addr", "add", &cidr, "dev", "eth0"])?;
             ip(&["-n", &host.netns, "link", "set", "eth0", "up"])?;
             ip(&["-n", &host.netns, "link", "set", "lo", "up"])?;
+            // The local table is consulted after the fault rules (it comes
+            // first by default, and would deliver a dropped host's packets).
+            ip(&[
+                "-n",
+                &host.netns,
+                "rule",
+                "add",
+                "pref",
+                "100",
+                "lookup",
+                "local",
+            ])?;
+            ip(&["-n", &host.netns, "rule", "del", "pref", "0"])?;
         }
         Ok(fleet)
     }
@@ -197,7 +215,11 @@ impl Fleet {
         // parent until spawn returns.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                // Killed with the test (even a SIGKILLed one): the sweep of
+                // stale namespaces then finds nothing running in them.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+                    || libc::setns(fd, libc::CLONE_NEWNET) != 0
+                {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -242,27 +264,44 @@ impl Fleet {
         HostRuntime { rt, netns: path }
     }
 
-    /// Cuts `a` and `b` apart both ways (each drops what it would send the
-    /// other); other hosts still reach both.
+    /// Cuts `a` and `b` apart both ways; other hosts still reach both.
+    /// Packets are dropped where they arrive, so the sender hears nothing
+    /// (no refusal, no route error): calls wait out their timeouts, as
+    /// across a real partition.
     pub fn partition(&self, a: usize, b: usize) {
-        self.one_way(a, b, "add");
-        self.one_way(b, a, "add");
+        self.drop_from(a, b);
+        self.drop_from(b, a);
     }
 
-    /// `a` can no longer send to `b` (its packets vanish); what `b` sends
-    /// still arrives. Over TCP both directions fail, but at different
-    /// points: `b`'s connections to `a` are never answered, `a`'s are never
-    /// made.
+    /// What `a` sends `b` vanishes on arrival; what `b` sends `a` still
+    /// arrives. Over TCP both directions fail, at different points: `a`'s
+    /// connections to `b` are never answered, `b`'s answers to `a` never
+    /// acknowledged.
     pub fn drop_from(&self, a: usize, b: usize) {
-        self.one_way(a, b, "add");
+        // A policy rule on the receiver: packets from `a` meet a blackhole
+        // on input and are freed without a word (the kernel here has no tc
+        // drop action, and a route on the sender fails its connects at
+        // once instead).
+        if self.dropped.lock().expect("fleet lock").insert((a, b)) {
+            self.drop_rule("add", a, b).expect("drop rule");
+        }
     }
 
-    fn one_way(&self, a: usize, b: usize, op: &str) {
-        let to = format!("{}/32", self.hosts[b].addr);
-        let r = ip(&["-n", &self.hosts[a].netns, "route", op, "blackhole", &to]);
-        if op == "add" {
-            r.expect("blackhole route");
-        }
+    /// Adds or deletes the rule on `b` that drops what `a` sends it.
+    fn drop_rule(&self, op: &str, a: usize, b: usize) -> Result<(), String> {
+        let from = format!("{}/32", self.hosts[a].addr);
+        let ns = &self.hosts[b].netns;
+        ip(&[
+            "-n",
+            ns,
+            "rule",
+            op,
+            "pref",
+            "10",
+            "from",
+            &from,
+            "blackhole",
+        ])
     }
 
     /// Takes host `h` off the bridge: it reaches no one, no one reaches it.
@@ -274,11 +313,9 @@ impl Fleet {
     pub fn heal(&self) {
         for a in 0..self.hosts.len() {
             ip(&["-n", &self.switch, "link", "set", &format!("p{a}"), "up"]).expect("port up");
-            for b in 0..self.hosts.len() {
-                if a != b {
-                    self.one_way(a, b, "del");
-                }
-            }
+        }
+        for (a, b) in self.dropped.lock().expect("fleet lock").drain() {
+            self.drop_rule("del", a, b).expect("drop rule removed");
         }
     }
 }
@@ -331,5 +368,83 @@ impl Drop for Fleet {
             let _ = ip(&["netns", "delete", &h.netns]);
         }
         let _ = ip(&["netns", "delete", &self.switch]);
+    }
+}
+
+/// A TCP proxy in a host, for what the kernel here cannot do (no netem):
+/// each chunk read from either side is held `delay` and then paced to
+/// `bytes_per_sec` (0: unpaced) before it is written on. Point a service's
+/// advertised address at it to slow every link to that service.
+pub struct Proxy {
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Proxy {
+    /// Listens on `listen` (an address of the runtime's host) and forwards
+    /// each connection to `target`.
+    pub fn start(
+        rt: &HostRuntime,
+        listen: &str,
+        target: &str,
+        delay: std::time::Duration,
+        bytes_per_sec: u64,
+    ) -> Proxy {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let l = rt
+            .block_on(tokio::net::TcpListener::bind(listen))
+            .expect("proxy listens");
+        let (target, s) = (target.to_string(), stop.clone());
+        rt.spawn(async move {
+            loop {
+                let (down, _) = tokio::select! {
+                    _ = s.cancelled() => return,
+                    r = l.accept() => match r { Ok(c) => c, Err(_) => continue },
+                };
+                let (target, s) = (target.clone(), s.clone());
+                tokio::spawn(async move {
+                    let Ok(up) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    let (dr, dw) = down.into_split();
+                    let (ur, uw) = up.into_split();
+                    tokio::select! {
+                        _ = s.cancelled() => {}
+                        _ = pump(dr, uw, delay, bytes_per_sec) => {}
+                        _ = pump(ur, dw, delay, bytes_per_sec) => {}
+                    }
+                });
+            }
+        });
+        Proxy { stop }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: std::time::Duration,
+    bytes_per_sec: u64,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let pace = match bytes_per_sec {
+            0 => std::time::Duration::ZERO,
+            r => std::time::Duration::from_secs_f64(n as f64 / r as f64),
+        };
+        tokio::time::sleep(delay + pace).await;
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }

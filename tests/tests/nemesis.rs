@@ -14,7 +14,7 @@
 
 use parking_lot::Mutex;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_client::{Client, ClientConfig, Code, PutOptions};
@@ -55,8 +55,10 @@ struct KeyState {
     acked: Option<u32>,
     remove_tried: bool,
     removed: bool,
-    /// Nodes that held its latest acknowledged version.
+    /// Nodes that held its latest acknowledged version (empty: unknown,
+    /// the lookup after the put failed), and when it was acknowledged.
     nodes: Vec<String>,
+    acked_at: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -175,9 +177,8 @@ async fn client_loop(
                     Ok(Ok(())) => {
                         let s = g.keys.get_mut(&key).unwrap();
                         s.acked = Some(version);
-                        if let Some(n) = nodes {
-                            s.nodes = n;
-                        }
+                        s.acked_at = Some(Instant::now());
+                        s.nodes = nodes.unwrap_or_default();
                         format!("ok v{version}")
                     }
                     Ok(Err(e)) => {
@@ -331,7 +332,10 @@ fn clients_see_no_anomaly_while_a_nemesis_partitions_pauses_and_kills_hosts() {
     let rt = f.runtime(CLIENT);
     let h = Arc::new(Mutex::new(History::default()));
     let mut faults: BTreeMap<Fault, u64> = BTreeMap::new();
-    let mut disrupted: HashSet<String> = HashSet::new();
+    // When each node's disruptions ended: an acknowledged object may be
+    // lost only if every node holding it was disrupted after it was
+    // acknowledged.
+    let mut disrupted: HashMap<String, Vec<Instant>> = HashMap::new();
     rt.block_on(async {
         wait_ready(m.at(7001).parse().unwrap()).await;
         let t = Instant::now();
@@ -364,9 +368,6 @@ fn clients_see_no_anomaly_while_a_nemesis_partitions_pauses_and_kills_hosts() {
                 _ => Fault::Kill,
             };
             *faults.entry(fault).or_default() += 1;
-            if fault != Fault::CutFromClients {
-                disrupted.insert(format!("node-{host}"));
-            }
             let hold = Duration::from_millis(rng.gen_range(1000..4000));
             match fault {
                 Fault::CutFromMaster => f.partition(host, MASTER),
@@ -380,6 +381,9 @@ fn clients_see_no_anomaly_while_a_nemesis_partitions_pauses_and_kills_hosts() {
                 Fault::Pause => nodes.procs[i].as_ref().unwrap().signal("-CONT"),
                 Fault::Kill => nodes.start(i),
                 _ => f.heal(),
+            }
+            if fault != Fault::CutFromClients {
+                disrupted.entry(format!("node-{host}")).or_default().push(Instant::now());
             }
         }
         for t in tasks {
@@ -395,19 +399,23 @@ fn clients_see_no_anomaly_while_a_nemesis_partitions_pauses_and_kills_hosts() {
         let cl = Client::connect(ClientConfig::new(m.at(7000)).with_token(Some(token)))
             .await
             .unwrap();
-        let (mut readable, mut lost_with_hosts) = (0u64, 0u64);
-        let keys: Vec<(String, u32, Vec<String>, bool)> = {
+        let (mut readable, mut lost_with_hosts, mut unknown) = (0u64, 0u64, 0u64);
+        type Final = (String, u32, Vec<String>, Option<Instant>, bool);
+        let keys: Vec<Final> = {
             let g = h.lock();
             g.keys
                 .iter()
-                .filter_map(|(k, s)| s.acked.map(|a| (k.clone(), a, s.nodes.clone(), s.removed)))
+                .filter_map(|(k, s)| {
+                    s.acked
+                        .map(|a| (k.clone(), a, s.nodes.clone(), s.acked_at, s.removed))
+                })
                 .filter(|(k, ..)| !g.keys[k].remove_tried || g.keys[k].removed)
                 .collect()
         };
         assert!(!keys.is_empty(), "the clients acknowledged no put");
-        for (k, acked, held_by, removed) in &keys {
+        for (k, acked, held_by, acked_at, removed) in &keys {
+            let t = Instant::now();
             let r = loop {
-                let t = Instant::now();
                 match tokio::time::timeout(DEADLINE, cl.get(k)).await {
                     Ok(Err(e)) if e.retryable() && t.elapsed() < DEADLINE => {
                         tokio::time::sleep(Duration::from_millis(100)).await
@@ -424,7 +432,14 @@ fn clients_see_no_anomaly_while_a_nemesis_partitions_pauses_and_kills_hosts() {
                     v => g.anomalies.push(format!("final get {k}: v{v:?}, acknowledged v{acked}")),
                 },
                 (Err(e), false) if e.code == Code::NotFound => {
-                    if held_by.is_empty() || held_by.iter().all(|n| disrupted.contains(n)) {
+                    let after_ack = |n: &String| {
+                        disrupted
+                            .get(n)
+                            .is_some_and(|ends| ends.iter().any(|e| acked_at.is_some_and(|a| *e >= a)))
+                    };
+                    if held_by.is_empty() {
+                        unknown += 1;
+                    } else if held_by.iter().all(after_ack) {
                         lost_with_hosts += 1;
                     } else {
                         g.anomalies.push(format!(
@@ -456,7 +471,8 @@ fn clients_see_no_anomaly_while_a_nemesis_partitions_pauses_and_kills_hosts() {
         }
         println!(
             "nemesis summary: operations {:?}; faults {faults:?}; availability by 10 s{avail}; \
-             final check: {readable} readable, {lost_with_hosts} lost with their hosts, of {}; \
+             final check: {readable} readable, {lost_with_hosts} lost with their hosts, \
+             {unknown} lost whose nodes were not known, of {}; \
              stale reads {}; anomalies {}",
             g.ops,
             keys.len(),

@@ -60,9 +60,11 @@ impl Segment {
         if len == 0 {
             return Err(Error::invalid("segment size must be positive"));
         }
-        // With the default alignment alloc_zeroed is calloc, which maps fresh
-        // zero pages lazily: a large segment is not resident until written.
-        // (A larger alignment would make Rust zero it eagerly.)
+        // With the default alignment alloc_zeroed maps fresh zero pages
+        // lazily (glibc's calloc, and mimalloc's, which the binaries use:
+        // a 4 GiB node measured 23 MB resident with --prefault false), so
+        // a large segment is not resident until written. (A larger
+        // alignment would make Rust zero it eagerly.)
         let layout = std::alloc::Layout::from_size_align(len, 16)
             .map_err(|_| Error::invalid(format!("segment size {len} is too large")))?;
         // SAFETY: the layout has a non-zero size (checked above).

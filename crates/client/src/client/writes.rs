@@ -145,17 +145,16 @@ impl Client {
                 let crc = *crc.get().expect("set by the first attempt");
                 let (replicas, token, integrity) = match start {
                     Ok(r) => (r.replicas, r.put_token, r.integrity),
+                    // Ours, maybe: a committed key with these very bytes is
+                    // done; one still being written (NotReady) is retried
+                    // until --put-timeout reclaims it; other bytes are the
+                    // final AlreadyExists.
                     Err(e)
                         if e.code == Code::AlreadyExists
-                            && unsure.load(std::sync::atomic::Ordering::Relaxed) =>
+                            && (unsure.load(std::sync::atomic::Ordering::Relaxed)
+                                || started_once.load(std::sync::atomic::Ordering::Relaxed)) =>
                     {
                         return self.same_object(key, len as u64, crc, e).await;
-                    }
-                    Err(e)
-                        if e.code == Code::AlreadyExists
-                            && started_once.load(std::sync::atomic::Ordering::Relaxed) =>
-                    {
-                        return Err(e.retry_later());
                     }
                     Err(e) => return Err(e),
                 };
