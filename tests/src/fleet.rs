@@ -19,7 +19,7 @@
 //! processes that are gone, so a killed test leaves nothing behind for long.
 
 use crate::bin;
-use crate::procs::Proc;
+use crate::procs::{Proc, TokenFiles};
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
@@ -202,6 +202,65 @@ impl Fleet {
             std::env::var("STRATA_TEST_LOG").unwrap_or("warn".into()),
         );
         self.spawn_command(h, cmd)
+    }
+
+    /// `strata-master` on host `h` (gRPC port 7000, admin 7001) with every
+    /// role's token (off loopback, every service wants credentials).
+    pub fn spawn_master(&self, h: usize, t: &TokenFiles, extra: &[&str]) -> Proc {
+        let host = &self.hosts[h];
+        let mut args = vec![
+            "--listen".into(),
+            host.at(7000),
+            "--admin-addr".into(),
+            host.at(7001),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(t.master_args());
+        self.spawn(h, "strata-master", &args)
+    }
+
+    /// `strata-store-node` `id` of 64 MiB on host `h` (data port 7100,
+    /// admin 7101) registering with `master`.
+    pub fn spawn_node(
+        &self,
+        h: usize,
+        master: &str,
+        id: &str,
+        t: &TokenFiles,
+        extra: &[&str],
+    ) -> Proc {
+        let host = &self.hosts[h];
+        let mut args: Vec<String> = [
+            "--master",
+            master,
+            "--listen",
+            &host.at(7100),
+            "--admin-addr",
+            &host.at(7101),
+            "--node-id",
+            id,
+            "--capacity",
+            "64MiB",
+            "--token-file",
+            t.member.to_str().expect("a UTF-8 path"),
+        ]
+        .map(String::from)
+        .into();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        self.spawn(h, "strata-store-node", &args)
+    }
+
+    /// How many store nodes the master on host `h` counts in (0 when it
+    /// does not answer); call it from a host's runtime.
+    pub async fn live_nodes(&self, h: usize) -> usize {
+        let Ok(admin) = self.hosts[h].at(7001).parse() else {
+            return 0;
+        };
+        let (_, body) = crate::http_get(admin, "/api/v1/nodes").await;
+        serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["nodes"].as_array().map(Vec::len))
+            .unwrap_or(0)
     }
 
     /// Runs `cmd` (any program: etcd, …) on host `h`, its stdout

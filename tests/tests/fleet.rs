@@ -5,67 +5,27 @@ use std::time::{Duration, Instant};
 use strata_client::{Client, ClientConfig, Code, PutOptions};
 use strata_common::auth::Secret;
 use strata_tests::fleet::Fleet;
+use strata_tests::payload;
 use strata_tests::procs::{token_files, wait_ready, Proc, TokenFiles};
-use strata_tests::{http_get, payload};
 
 const MASTER: usize = 0;
 const CLIENT: usize = 3;
-
-/// `strata-master` on host `h` (gRPC port 7000, admin 7001) with every
-/// role's token (off loopback, every service wants credentials).
-fn spawn_master(f: &Fleet, h: usize, t: &TokenFiles, extra: &[&str]) -> Proc {
-    let mut args = vec![
-        "--listen".into(),
-        f.host(h).at(7000),
-        "--admin-addr".into(),
-        f.host(h).at(7001),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args.extend(t.master_args());
-    f.spawn(h, "strata-master", &args)
-}
-
-/// `strata-store-node` `id` on host `h` (data port 7100, admin 7101).
-fn spawn_node(f: &Fleet, h: usize, master: &str, id: &str, t: &TokenFiles) -> Proc {
-    let args = [
-        "--master",
-        master,
-        "--listen",
-        &f.host(h).at(7100),
-        "--admin-addr",
-        &f.host(h).at(7101),
-        "--node-id",
-        id,
-        "--capacity",
-        "64MiB",
-        "--token-file",
-        t.member.to_str().unwrap(),
-    ];
-    f.spawn(h, "strata-store-node", &args.map(String::from))
-}
 
 /// Hosts 0 (master), 1 and 2 (store nodes `node-1`, `node-2`), 3 (the
 /// test's client); the master drops a silent node after `ttl`.
 fn cluster(f: &Fleet, t: &TokenFiles, ttl: &str) -> Vec<Proc> {
     let master = f.host(MASTER).at(7000);
-    let mut procs = vec![spawn_master(f, MASTER, t, &["--node-ttl", ttl])];
+    let mut procs = vec![f.spawn_master(MASTER, t, &["--node-ttl", ttl])];
     for h in [1, 2] {
-        procs.push(spawn_node(f, h, &master, &format!("node-{h}"), t));
+        procs.push(f.spawn_node(h, &master, &format!("node-{h}"), t, &[]));
     }
     procs
-}
-
-async fn live_nodes(f: &Fleet) -> usize {
-    let admin = f.host(MASTER).at(7001).parse().unwrap();
-    let (_, body) = http_get(admin, "/api/v1/nodes").await;
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    v["nodes"].as_array().map_or(0, Vec::len)
 }
 
 async fn wait_nodes(f: &Fleet, n: usize, within: Duration) -> bool {
     let t0 = Instant::now();
     while t0.elapsed() < within {
-        if live_nodes(f).await == n {
+        if f.live_nodes(MASTER).await == n {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -288,14 +248,9 @@ impl Ha {
         for h in MASTERS {
             let flags = ["--etcd", &etcd, "--cluster-id", "fleet"];
             let ttls = ["--election-ttl", "2s", "--node-ttl", "3s"];
-            procs.push(spawn_master(
-                &f,
-                h,
-                &tokens,
-                &[&flags[..], &ttls[..]].concat(),
-            ));
+            procs.push(f.spawn_master(h, &tokens, &[&flags[..], &ttls[..]].concat()));
         }
-        procs.push(spawn_node(&f, HA_NODE, &list, "node", &tokens));
+        procs.push(f.spawn_node(HA_NODE, &list, "node", &tokens, &[]));
         let admins = MASTERS.map(|h| f.host(h).at(7001));
         Ha {
             f,
@@ -506,25 +461,9 @@ fn a_slow_link_to_a_node_slows_its_reads_and_keeps_them_right() {
     let dir = tempfile::tempdir().unwrap();
     let t = token_files(dir.path());
     let master = f.host(MASTER).at(7000);
-    let _m = spawn_master(&f, MASTER, &t, &[]);
+    let _m = f.spawn_master(MASTER, &t, &[]);
     let node = f.host(1);
-    let args = [
-        "--master",
-        &master,
-        "--listen",
-        &node.at(7100),
-        "--advertise",
-        &node.at(7200),
-        "--admin-addr",
-        &node.at(7101),
-        "--node-id",
-        "slow",
-        "--capacity",
-        "64MiB",
-        "--token-file",
-        t.member.to_str().unwrap(),
-    ];
-    let _n = f.spawn(1, "strata-store-node", &args.map(String::from));
+    let _n = f.spawn_node(1, &master, "slow", &t, &["--advertise", &node.at(7200)]);
     let node_rt = f.runtime(1);
     let _proxy = strata_tests::fleet::Proxy::start(
         &node_rt,

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use strata_client::{Client, ClientConfig, Code, PutOptions};
 use strata_common::auth::Secret;
 use strata_tests::fleet::Fleet;
+use strata_tests::payload;
 use strata_tests::procs::{token_files, wait_ready, Proc, TokenFiles};
-use strata_tests::{http_get, payload};
 
 const MASTER: usize = 0;
 const NODES: [usize; 3] = [1, 2, 3];
@@ -264,35 +264,9 @@ struct Nodes<'a> {
 impl Nodes<'_> {
     fn start(&mut self, i: usize) {
         let h = NODES[i];
-        let host = self.f.host(h);
-        let args = [
-            "--master",
-            &self.master,
-            "--listen",
-            &host.at(7100),
-            "--admin-addr",
-            &host.at(7101),
-            "--node-id",
-            &format!("node-{h}"),
-            "--capacity",
-            "64MiB",
-            "--token-file",
-            self.tokens.member.to_str().unwrap(),
-        ];
-        self.procs[i] = Some(
-            self.f
-                .spawn(h, "strata-store-node", &args.map(String::from)),
-        );
+        let id = format!("node-{h}");
+        self.procs[i] = Some(self.f.spawn_node(h, &self.master, &id, self.tokens, &[]));
     }
-}
-
-async fn live_nodes(f: &Fleet) -> usize {
-    let admin = f.host(MASTER).at(7001).parse().unwrap();
-    let (_, body) = http_get(admin, "/api/v1/nodes").await;
-    serde_json::from_str::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["nodes"].as_array().map(Vec::len))
-        .unwrap_or(0)
 }
 
 #[test]
@@ -310,16 +284,7 @@ fn clients_see_no_anomaly_while_a_nemesis_partitions_pauses_and_kills_hosts() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = token_files(dir.path());
     let m = f.host(MASTER);
-    let mut margs = vec![
-        "--listen".into(),
-        m.at(7000),
-        "--admin-addr".into(),
-        m.at(7001),
-        "--node-ttl".into(),
-        "2s".into(),
-    ];
-    margs.extend(tokens.master_args());
-    let _master = f.spawn(MASTER, "strata-master", &margs);
+    let _master = f.spawn_master(MASTER, &tokens, &["--node-ttl", "2s"]);
     let mut nodes = Nodes {
         f: &f,
         master: m.at(7000),
@@ -339,7 +304,7 @@ fn clients_see_no_anomaly_while_a_nemesis_partitions_pauses_and_kills_hosts() {
     rt.block_on(async {
         wait_ready(m.at(7001).parse().unwrap()).await;
         let t = Instant::now();
-        while live_nodes(&f).await < NODES.len() {
+        while f.live_nodes(MASTER).await < NODES.len() {
             assert!(t.elapsed() < Duration::from_secs(20), "the nodes never registered");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -392,7 +357,7 @@ fn clients_see_no_anomaly_while_a_nemesis_partitions_pauses_and_kills_hosts() {
 
         // Healed: the cluster serves again with no manual step.
         let t = Instant::now();
-        while live_nodes(&f).await < NODES.len() {
+        while f.live_nodes(MASTER).await < NODES.len() {
             assert!(t.elapsed() < Duration::from_secs(30), "the nodes never came back");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -49,15 +49,17 @@ pub struct ObjectRecords {
     inner: Mutex<Inner>,
 }
 
+/// Records by (segment id, offset). Boxed: a node holds millions, and
+/// growing the table moves every entry (a record is ~200 bytes, its box 8).
+type ByRange = HashMap<(u64, u64), Box<CommittedObject>>;
+
 #[derive(Default)]
 struct Inner {
     applied_seq: u64,
-    /// (segment id, offset) → committed object. Boxed: a node holds
-    /// millions, and growing the table moves every entry (a record is
-    /// ~200 bytes, its box 8).
-    by_range: HashMap<(u64, u64), Box<CommittedObject>>,
-    /// (segment id, offset) → announced put, until its commit or free.
-    pending: HashMap<(u64, u64), Box<CommittedObject>>,
+    /// Committed objects.
+    by_range: ByRange,
+    /// Announced puts, until their commit or free.
+    pending: ByRange,
     /// Sum of their lengths, kept as they change (read every heartbeat,
     /// which follows every commit).
     bytes: u64,
@@ -66,11 +68,7 @@ struct Inner {
 /// Removes the record at `at` if it is of the allocation of `generation`
 /// or an older one: a late commit or free of an older allocation never ends
 /// a newer one placed at the same offset.
-fn end_at(
-    records: &mut HashMap<(u64, u64), Box<CommittedObject>>,
-    at: (u64, u64),
-    generation: u64,
-) -> Option<Box<CommittedObject>> {
+fn end_at(records: &mut ByRange, at: (u64, u64), generation: u64) -> Option<Box<CommittedObject>> {
     match records.get(&at) {
         Some(r) if r.generation <= generation => records.remove(&at),
         _ => None,
@@ -78,7 +76,7 @@ fn end_at(
 }
 
 /// Copies of the records, in key order.
-fn by_key(records: &HashMap<(u64, u64), Box<CommittedObject>>) -> Vec<CommittedObject> {
+fn by_key(records: &ByRange) -> Vec<CommittedObject> {
     let mut v: Vec<_> = records.values().map(|c| (**c).clone()).collect();
     v.sort_by(|a, b| a.key.cmp(&b.key));
     v
