@@ -1,6 +1,6 @@
 //! Helpers shared by the cluster-level tests.
 
-pub mod fleet;
+pub use strata_chaos::fleet;
 pub mod load;
 pub mod procs;
 

@@ -1,7 +1,7 @@
 //! Helpers for tests that run the real binaries as processes.
 
 use crate::bin;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// A loopback port for a child process (see `strata_common::ports`).
@@ -9,76 +9,11 @@ pub fn free_port() -> u16 {
     strata_common::ports::unused_loopback_port().expect("a free loopback port")
 }
 
-/// A child process killed (SIGKILL) when dropped.
-pub struct Proc(pub Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proc {
-    pub fn signal(&self, sig: &str) {
-        let st = Command::new("kill")
-            .args([sig, &self.0.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(st.success());
-    }
-    /// Waits (bounded) for the process to exit and returns its code.
-    pub async fn exit_code(&mut self, within: Duration) -> Option<i32> {
-        let t0 = std::time::Instant::now();
-        while t0.elapsed() < within {
-            if let Some(st) = self.0.try_wait().unwrap() {
-                return st.code();
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        None
-    }
-}
-
-/// Token files for every role.
-pub struct TokenFiles {
-    pub member: std::path::PathBuf,
-    pub client: std::path::PathBuf,
-    pub admin: std::path::PathBuf,
-    pub rdma: std::path::PathBuf,
-}
-
-impl TokenFiles {
-    /// The master flags that load them.
-    pub fn master_args(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        for (flag, p) in [
-            ("--member-token-file", &self.member),
-            ("--client-token-file", &self.client),
-            ("--admin-token-file", &self.admin),
-            ("--rdma-token-file", &self.rdma),
-        ] {
-            v.push(flag.to_string());
-            v.push(p.to_str().unwrap().to_string());
-        }
-        v
-    }
-}
+pub use strata_chaos::procs::{Proc, TokenFiles};
 
 /// Fresh token files for every role in `dir`.
 pub fn token_files(dir: &std::path::Path) -> TokenFiles {
-    let c = strata_common::auth::Credentials::generate();
-    let f = |name: &str, s: &Option<strata_common::auth::Secret>| {
-        let p = dir.join(name);
-        s.as_ref().unwrap().write_file(&p).unwrap();
-        p
-    };
-    TokenFiles {
-        member: f("member.token", &c.member),
-        client: f("client.token", &c.client),
-        admin: f("admin.token", &c.admin),
-        rdma: f("rdma.token", &c.rdma),
-    }
+    TokenFiles::generate(dir).expect("token files")
 }
 
 pub struct Master {

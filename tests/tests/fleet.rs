@@ -2,6 +2,7 @@
 //! fleet`), and the faults real clusters see: partitions between hosts.
 
 use std::time::{Duration, Instant};
+use strata_chaos::procs::ready;
 use strata_client::{Client, ClientConfig, Code, PutOptions};
 use strata_common::auth::Secret;
 use strata_tests::fleet::Fleet;
@@ -15,9 +16,12 @@ const CLIENT: usize = 3;
 /// test's client); the master drops a silent node after `ttl`.
 fn cluster(f: &Fleet, t: &TokenFiles, ttl: &str) -> Vec<Proc> {
     let master = f.host(MASTER).at(7000);
-    let mut procs = vec![f.spawn_master(MASTER, t, &["--node-ttl", ttl])];
+    let mut procs = vec![f.spawn_master(MASTER, t, &["--node-ttl", ttl]).unwrap()];
     for h in [1, 2] {
-        procs.push(f.spawn_node(h, &master, &format!("node-{h}"), t, &[]));
+        procs.push(
+            f.spawn_node(h, &master, &format!("node-{h}"), t, &[])
+                .unwrap(),
+        );
     }
     procs
 }
@@ -48,8 +52,8 @@ async fn read_checked(cl: &Client, key: &str, want: &[u8]) -> Result<(), Code> {
 fn hosts_reach_each_other_until_partitioned_and_again_once_healed() {
     let f = Fleet::new(3);
     assert_eq!(f.hosts.len(), 3);
-    let server = f.runtime(1);
-    let client = f.runtime(2);
+    let server = f.runtime(1).unwrap();
+    let client = f.runtime(2).unwrap();
     let addr = f.host(1).at(7000);
     let listener = server
         .block_on(tokio::net::TcpListener::bind(&addr))
@@ -66,19 +70,19 @@ fn hosts_reach_each_other_until_partitioned_and_again_once_healed() {
         })
     };
     assert!(connect(addr.clone()), "host 2 reaches host 1");
-    f.partition(1, 2);
+    f.partition(1, 2).unwrap();
     assert!(
         !connect(addr.clone()),
         "a partition cuts host 2 from host 1"
     );
-    f.heal();
+    f.heal().unwrap();
     assert!(connect(addr.clone()), "healed");
-    f.isolate(1);
+    f.isolate(1).unwrap();
     assert!(
         !connect(addr.clone()),
         "an isolated host is reached by no one"
     );
-    f.heal();
+    f.heal().unwrap();
     assert!(connect(addr), "healed again");
 }
 
@@ -93,7 +97,7 @@ fn a_node_cut_off_from_the_master_past_its_ttl_serves_no_wrong_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = token_files(dir.path());
     let _procs = cluster(&f, &tokens, "2s");
-    let rt = f.runtime(CLIENT);
+    let rt = f.runtime(CLIENT).unwrap();
     rt.block_on(async {
         wait_ready(f.host(MASTER).at(7001).parse().unwrap()).await;
         for h in [1, 2] {
@@ -136,7 +140,7 @@ fn a_node_cut_off_from_the_master_past_its_ttl_serves_no_wrong_bytes() {
             "placement spreads the keys over both nodes: {on_1:?}"
         );
 
-        f.partition(MASTER, 1);
+        f.partition(MASTER, 1).unwrap();
         // While the master still counts node-1 in, its objects are read
         // from it (clients reach it); a removal of one of them cannot be
         // confirmed by node-1, so it either fails retryably or goes through.
@@ -172,7 +176,7 @@ fn a_node_cut_off_from_the_master_past_its_ttl_serves_no_wrong_bytes() {
             assert_eq!(r, Ok(()), "{k}: its node-2 replica serves it");
         }
 
-        f.heal();
+        f.heal().unwrap();
         assert!(
             wait_nodes(&f, 2, Duration::from_secs(15)).await,
             "node-1 registers again once healed, with no manual step"
@@ -209,17 +213,6 @@ fn a_node_cut_off_from_the_master_past_its_ttl_serves_no_wrong_bytes() {
     });
 }
 
-/// Whether the master whose admin address is `admin` leads and serves
-/// (`/ready` 200), or None when it gives no answer within a second (a busy
-/// machine, or a host cut off): only an answer counts either way.
-async fn ready(admin: &str) -> Option<bool> {
-    let get = reqwest::get(format!("http://{admin}/ready"));
-    match tokio::time::timeout(Duration::from_secs(1), get).await {
-        Ok(Ok(r)) => Some(r.status().is_success()),
-        _ => None,
-    }
-}
-
 /// Two HA masters (hosts 1 and 2, `MASTERS`) electing through etcd (host
 /// 0), a store node (host 3) and the test's client (host 4).
 struct Ha {
@@ -242,15 +235,18 @@ impl Ha {
         let f = Fleet::new(5);
         let dir = tempfile::tempdir().unwrap();
         let tokens = token_files(dir.path());
-        let mut procs = vec![f.spawn_etcd(ETCD, dir.path())];
+        let mut procs = vec![f.spawn_etcd(ETCD, dir.path()).unwrap()];
         let list = MASTERS.map(|h| f.host(h).at(7000)).join(",");
         let etcd = f.host(ETCD).at(2379);
         for h in MASTERS {
             let flags = ["--etcd", &etcd, "--cluster-id", "fleet"];
             let ttls = ["--election-ttl", "2s", "--node-ttl", "3s"];
-            procs.push(f.spawn_master(h, &tokens, &[&flags[..], &ttls[..]].concat()));
+            procs.push(
+                f.spawn_master(h, &tokens, &[&flags[..], &ttls[..]].concat())
+                    .unwrap(),
+            );
         }
-        procs.push(f.spawn_node(HA_NODE, &list, "node", &tokens, &[]));
+        procs.push(f.spawn_node(HA_NODE, &list, "node", &tokens, &[]).unwrap());
         let admins = MASTERS.map(|h| f.host(h).at(7001));
         Ha {
             f,
@@ -309,7 +305,7 @@ impl Ha {
 fn a_leader_cut_off_from_etcd_stops_serving_before_its_successor_starts() {
     let ha = Ha::start();
     let (f, admins) = (&ha.f, &ha.admins);
-    let rt = f.runtime(HA_CLIENT);
+    let rt = f.runtime(HA_CLIENT).unwrap();
     rt.block_on(async {
         let leader = ha.leader().await;
         let follower = 1 - leader;
@@ -321,7 +317,7 @@ fn a_leader_cut_off_from_etcd_stops_serving_before_its_successor_starts() {
                 .unwrap();
         }
 
-        f.partition(MASTERS[leader], ETCD);
+        f.partition(MASTERS[leader], ETCD).unwrap();
         let cut = Instant::now();
         let (mut stopped, mut succeeded) = (None, None);
         while (succeeded.is_none() || stopped.is_none()) && cut.elapsed() < Duration::from_secs(30)
@@ -373,7 +369,7 @@ fn a_leader_cut_off_from_etcd_stops_serving_before_its_successor_starts() {
             .await
             .unwrap();
 
-        f.heal();
+        f.heal().unwrap();
         // Healed, the old leader finds a live successor and stays a
         // follower.
         let t0 = Instant::now();
@@ -401,14 +397,14 @@ fn a_leader_cut_off_from_etcd_stops_serving_before_its_successor_starts() {
 #[test]
 fn a_client_that_reaches_only_a_follower_gets_retryable_errors_then_recovers() {
     let ha = Ha::start();
-    let rt = ha.f.runtime(HA_CLIENT);
+    let rt = ha.f.runtime(HA_CLIENT).unwrap();
     rt.block_on(async {
         let leader = ha.leader().await;
         let cl = ha.client().await;
         cl.put("before", &payload(1, 20_000), &PutOptions::default())
             .await
             .unwrap();
-        ha.f.partition(MASTERS[leader], HA_CLIENT);
+        ha.f.partition(MASTERS[leader], HA_CLIENT).unwrap();
         // Past the client's own retry budget (20 s), with room to spare.
         let bound = Duration::from_secs(30);
         let put = tokio::time::timeout(
@@ -427,7 +423,7 @@ fn a_client_that_reaches_only_a_follower_gets_retryable_errors_then_recovers() {
             Ok(b) => assert!(b == payload(1, 20_000), "wrong bytes"),
             Err(e) => assert!(e.retryable(), "{e}"),
         }
-        ha.f.heal();
+        ha.f.heal().unwrap();
         assert_eq!(
             ha.leader().await,
             leader,
@@ -461,18 +457,21 @@ fn a_slow_link_to_a_node_slows_its_reads_and_keeps_them_right() {
     let dir = tempfile::tempdir().unwrap();
     let t = token_files(dir.path());
     let master = f.host(MASTER).at(7000);
-    let _m = f.spawn_master(MASTER, &t, &[]);
+    let _m = f.spawn_master(MASTER, &t, &[]).unwrap();
     let node = f.host(1);
-    let _n = f.spawn_node(1, &master, "slow", &t, &["--advertise", &node.at(7200)]);
-    let node_rt = f.runtime(1);
-    let _proxy = strata_tests::fleet::Proxy::start(
+    let _n = f
+        .spawn_node(1, &master, "slow", &t, &["--advertise", &node.at(7200)])
+        .unwrap();
+    let node_rt = f.runtime(1).unwrap();
+    let _proxy = strata_chaos::proxy::Proxy::start(
         &node_rt,
         &node.at(7200),
         &node.at(7100),
         Duration::from_millis(50),
         2_000_000,
-    );
-    let rt = f.runtime(2);
+    )
+    .unwrap();
+    let rt = f.runtime(2).unwrap();
     rt.block_on(async {
         wait_ready(f.host(MASTER).at(7001).parse().unwrap()).await;
         assert!(wait_nodes(&f, 1, Duration::from_secs(10)).await);

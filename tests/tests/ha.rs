@@ -176,7 +176,7 @@ async fn a_stopped_leader_hands_over_inside_the_ttl() {
     let leader = ha.leader(Duration::from_secs(30)).await.expect("a leader");
     let other = 1 - leader;
     let t0 = Instant::now();
-    ha.proc(leader).signal("-TERM");
+    ha.proc(leader).signal(libc::SIGTERM);
     let t0_ok = loop {
         let v = ha.masters[other].leader_view().await;
         if v.is_some_and(|v| v["is_leader"] == true) {
@@ -228,7 +228,7 @@ async fn a_paused_leader_that_wakes_up_cannot_act() {
         quick_before >= 2,
         "{quick_before} quick calls to the leader"
     );
-    ha.proc(leader).signal("-STOP");
+    ha.proc(leader).signal(libc::SIGSTOP);
     // The other master, not whichever answers first: right after `kill`
     // returns, the paused one may still answer ready once (seen in a full
     // run on 2 busy cores: the stop reaches its threads asynchronously).
@@ -251,7 +251,7 @@ async fn a_paused_leader_that_wakes_up_cannot_act() {
     // Refused for its key (derived per term), not only because the range
     // was reused meanwhile.
     assert!(e.message.contains("signature does not verify"), "{e}");
-    ha.proc(leader).signal("-CONT");
+    ha.proc(leader).signal(libc::SIGCONT);
     // Awake, it answers "not leader" (naming the new one) and is not ready.
     let e: strata_common::Error =
         MasterClient::new(strata_common::grpc::master_channel(&old_addr, None).unwrap())

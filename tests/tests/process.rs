@@ -106,9 +106,9 @@ async fn sigterm_shuts_down_cleanly_with_exit_zero() {
     let (mut n, _) = start_node(&m.addr, "n1").await;
     let cl = Client::connect(ClientConfig::new(&m.addr)).await.unwrap();
     cl.put("k", b"v", &PutOptions::default()).await.unwrap();
-    n.signal("-TERM");
+    n.signal(libc::SIGTERM);
     assert_eq!(n.exit_code(Duration::from_secs(10)).await, Some(0));
-    m.proc.signal("-TERM");
+    m.proc.signal(libc::SIGTERM);
     assert_eq!(m.proc.exit_code(Duration::from_secs(10)).await, Some(0));
 }
 

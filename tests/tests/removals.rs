@@ -160,7 +160,7 @@ async fn a_node_paused_past_its_ttl_comes_back_clean_and_a_removed_key_stays_rem
         n("objects_total") + n("pending_total")
     };
     assert_eq!(objects().await, 3);
-    n1.signal("-STOP");
+    n1.signal(libc::SIGSTOP);
     let nodes = || async { json(m.admin, "/api/v1/nodes").await.to_string() };
     let t0 = std::time::Instant::now();
     while nodes().await.contains("\"n1\"") {
@@ -170,7 +170,7 @@ async fn a_node_paused_past_its_ttl_comes_back_clean_and_a_removed_key_stays_rem
     cl.remove("removed", false).await.unwrap();
     assert_eq!(cl.get("lost").await.unwrap_err().code, Code::NotFound);
     assert!(cl.get("kept").await.unwrap() == payload(2, 50_000));
-    n1.signal("-CONT");
+    n1.signal(libc::SIGCONT);
     // It learns it was forgotten, starts clean and registers again.
     let t0 = std::time::Instant::now();
     while !(nodes().await.contains("\"n1\"") && objects().await == 0) {

@@ -3,6 +3,7 @@
 //! Redis on loopback, all in one run, with the ratios printed.
 
 mod baselines;
+mod chaos;
 mod failover;
 mod offload;
 mod pressure;
@@ -39,6 +40,9 @@ pub enum BenchMode {
     /// Puts' pause when the leader is killed or stopped (real processes,
     /// real etcd), against the election TTL
     Failover(failover::FailoverArgs),
+    /// Clients checked while a nemesis partitions, pauses, kills and slows
+    /// hosts of a fleet of network namespaces (root needed)
+    Chaos(chaos::ChaosArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -252,6 +256,7 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         Some(BenchMode::Pressure(a)) => return pressure::run(a).await,
         Some(BenchMode::Rebuild(a)) => return rebuild::run(a).await,
         Some(BenchMode::Failover(a)) => return failover::run(a).await,
+        Some(BenchMode::Chaos(a)) => return chaos::run(a).await,
         None => {}
     }
     anyhow::ensure!(

@@ -501,7 +501,7 @@ impl Master {
     /// Objects being written are always skipped. Returns (removed, skipped).
     pub fn remove_all(&self, force: bool) -> (u64, u64) {
         self.writes
-            .remove_all(self.model(), &self.ssd, &self.pressure, force)
+            .remove_all(self.model(), &self.ssd, &self.pressure, &self.gate, force)
     }
 
     pub fn list(

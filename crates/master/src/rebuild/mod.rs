@@ -85,6 +85,12 @@ pub(crate) struct RebuildGate {
     lost_taken: AtomicBool,
     /// `--node-ttl`: the window is twice it, the gate's bound it.
     node_ttl: Duration,
+    /// Keys removed while reports are still taken, with the newest
+    /// generation removed: a member reporting late (writes open after the
+    /// bound, reports are taken for longer) must not bring back a copy of
+    /// what this term removed. Emptied once reports end; at most one entry
+    /// per removal within the window.
+    removed: parking_lot::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl RebuildGate {
@@ -105,6 +111,7 @@ impl RebuildGate {
             members,
             lost_taken: AtomicBool::new(false),
             node_ttl,
+            removed: Default::default(),
         })
     }
 
@@ -118,6 +125,27 @@ impl RebuildGate {
     /// the window, and no longer (the object log moves on without it).
     pub(crate) fn taking_reports(&self) -> bool {
         self.started.elapsed() < window(self.node_ttl) * 2
+    }
+
+    /// `key` was removed; its newest copy had `generation`. Remembered while
+    /// reports are taken (lock order: a key's shard lock, then this).
+    pub(crate) fn note_removed(&self, key: &str, generation: u64) {
+        let mut r = self.removed.lock();
+        if !self.taking_reports() {
+            r.clear();
+            return;
+        }
+        let g = r.entry(key.to_string()).or_insert(generation);
+        *g = (*g).max(generation);
+    }
+
+    /// Whether a reported copy of `key` with `generation` is one this term
+    /// removed (or older than one it removed).
+    fn was_removed(&self, key: &str, generation: u64) -> bool {
+        self.removed
+            .lock()
+            .get(key)
+            .is_some_and(|&g| generation <= g)
     }
 
     /// Longest a restarted master waits for the members it remembers: a
@@ -260,6 +288,9 @@ impl RebuildGate {
                 .and_then(|i| segments.get(i).cloned().flatten());
             let outcome = match (seg, given(keys, &node, o)) {
                 (Some(_), None) => Err(Refusal::Unsigned),
+                (Some(_), Some(_)) if self.was_removed(&o.key, o.generation) => {
+                    Err(Refusal::Removed)
+                }
                 // Under --integrity blake3 an object is adopted only with
                 // its writer's digest, which only a commit's record covers
                 // (a put not committed on the node yet is dropped).

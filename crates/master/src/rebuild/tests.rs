@@ -428,3 +428,39 @@ fn under_integrity_blake3_only_a_commits_record_brings_an_object_back() {
         }
     }
 }
+
+/// A key removed while the rebuild still takes reports stays removed when a
+/// member that had not reported yet reports its copy (found by the
+/// nemesis: writes open after the gate's bound, reports are taken for
+/// longer); a copy of a newer version (a put after the removal) is not
+/// refused for it.
+#[test]
+fn a_late_report_does_not_bring_back_a_key_removed_during_the_rebuild() {
+    let m = master_with(2, 1 << 20, |_| {});
+    let obj = |node: &str, offset: u64, generation: u64| {
+        m.signed(
+            node,
+            pb::NodeObject {
+                key: "k".into(),
+                local_segment: 0,
+                offset,
+                length: 100,
+                crc32c: 1,
+                generation,
+                ..Default::default()
+            },
+        )
+    };
+    let r = report_of(&m, "n0", vec![obj("n0", 0, 5)], true).unwrap();
+    assert_eq!(r.adopted, 1);
+    m.remove("k", false).unwrap();
+    assert!(!m.exists("k").unwrap());
+    // n1 held the other replica of the same commit and reports it late.
+    let r = report_of(&m, "n1", vec![obj("n1", 0, 5)], false).unwrap();
+    assert_eq!((r.adopted, r.refused), (0, 1));
+    assert_eq!(m.get_replicas("k").unwrap_err().code, Code::NotFound);
+    // A newer version of the key (written after the removal) is adopted.
+    let r = report_of(&m, "n1", vec![obj("n1", 4096, 6)], true).unwrap();
+    assert_eq!((r.adopted, r.refused), (1, 0));
+    assert!(m.exists("k").unwrap());
+}

@@ -61,6 +61,8 @@ impl Writes {
                     ),
                 ));
             }
+            // A member yet to report must not bring it back.
+            gate.note_removed(key, newest_generation(obj));
             shard.remove(key)
         };
         if let Some(o) = obj {
@@ -81,6 +83,7 @@ impl Writes {
         m: Model,
         ssd: &SsdTier,
         pressure: &Pressure,
+        gate: &RebuildGate,
         force: bool,
     ) -> (u64, u64) {
         let now = unix_ms();
@@ -100,7 +103,11 @@ impl Writes {
                     })
                     .collect();
                 keys.into_iter()
-                    .filter_map(|k| s.remove(&k).map(|o| (k, o)))
+                    .filter_map(|k| {
+                        let o = s.remove(&k)?;
+                        gate.note_removed(&k, newest_generation(&o));
+                        Some((k, o))
+                    })
                     .collect()
             };
             removed += victims.len() as u64;
@@ -115,4 +122,10 @@ impl Writes {
         pressure.space_freed();
         (removed, skipped)
     }
+}
+
+/// The newest generation among an object's DRAM copies (0 with none): a
+/// reported copy at or below it is of a version that was removed.
+fn newest_generation(o: &Object) -> u64 {
+    o.replicas().iter().map(|r| r.generation).max().unwrap_or(0)
 }

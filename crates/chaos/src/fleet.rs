@@ -10,16 +10,16 @@
 //! Faults: `partition` and `drop_from` (packets dropped where they arrive,
 //! by a policy rule: the sender hears nothing, as across a real partition),
 //! `isolate` (the host's port on the bridge down), `heal`; processes are
-//! stopped and killed with signals (`procs::Proc`); `Proxy` delays and
-//! paces a link.
+//! stopped and killed with signals (`procs::Proc`); `proxy::Proxy` delays
+//! and paces a link.
 //!
 //! Needs root and iproute2 (`ip`); without them `Fleet::new` fails with a
 //! message that says so (a test never skips silently). Namespace names carry
 //! the creating process's pid, and a new fleet first deletes those of
 //! processes that are gone, so a killed test leaves nothing behind for long.
 
-use crate::bin;
-use crate::procs::{Proc, TokenFiles};
+use crate::procs::{bin_dir, Proc, TokenFiles};
+use anyhow::Context;
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
@@ -54,26 +54,30 @@ impl Host {
 /// Hosts joined by a bridge; every namespace is deleted on drop.
 pub struct Fleet {
     switch: String,
+    /// Where the workspace's binaries are (`procs::bin_dir`).
+    bins: std::path::PathBuf,
+    /// Where services' stderr goes (`log_to`); the caller's stderr if None.
+    logs: Option<std::path::PathBuf>,
     pub hosts: Vec<Host>,
     /// (from, to): what `from` sends `to` is dropped on arrival.
-    dropped: std::sync::Mutex<std::collections::HashSet<(usize, usize)>>,
+    dropped: parking_lot::Mutex<std::collections::HashSet<(usize, usize)>>,
 }
 
-fn ip(args: &[&str]) -> Result<(), String> {
+fn ip(args: &[&str]) -> anyhow::Result<()> {
     let tool = "ip";
     let out = Command::new(tool)
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run `{tool}` (iproute2): {e}"))?;
+        .with_context(|| format!("cannot run `{tool}` (iproute2)"))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
+        anyhow::bail!(
             "`{tool} {}` failed: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        )
     }
 }
 
@@ -112,20 +116,26 @@ impl Fleet {
     pub fn new(n: usize) -> Fleet {
         match Fleet::try_new(n) {
             Ok(f) => f,
-            Err(e) => panic!(
-                "cannot build a fleet of network namespaces: {e}. These tests need root \
-                 (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2; CI runs them as root"
-            ),
+            Err(e) => panic!("{e:#}"),
         }
     }
 
-    pub fn try_new(n: usize) -> Result<Fleet, String> {
-        if n == 0 || n > MAX_HOSTS {
-            return Err(format!("a fleet has 1 to {MAX_HOSTS} hosts, not {n}"));
-        }
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("not running as root".into());
-        }
+    /// `n` hosts, or why this machine cannot make them.
+    pub fn try_new(n: usize) -> anyhow::Result<Fleet> {
+        Fleet::build(n).context(
+            "cannot build a fleet of network namespaces (it needs root — CAP_NET_ADMIN and \
+             CAP_SYS_ADMIN — and iproute2; CI runs these tests as root)",
+        )
+    }
+
+    fn build(n: usize) -> anyhow::Result<Fleet> {
+        anyhow::ensure!(
+            (1..=MAX_HOSTS).contains(&n),
+            "a fleet has 1 to {MAX_HOSTS} hosts, not {n}"
+        );
+        // SAFETY: a plain syscall.
+        anyhow::ensure!(unsafe { libc::geteuid() } == 0, "not running as root");
+        let bins = bin_dir()?;
         sweep_stale();
         let id = format!(
             "{PREFIX}{}x{}",
@@ -134,6 +144,8 @@ impl Fleet {
         );
         let mut fleet = Fleet {
             switch: format!("{id}sw"),
+            bins,
+            logs: None,
             hosts: Vec::new(),
             dropped: Default::default(),
         };
@@ -189,14 +201,20 @@ impl Fleet {
         Ok(fleet)
     }
 
+    /// Sends each service's stderr to `dir/h<host>-<program>.log` (appended
+    /// to across restarts) instead of the caller's stderr.
+    pub fn log_to(&mut self, dir: &std::path::Path) {
+        self.logs = Some(dir.to_path_buf());
+    }
+
     pub fn host(&self, i: usize) -> &Host {
         &self.hosts[i]
     }
 
     /// Runs workspace binary `name` on host `h` (killed when the `Proc` is
     /// dropped).
-    pub fn spawn(&self, h: usize, name: &str, args: &[String]) -> Proc {
-        let mut cmd = Command::new(bin(name));
+    pub fn spawn(&self, h: usize, name: &str, args: &[String]) -> anyhow::Result<Proc> {
+        let mut cmd = Command::new(self.bins.join(name));
         cmd.args(args).env(
             "RUST_LOG",
             std::env::var("STRATA_TEST_LOG").unwrap_or("warn".into()),
@@ -206,7 +224,7 @@ impl Fleet {
 
     /// `strata-master` on host `h` (gRPC port 7000, admin 7001) with every
     /// role's token (off loopback, every service wants credentials).
-    pub fn spawn_master(&self, h: usize, t: &TokenFiles, extra: &[&str]) -> Proc {
+    pub fn spawn_master(&self, h: usize, t: &TokenFiles, extra: &[&str]) -> anyhow::Result<Proc> {
         let host = &self.hosts[h];
         let mut args = vec![
             "--listen".into(),
@@ -228,7 +246,7 @@ impl Fleet {
         id: &str,
         t: &TokenFiles,
         extra: &[&str],
-    ) -> Proc {
+    ) -> anyhow::Result<Proc> {
         let host = &self.hosts[h];
         let mut args: Vec<String> = [
             "--master",
@@ -242,7 +260,7 @@ impl Fleet {
             "--capacity",
             "64MiB",
             "--token-file",
-            t.member.to_str().expect("a UTF-8 path"),
+            &t.member.to_string_lossy(),
         ]
         .map(String::from)
         .into();
@@ -256,7 +274,17 @@ impl Fleet {
         let Ok(admin) = self.hosts[h].at(7001).parse() else {
             return 0;
         };
-        let (_, body) = crate::http_get(admin, "/api/v1/nodes").await;
+        let admin: std::net::SocketAddr = admin;
+        let get = async {
+            reqwest::get(format!("http://{admin}/api/v1/nodes"))
+                .await?
+                .text()
+                .await
+        };
+        let Ok(Ok(body)) = tokio::time::timeout(std::time::Duration::from_secs(1), get).await
+        else {
+            return 0;
+        };
         serde_json::from_str::<serde_json::Value>(&body)
             .ok()
             .and_then(|v| v["nodes"].as_array().map(Vec::len))
@@ -265,10 +293,24 @@ impl Fleet {
 
     /// Runs `cmd` (any program: etcd, …) on host `h`, its stdout
     /// discarded, its stderr the test's.
-    pub fn spawn_command(&self, h: usize, mut cmd: Command) -> Proc {
+    pub fn spawn_command(&self, h: usize, mut cmd: Command) -> anyhow::Result<Proc> {
         let ns = std::fs::File::open(format!("/run/netns/{}", self.hosts[h].netns))
-            .expect("the host's namespace exists");
-        cmd.stdout(Stdio::null()).stderr(Stdio::inherit());
+            .context("the host's namespace")?;
+        let stderr = match &self.logs {
+            None => Stdio::inherit(),
+            Some(dir) => {
+                let program = std::path::Path::new(cmd.get_program());
+                let name = program.file_name().unwrap_or_default().to_string_lossy();
+                let path = dir.join(format!("h{h}-{name}.log"));
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .with_context(|| format!("cannot open {}", path.display()))?
+                    .into()
+            }
+        };
+        cmd.stdout(Stdio::null()).stderr(stderr);
         let fd = ns.as_raw_fd();
         // SAFETY: setns is async-signal-safe; the fd stays open in the
         // parent until spawn returns.
@@ -284,14 +326,17 @@ impl Fleet {
                 Ok(())
             });
         }
-        let child = cmd.spawn().expect("spawn a program in its host");
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {program} in host {h}"))?;
         drop(ns);
-        Proc(child)
+        Ok(Proc(child))
     }
 
     /// A single-member etcd on host `h` (client port 2379); its data in
     /// `dir`.
-    pub fn spawn_etcd(&self, h: usize, dir: &std::path::Path) -> Proc {
+    pub fn spawn_etcd(&self, h: usize, dir: &std::path::Path) -> anyhow::Result<Proc> {
         let host = &self.hosts[h];
         let (client, peer) = (
             format!("http://{}", host.at(2379)),
@@ -311,7 +356,7 @@ impl Fleet {
 
     /// A runtime whose threads (workers and blocking ones) live in host
     /// `h`: clients built and driven on it connect from that host.
-    pub fn runtime(&self, h: usize) -> HostRuntime {
+    pub fn runtime(&self, h: usize) -> anyhow::Result<HostRuntime> {
         let path = format!("/run/netns/{}", self.hosts[h].netns);
         let p = path.clone();
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -319,35 +364,36 @@ impl Fleet {
             .enable_all()
             .on_thread_start(move || enter_netns(&p))
             .build()
-            .expect("a runtime in the host");
-        HostRuntime { rt, netns: path }
+            .context("a runtime in the host")?;
+        Ok(HostRuntime { rt, netns: path })
     }
 
     /// Cuts `a` and `b` apart both ways; other hosts still reach both.
     /// Packets are dropped where they arrive, so the sender hears nothing
     /// (no refusal, no route error): calls wait out their timeouts, as
     /// across a real partition.
-    pub fn partition(&self, a: usize, b: usize) {
-        self.drop_from(a, b);
-        self.drop_from(b, a);
+    pub fn partition(&self, a: usize, b: usize) -> anyhow::Result<()> {
+        self.drop_from(a, b)?;
+        self.drop_from(b, a)
     }
 
     /// What `a` sends `b` vanishes on arrival; what `b` sends `a` still
     /// arrives. Over TCP both directions fail, at different points: `a`'s
     /// connections to `b` are never answered, `b`'s answers to `a` never
     /// acknowledged.
-    pub fn drop_from(&self, a: usize, b: usize) {
+    pub fn drop_from(&self, a: usize, b: usize) -> anyhow::Result<()> {
         // A policy rule on the receiver: packets from `a` meet a blackhole
         // on input and are freed without a word (the kernel here has no tc
         // drop action, and a route on the sender fails its connects at
         // once instead).
-        if self.dropped.lock().expect("fleet lock").insert((a, b)) {
-            self.drop_rule("add", a, b).expect("drop rule");
+        if self.dropped.lock().insert((a, b)) {
+            self.drop_rule("add", a, b)?;
         }
+        Ok(())
     }
 
     /// Adds or deletes the rule on `b` that drops what `a` sends it.
-    fn drop_rule(&self, op: &str, a: usize, b: usize) -> Result<(), String> {
+    fn drop_rule(&self, op: &str, a: usize, b: usize) -> anyhow::Result<()> {
         let from = format!("{}/32", self.hosts[a].addr);
         let ns = &self.hosts[b].netns;
         ip(&[
@@ -364,18 +410,20 @@ impl Fleet {
     }
 
     /// Takes host `h` off the bridge: it reaches no one, no one reaches it.
-    pub fn isolate(&self, h: usize) {
-        ip(&["-n", &self.switch, "link", "set", &format!("p{h}"), "down"]).expect("port down");
+    pub fn isolate(&self, h: usize) -> anyhow::Result<()> {
+        ip(&["-n", &self.switch, "link", "set", &format!("p{h}"), "down"])
     }
 
     /// Undoes every partition and isolation.
-    pub fn heal(&self) {
+    pub fn heal(&self) -> anyhow::Result<()> {
         for a in 0..self.hosts.len() {
-            ip(&["-n", &self.switch, "link", "set", &format!("p{a}"), "up"]).expect("port up");
+            ip(&["-n", &self.switch, "link", "set", &format!("p{a}"), "up"])?;
         }
-        for (a, b) in self.dropped.lock().expect("fleet lock").drain() {
-            self.drop_rule("del", a, b).expect("drop rule removed");
+        let dropped: Vec<_> = self.dropped.lock().drain().collect();
+        for (a, b) in dropped {
+            self.drop_rule("del", a, b)?;
         }
+        Ok(())
     }
 }
 
@@ -427,83 +475,5 @@ impl Drop for Fleet {
             let _ = ip(&["netns", "delete", &h.netns]);
         }
         let _ = ip(&["netns", "delete", &self.switch]);
-    }
-}
-
-/// A TCP proxy in a host, for what the kernel here cannot do (no netem):
-/// each chunk read from either side is held `delay` and then paced to
-/// `bytes_per_sec` (0: unpaced) before it is written on. Point a service's
-/// advertised address at it to slow every link to that service.
-pub struct Proxy {
-    stop: tokio_util::sync::CancellationToken,
-}
-
-impl Proxy {
-    /// Listens on `listen` (an address of the runtime's host) and forwards
-    /// each connection to `target`.
-    pub fn start(
-        rt: &HostRuntime,
-        listen: &str,
-        target: &str,
-        delay: std::time::Duration,
-        bytes_per_sec: u64,
-    ) -> Proxy {
-        let stop = tokio_util::sync::CancellationToken::new();
-        let l = rt
-            .block_on(tokio::net::TcpListener::bind(listen))
-            .expect("proxy listens");
-        let (target, s) = (target.to_string(), stop.clone());
-        rt.spawn(async move {
-            loop {
-                let (down, _) = tokio::select! {
-                    _ = s.cancelled() => return,
-                    r = l.accept() => match r { Ok(c) => c, Err(_) => continue },
-                };
-                let (target, s) = (target.clone(), s.clone());
-                tokio::spawn(async move {
-                    let Ok(up) = tokio::net::TcpStream::connect(&target).await else {
-                        return;
-                    };
-                    let (dr, dw) = down.into_split();
-                    let (ur, uw) = up.into_split();
-                    tokio::select! {
-                        _ = s.cancelled() => {}
-                        _ = pump(dr, uw, delay, bytes_per_sec) => {}
-                        _ = pump(ur, dw, delay, bytes_per_sec) => {}
-                    }
-                });
-            }
-        });
-        Proxy { stop }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay: std::time::Duration,
-    bytes_per_sec: u64,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        let pace = match bytes_per_sec {
-            0 => std::time::Duration::ZERO,
-            r => std::time::Duration::from_secs_f64(n as f64 / r as f64),
-        };
-        tokio::time::sleep(delay + pace).await;
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
     }
 }

@@ -1,0 +1,201 @@
+//! What the nemesis's clients did and saw, and the judgement of it: every
+//! value names its key and version in its first bytes, so any read can be
+//! checked against what was ever written for its key, without asking the
+//! cluster.
+
+use rand::{rngs::StdRng, RngCore, SeedableRng};
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+use strata_client::Code;
+
+/// Every call's deadline, as a user would set one.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+/// The size of every value.
+pub const VALUE: usize = 8 << 10;
+
+/// The bytes of `version` of `key`: a header naming both, then filler
+/// derived from both.
+pub fn value(key: &str, version: u32) -> Vec<u8> {
+    let mut v = format!("{key}|{version}|").into_bytes();
+    let seed = key
+        .bytes()
+        .fold(version as u64, |h, b| h.wrapping_mul(31) ^ b as u64);
+    let mut filler = vec![0u8; VALUE.saturating_sub(v.len())];
+    StdRng::seed_from_u64(seed).fill_bytes(&mut filler);
+    v.extend(filler);
+    v
+}
+
+/// The version `bytes` are of `key`, if they are exactly one.
+pub fn version_of(key: &str, bytes: &[u8]) -> Option<u32> {
+    let mut it = bytes.splitn(3, |&b| b == b'|');
+    let (k, v) = (it.next()?, it.next()?);
+    let v = std::str::from_utf8(v).ok()?.parse().ok()?;
+    (k == key.as_bytes() && value(key, v) == bytes).then_some(v)
+}
+
+#[derive(Default)]
+pub struct KeyState {
+    /// Versions whose put was started (acknowledged or not).
+    pub attempted: Vec<u32>,
+    pub acked: Option<u32>,
+    pub remove_tried: bool,
+    pub removed: bool,
+    /// Nodes that held its latest acknowledged version (empty: unknown, the
+    /// lookup after the put failed), and when it was acknowledged.
+    pub nodes: Vec<String>,
+    pub acked_at: Option<Instant>,
+}
+
+/// One call: when it started and ended (ms into the run), and whether the
+/// cluster answered it (a success, or a final answer such as NotFound for
+/// a removed key) rather than failing it retryably or not at all.
+#[derive(Clone, Copy)]
+pub struct Outcome {
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub ok: bool,
+}
+
+pub struct History {
+    pub t0: Instant,
+    pub keys: HashMap<String, KeyState>,
+    /// One JSON line per call, for replay.
+    pub lines: Vec<String>,
+    pub ops: BTreeMap<&'static str, u64>,
+    pub outcomes: Vec<Outcome>,
+    pub anomalies: Vec<String>,
+    /// Reads of an older version than the last acknowledged one (a reader
+    /// racing an overwrite may see either; counted, not an anomaly).
+    pub stale_reads: u64,
+}
+
+impl History {
+    pub fn new(t0: Instant) -> History {
+        History {
+            t0,
+            keys: HashMap::new(),
+            lines: Vec::new(),
+            ops: BTreeMap::new(),
+            outcomes: Vec::new(),
+            anomalies: Vec::new(),
+            stale_reads: 0,
+        }
+    }
+
+    /// A call that outlived its deadline: an anomaly.
+    pub fn no_answer(&mut self, op: &str, key: &str) -> String {
+        self.anomalies
+            .push(format!("{op} {key}: no answer within {DEADLINE:?}"));
+        "timeout".to_string()
+    }
+
+    /// A call's error: retryable ones (and the answers in `also`, which the
+    /// call may get by design) are fine, anything else is an anomaly.
+    pub fn judge(&mut self, op: &str, key: &str, e: &strata_client::Error, also: &[Code]) {
+        if !e.retryable() && !also.contains(&e.code) {
+            self.anomalies
+                .push(format!("{op} {key}: non-retryable error {:?}: {e}", e.code));
+        }
+    }
+
+    pub fn record(
+        &mut self,
+        started: Instant,
+        client: usize,
+        op: &'static str,
+        key: &str,
+        what: &str,
+        answered: bool,
+    ) {
+        let ms = |t: Instant| t.saturating_duration_since(self.t0).as_millis() as u64;
+        let (start_ms, end_ms) = (ms(started), ms(Instant::now()));
+        *self.ops.entry(op).or_default() += 1;
+        self.outcomes.push(Outcome {
+            start_ms,
+            end_ms,
+            ok: answered,
+        });
+        self.lines.push(
+            serde_json::json!({
+                "start_ms": start_ms, "end_ms": end_ms, "client": client,
+                "op": op, "key": key, "result": what, "answered": answered,
+            })
+            .to_string(),
+        );
+    }
+
+    /// Judges the bytes a read of `key` returned; the result to record.
+    pub fn read(&mut self, key: &str, bytes: &[u8]) -> String {
+        let s = &self.keys[key];
+        let (removed, acked) = (s.removed, s.acked);
+        match version_of(key, bytes) {
+            Some(v) if self.keys[key].attempted.contains(&v) => {
+                if removed {
+                    self.anomalies
+                        .push(format!("get {key}: a removed key came back (v{v})"));
+                }
+                if acked.is_some_and(|a| v < a) {
+                    self.stale_reads += 1;
+                }
+                format!("ok v{v}")
+            }
+            _ => {
+                self.anomalies
+                    .push(format!("get {key}: wrong bytes ({} bytes)", bytes.len()));
+                "wrong bytes".to_string()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_names_its_key_and_version_and_nothing_else_passes() {
+        let v = value("k1", 3);
+        assert_eq!(v.len(), VALUE);
+        assert_eq!(version_of("k1", &v), Some(3));
+        assert_eq!(version_of("k2", &v), None, "another key's bytes");
+        let mut flipped = v.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        assert_eq!(version_of("k1", &flipped), None, "one bit off");
+        assert_eq!(version_of("k1", &v[..v.len() - 1]), None, "short");
+        assert_ne!(value("k1", 3), value("k1", 4));
+    }
+
+    #[test]
+    fn reads_of_bytes_never_written_or_of_removed_keys_are_anomalies() {
+        let mut h = History::new(Instant::now());
+        h.keys.insert(
+            "k".into(),
+            KeyState {
+                attempted: vec![0, 1],
+                acked: Some(1),
+                ..Default::default()
+            },
+        );
+        assert_eq!(h.read("k", &value("k", 1)), "ok v1");
+        assert_eq!(h.read("k", &value("k", 0)), "ok v0");
+        assert_eq!((h.stale_reads, h.anomalies.len()), (1, 0));
+        assert_eq!(h.read("k", &value("k", 2)), "wrong bytes", "never written");
+        assert_eq!(h.anomalies.len(), 1);
+        h.keys.get_mut("k").unwrap().removed = true;
+        h.read("k", &value("k", 1));
+        assert_eq!(h.anomalies.len(), 2, "{:?}", h.anomalies);
+    }
+
+    #[test]
+    fn only_retryable_or_expected_errors_pass() {
+        let mut h = History::new(Instant::now());
+        let e = |c| strata_client::Error::new(c, "x");
+        h.judge("get", "k", &e(Code::Unavailable), &[]);
+        h.judge("get", "k", &e(Code::NotFound), &[Code::NotFound]);
+        assert!(h.anomalies.is_empty(), "{:?}", h.anomalies);
+        h.judge("get", "k", &e(Code::NotFound), &[]);
+        h.judge("get", "k", &e(Code::PermissionDenied), &[Code::NotFound]);
+        assert_eq!(h.anomalies.len(), 2);
+    }
+}
