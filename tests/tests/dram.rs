@@ -684,6 +684,41 @@ async fn ambiguous_put_ends_resolve_to_one_stored_object() {
     c.shutdown().await;
 }
 
+/// A PutStart whose answer was lost after the master started the put (a
+/// leadership that lapsed while the call ran answers so; found by the HA
+/// nemesis) is sent again and gets its own put back: the put succeeds at
+/// once, not AlreadyExists from its own first attempt nor a wait for
+/// --put-timeout; the same for an overwrite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_start_whose_answer_was_lost_resumes_its_own_put() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    let t0 = std::time::Instant::now();
+    fail::cfg("client::put-start-answer-lost", "1*return").unwrap();
+    cl.put("lost-start", &payload(5, 10_000), &PutOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(cl.get("lost-start").await.unwrap(), payload(5, 10_000));
+    let over = PutOptions {
+        overwrite: true,
+        ..Default::default()
+    };
+    fail::cfg("client::put-start-answer-lost", "1*return").unwrap();
+    cl.put("lost-start", &payload(6, 10_000), &over)
+        .await
+        .unwrap();
+    assert_eq!(cl.get("lost-start").await.unwrap(), payload(6, 10_000));
+    fail::remove("client::put-start-answer-lost");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        t0.elapsed()
+    );
+    let listed = cl.list("", 10).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    c.shutdown().await;
+}
+
 /// A batch put whose BatchPutEnd was lost on its way sends those PutEnds
 /// again instead of starting over (which found each key "still being
 /// written" by this very batch until the retries gave up).

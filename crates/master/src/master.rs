@@ -178,15 +178,32 @@ impl Master {
     /// Starts a put without waiting for DRAM (in-process callers and unit
     /// tests; the RPCs wait, see `crate::pressure::backpressure`).
     pub fn put_start(&self, spec: PutSpec) -> Result<Vec<pb::Replica>> {
-        self.check_put(&spec)?;
+        if let Some(views) = self.check_put(&spec)? {
+            return Ok(views);
+        }
         let replicas =
             self.pressure
                 .allocate(self.model(), &self.cluster, &self.ssd, self.want(&spec))?;
         self.start_put(spec, replicas)
     }
 
-    pub(crate) fn check_put(&self, spec: &PutSpec) -> Result<()> {
+    /// `Some`: the put repeats one its attempt started (`Writes::check`).
+    pub(crate) fn check_put(&self, spec: &PutSpec) -> Result<Option<Vec<pb::Replica>>> {
         self.check_accepting_writes()?;
+        if let Some(Err((generation, bound))) = crate::writes::own_put(self.model(), spec) {
+            // This client's own earlier attempt, broken while written (a
+            // replica lost with its node): dropped, so the retry starts
+            // afresh. Not waited for: its frees reach the nodes with their
+            // next heartbeats, and a rebuild that found the put announced
+            // would adopt only these very bytes, whole.
+            let token = self.keys.put_token(&spec.key, bound);
+            let dropped = self.put_revoke_proved(&spec.key, Some(generation), Some(&token));
+            tracing::debug!(
+                key = spec.key,
+                ok = dropped.is_ok(),
+                "dropped a broken put of the same attempt"
+            );
+        }
         self.writes.check(self.model(), spec)
     }
 
@@ -357,7 +374,9 @@ impl Master {
         spec: PutSpec,
         deadline: Instant,
     ) -> Result<Vec<pb::Replica>> {
-        self.check_put(&spec)?;
+        if let Some(views) = self.check_put(&spec)? {
+            return Ok(views);
+        }
         let replicas = self
             .pressure
             .allocate_waiting(
@@ -382,14 +401,19 @@ impl Master {
         let mut specs = specs.into_iter();
         while self.pressure.waiting() == 0 {
             let Some(spec) = specs.next() else { break };
-            let placed = self.check_put(&spec).and_then(|()| {
-                self.pressure.allocate_once(
+            let placed = match self.check_put(&spec) {
+                Ok(Some(views)) => {
+                    done.push(Ok(views));
+                    continue;
+                }
+                Ok(None) => self.pressure.allocate_once(
                     self.model(),
                     &self.cluster,
                     &self.ssd,
                     self.want(&spec),
-                )
-            });
+                ),
+                Err(e) => Err(e),
+            };
             match placed {
                 Ok(Placement::Placed(r)) => done.push(self.start_put(spec, r)),
                 Ok(Placement::Wait(_)) => {

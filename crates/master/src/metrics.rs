@@ -103,6 +103,7 @@ pub struct MasterMetrics {
     pub promotions: IntCounterVec,
     pub admission: crate::offload::admission::AdmissionMetrics,
     pub unsynced_commits: IntCounter,
+    pub resumed_puts: IntCounter,
     pub put_receipts_accepted: IntCounter,
     pub put_receipts_refused: IntCounter,
     pub is_leader: IntGauge,
@@ -307,6 +308,10 @@ impl MasterMetrics {
             unsynced_commits: c(
                 "strata_master_unsynced_commits_total",
                 "PutEnds answered with a retryable error because a store node did not confirm the commit (in time, or before the term ended)",
+            ),
+            resumed_puts: c(
+                "strata_master_resumed_puts_total",
+                "PutStarts that repeated a put their client's attempt had started and was still writing (its first answer lost), answered with that put again",
             ),
             put_receipts_accepted: receipts.with_label_values(&["accepted"]),
             put_receipts_refused: receipts.with_label_values(&["refused"]),

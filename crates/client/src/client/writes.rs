@@ -25,6 +25,16 @@ impl Client {
     /// PutStart, quickly where the master allows (the request goes out on
     /// the first poll either way).
     async fn put_start(&self, req: pb::PutStartRequest) -> Result<pb::PutStartResponse> {
+        let r = self.put_start_once(req).await;
+        // Tests: the master acted, its answer lost (a leadership that lapsed
+        // while the call ran answers so).
+        fail::fail_point!("client::put-start-answer-lost", |_| Err(
+            Error::unavailable("PutStart's answer lost (failpoint)")
+        ));
+        r
+    }
+
+    async fn put_start_once(&self, req: pb::PutStartRequest) -> Result<pb::PutStartResponse> {
         if let Some(q) = &self.quick {
             if let Some(r) = q.put_start(&req).await {
                 return r;
@@ -100,6 +110,12 @@ impl Client {
         // no reason to give up (found by the nemesis, tests/nemesis.rs).
         let started_once = std::sync::atomic::AtomicBool::new(false);
         let started_once = &started_once;
+        // Names this put to the master across its retries: a PutStart whose
+        // answer was lost, sent again, gets the same put back while it is
+        // being written (found by the HA nemesis: a leadership that lapsed
+        // while the call ran turned its answer into NotLeader after it had
+        // acted, and the retry met the key "being written" by itself).
+        let attempt = new_attempt();
         let r = self
             .cfg
             .backoff
@@ -119,6 +135,7 @@ impl Client {
                     }
                 }
                 let req = pb::PutStartRequest {
+                    attempt,
                     key: key.to_string(),
                     size: len as u64,
                     replica_num: opts.replicas,
@@ -381,6 +398,8 @@ impl Client {
         // Per item: that PutEnd, sent again before anything starts over
         // (as a single put does; the master answers a repeat as done).
         let mut again: Vec<Option<pb::PutEndRequest>> = vec![None; items.len()];
+        // Each item's name across rounds (`PutStartRequest.attempt`).
+        let attempts: Vec<u64> = items.iter().map(|_| new_attempt()).collect();
         for attempt in 0..b.attempts.max(1) {
             let delay = b.delay(attempt);
             let last_try = attempt + 1 >= b.attempts || t0.elapsed() + delay >= b.deadline;
@@ -392,10 +411,11 @@ impl Client {
                 break;
             }
             let round: Vec<(&str, &[&[u8]])> = pending.iter().map(|&i| items[i]).collect();
+            let round_attempts: Vec<u64> = pending.iter().map(|&i| attempts[i]).collect();
             let started = match round.is_empty() {
                 // Only PutEnds sent again this time, none answered yet.
                 true => Ok(Vec::new()),
-                false => self.batch_put_round(&round, opts).await,
+                false => self.batch_put_round(&round, &round_attempts, opts).await,
             };
             match started {
                 Ok(results) => {
@@ -519,6 +539,7 @@ impl Client {
     async fn batch_put_round(
         &self,
         items: &[(&str, &[&[u8]])],
+        attempts: &[u64],
         opts: &PutOptions,
     ) -> Result<Vec<(Result<()>, bool, Option<pb::PutEndRequest>)>> {
         let lens: Vec<usize> = items.iter().map(|(_, d)| parts::total_len(d)).collect();
@@ -533,7 +554,9 @@ impl Client {
                 .iter()
                 .zip(&crcs)
                 .zip(&lens)
-                .map(|(((k, _), crc), &n)| pb::PutStartRequest {
+                .zip(attempts)
+                .map(|((((k, _), crc), &n), &attempt)| pb::PutStartRequest {
+                    attempt,
                     key: k.to_string(),
                     size: n as u64,
                     replica_num: opts.replicas,
@@ -657,4 +680,10 @@ fn placement_gone_stale(e: Error) -> Error {
         Code::PermissionDenied | Code::NotFound => e.retry_later(),
         _ => e,
     }
+}
+
+/// A fresh name for one logical put (`PutStartRequest.attempt`): random,
+/// never 0 (which means none).
+fn new_attempt() -> u64 {
+    rand::random::<u64>() | 1
 }

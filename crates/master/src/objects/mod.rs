@@ -56,6 +56,9 @@ struct Spill {
     /// The writer's BLAKE3 digest (`--integrity blake3`): kept here, not
     /// inline, so objects without one stay small.
     digest: Option<[u8; 32]>,
+    /// While written: the attempt its client named (`PutStartRequest.
+    /// attempt`; 0: none), so a repeated PutStart gets this put back.
+    attempt: u64,
 }
 
 /// A put announced to its nodes at PutStart (its client declared the
@@ -219,6 +222,22 @@ impl Object {
         if let Some(s) = self.spill.as_mut() {
             s.bound = g;
         }
+    }
+
+    /// Names the client's attempt that started this put (0: none).
+    pub fn set_attempt(&mut self, attempt: u64) {
+        if attempt != 0 {
+            self.spill.get_or_insert_with(Default::default).attempt = attempt;
+        }
+    }
+
+    /// Whether it is a put still being written that `attempt` started.
+    pub fn started_by(&self, attempt: u64) -> bool {
+        attempt != 0
+            && self
+                .spill
+                .as_ref()
+                .is_some_and(|s| s.pending.is_some() && s.attempt == attempt)
     }
 
     /// While a bound put is written: the generation its token signs.

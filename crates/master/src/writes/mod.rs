@@ -51,6 +51,9 @@ pub struct PutSpec {
     /// Bind the put to its starter (`PutStartRequest.bind`): its end or
     /// revoke must bring the put token.
     pub bind: bool,
+    /// The client's name for this logical put across its retries
+    /// (`PutStartRequest.attempt`; 0: none).
+    pub attempt: u64,
 }
 
 impl From<pb::PutStartRequest> for PutSpec {
@@ -66,6 +69,7 @@ impl From<pb::PutStartRequest> for PutSpec {
             receipts: r.receipts,
             overwrite: r.overwrite,
             bind: r.bind,
+            attempt: r.attempt,
         }
     }
 }
@@ -125,8 +129,10 @@ impl Writes {
         }
     }
 
-    /// Checks a PutStart before any space is allocated for it.
-    pub(crate) fn check(&self, m: Model, spec: &PutSpec) -> Result<()> {
+    /// Checks a PutStart before any space is allocated for it: `Some` when
+    /// it repeats a put its client's attempt started and is still writing
+    /// (its answer was lost), with that put's replicas again.
+    pub(crate) fn check(&self, m: Model, spec: &PutSpec) -> Result<Option<Vec<pb::Replica>>> {
         validate_key(&spec.key)?;
         if spec.size == 0 {
             return Err(Error::invalid("object size must be positive"));
@@ -137,13 +143,17 @@ impl Writes {
                 spec.replica_num
             )));
         }
+        if let Some(Ok(views)) = own_put(m, spec) {
+            m.metrics.resumed_puts.inc();
+            return Ok(Some(views));
+        }
         if spec.overwrite {
             match overwrite::refusal(&m.objects.shard(&spec.key), &spec.key) {
                 Some(e) => Err(e),
-                None => Ok(()),
+                None => Ok(None),
             }
         } else {
-            check_absent(m, &spec.key)
+            check_absent(m, &spec.key).map(|()| None)
         }
     }
 
@@ -163,18 +173,7 @@ impl Writes {
         // Nodes that record puts from their writes get the put's record
         // (signed with their key) through the client instead of an
         // announcement.
-        let views = replicas
-            .iter()
-            .map(|r| {
-                let mut v = r.view(spec.size, PERM_WRITE, expires, false);
-                let recorded = r.seg.node.records_from_write(spec.receipts);
-                if let Some(crc32c) = spec.crc32c.filter(|_| recorded) {
-                    let put = records::put_record(&spec.key, r, spec.size, crc32c);
-                    v.record = r.seg.node.grant_key.sign_record(&put).to_vec();
-                }
-                v
-            })
-            .collect();
+        let views = write_views(&spec, &replicas, expires);
         {
             let mut shard = m.objects.shard(&spec.key);
             // Lost a race with another PutStart of the same key, or with the
@@ -208,6 +207,7 @@ impl Writes {
             if spec.bind {
                 obj.bind();
             }
+            obj.set_attempt(spec.attempt);
             obj.set_soft_pin(spec.soft_pin);
             obj.set_hard_pin(spec.hard_pin);
             if let Some(crc) = spec.crc32c {
@@ -371,6 +371,54 @@ impl Writes {
             _ => None,
         }
     }
+}
+
+/// What a writer is given for each replica of a put: a write grant until
+/// `expires`, and the put's record signed for nodes that record puts from
+/// their writes.
+fn write_views(spec: &PutSpec, replicas: &[Replica], expires: u64) -> Vec<pb::Replica> {
+    replicas
+        .iter()
+        .map(|r| {
+            let mut v = r.view(spec.size, PERM_WRITE, expires, false);
+            let recorded = r.seg.node.records_from_write(spec.receipts);
+            if let Some(crc32c) = spec.crc32c.filter(|_| recorded) {
+                let put = records::put_record(&spec.key, r, spec.size, crc32c);
+                v.record = r.seg.node.grant_key.sign_record(&put).to_vec();
+            }
+            v
+        })
+        .collect()
+}
+
+/// The put `spec`'s attempt started and is still writing (an overwrite's
+/// new version, or a put), if any: `Ok` with its replicas again when it is
+/// whole and of the same size; else `Err` with (a generation naming it,
+/// the generation its token signs), so the caller drops it and starts
+/// afresh — it lost a replica with its node while written (its token no
+/// longer matches its first replica, and it is short of copies).
+pub(crate) fn own_put(m: Model, spec: &PutSpec) -> Option<Result<Vec<pb::Replica>, (u64, u64)>> {
+    if spec.attempt == 0 {
+        return None;
+    }
+    let shard = m.objects.shard(&spec.key);
+    let o = [shard.overwrite(&spec.key), shard.get(&spec.key)]
+        .into_iter()
+        .flatten()
+        .find(|o| o.started_by(spec.attempt))?;
+    let ObjState::Processing { deadline, .. } = o.state() else {
+        return None;
+    };
+    let first = o.replicas().first()?.generation;
+    let whole = o.size == spec.size
+        && o.replicas().len() == spec.replica_num as usize
+        && o.bound_generation().is_none_or(|b| b == first);
+    if !whole {
+        return Some(Err((first, o.bound_generation().unwrap_or(first))));
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    let expires = unix_ms() + left.as_millis() as u64;
+    Some(Ok(write_views(spec, o.replicas(), expires)))
 }
 
 fn check_absent(m: Model, key: &str) -> Result<()> {

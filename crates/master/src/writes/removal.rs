@@ -63,13 +63,22 @@ impl Writes {
             }
             // A member yet to report must not bring it back.
             gate.note_removed(key, newest_generation(obj));
-            shard.remove(key)
+            // Nor an overwrite of it still being written: its nodes may
+            // hold it announced, and a rebuild would adopt it, bringing the
+            // key back after its removal was answered (found by the HA
+            // nemesis). Its writer's PutEnd finds it gone and starts over.
+            let pending = shard.take_overwrite_if(key, |_| true);
+            shard.remove(key).map(|o| (o, pending))
         };
-        if let Some(o) = obj {
+        if let Some((o, pending)) = obj {
             m.metrics.keys.dec();
             m.tombstone(&[(key, &o)]);
             let mut unsynced = ssd.forget(key, o.ssd());
             unsynced.extend(o.release_unsynced().1);
+            if let Some(p) = pending {
+                m.metrics.keys.dec();
+                unsynced.extend(p.release_unsynced().1);
+            }
             pressure.space_freed();
             return Ok(unsynced);
         }
@@ -106,6 +115,11 @@ impl Writes {
                     .filter_map(|k| {
                         let o = s.remove(&k)?;
                         gate.note_removed(&k, newest_generation(&o));
+                        // As `remove`: an overwrite of it being written goes too.
+                        if let Some(p) = s.take_overwrite_if(&k, |_| true) {
+                            m.metrics.keys.dec();
+                            p.release();
+                        }
                         Some((k, o))
                     })
                     .collect()

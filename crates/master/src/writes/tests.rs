@@ -533,3 +533,40 @@ fn integrity_blake3_commits_only_with_the_writers_digest() {
         assert_eq!(m.get_replicas("k").unwrap().blake3, d2);
     }
 }
+
+/// A PutStart sent again by the attempt that started a put still being
+/// written (its first answer was lost) gets that put back — the same
+/// ranges, nothing allocated twice — while another put of the key, or a
+/// repeat after the put ended, is refused; a repeat its put no longer
+/// matches replaces it.
+#[test]
+fn a_repeated_put_start_of_the_same_attempt_gets_its_put_back() {
+    let m = master_with(2, 1 << 20, |_| {});
+    let attempt = |a: u64, size: u64| PutSpec {
+        attempt: a,
+        ..spec("k", size, 2)
+    };
+    let first = m.put_start(attempt(7, 100)).unwrap();
+    let used = m.allocated_bytes();
+    let again = m.put_start(attempt(7, 100)).unwrap();
+    assert_eq!(again.len(), 2);
+    let range = |r: &[pb::Replica]| -> Vec<(u64, u64)> {
+        r.iter().map(|r| (r.segment_id, r.offset)).collect()
+    };
+    assert_eq!(range(&again), range(&first), "the same put");
+    assert_eq!(m.allocated_bytes(), used, "nothing allocated twice");
+    for other in [attempt(8, 100), attempt(0, 100)] {
+        let e = m.put_start(other).unwrap_err();
+        assert_eq!(e.code, Code::AlreadyExists);
+    }
+    // The same attempt's put no longer matching (another size here; a
+    // replica lost with its node in the field) is dropped and started anew.
+    let replaced = m.put_start(attempt(7, 200)).unwrap();
+    assert_eq!(m.metrics.keys.get(), 1);
+    assert_eq!(m.allocated_bytes(), 2 * 256, "the first put's ranges freed");
+    assert_ne!(range(&replaced), range(&first));
+    m.put_end("k", 0).unwrap();
+    assert_eq!(m.get_replicas("k").unwrap().size, 200);
+    let e = m.put_start(attempt(7, 200)).unwrap_err();
+    assert_eq!(e.code, Code::AlreadyExists, "ended: no longer resumed");
+}
