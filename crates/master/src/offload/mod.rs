@@ -709,15 +709,23 @@ impl SsdTier {
             .into_iter()
             .map(|(id, _, _)| id)
             .collect();
-        let orphans: Vec<queue::Task> = {
+        let (stalled, orphans): (Vec<queue::Task>, Vec<queue::Task>) = {
             let mut q = self.queue.lock();
+            // A lost owner's assigned tasks first (found by the fleet
+            // tests: they held their sources pinned, unoffloaded, until
+            // --offload-task-ttl).
+            let stalled = q.requeue_of_lost(now_ms, &live);
             let gone: Vec<u64> = q
                 .owners_with_queued()
                 .into_iter()
                 .filter(|o| !live.contains(o))
                 .collect();
-            gone.into_iter().flat_map(|o| q.take_orphans(o)).collect()
+            let orphans = gone.into_iter().flat_map(|o| q.take_orphans(o)).collect();
+            (stalled, orphans)
         };
+        for t in &stalled {
+            self.unpin(m, &t.key);
+        }
         if orphans.is_empty() {
             return 0;
         }

@@ -311,9 +311,21 @@ impl OffloadQueue {
             .collect()
     }
 
+    /// Tasks assigned to owners not in `live` go back to the queue (their
+    /// owner was lost: cut off or dead, it will not finish them before their
+    /// TTL, and their sources stay pinned until then). As with an expiry, a
+    /// late report of one is refused. Returns them (to unpin).
+    pub fn requeue_of_lost(
+        &mut self,
+        now_ms: u64,
+        live: &std::collections::HashSet<u64>,
+    ) -> Vec<Task> {
+        self.requeue_assigned(now_ms, |t, _| !live.contains(&t.owner))
+    }
+
     /// Removes every *queued* task of `owner` (it is gone: the caller places
-    /// them elsewhere). Assigned ones stay until reported or expired (their
-    /// sources are pinned), then come back to the queue and go here too.
+    /// them elsewhere). Assigned ones are first put back in the queue by
+    /// `requeue_of_lost` (or by their expiry), so they go here too.
     pub fn take_orphans(&mut self, owner: u64) -> Vec<Task> {
         let ids: Vec<u64> = self.queued.remove(&owner).unwrap_or_default().into();
         let mut out = Vec::new();

@@ -467,6 +467,34 @@ async fn tasks_of_an_owner_that_went_away_move_to_a_live_one_or_are_dropped() {
     assert!(m.allocated_bytes() <= (1 << 20) / 2);
 }
 
+/// Tasks an owner took before it went silent go back to the queue and on
+/// to a live owner as soon as it is counted lost, their sources unpinned —
+/// not only when --offload-task-ttl runs out (found by the fleet tests: an
+/// agent cut off mid-offload held its sources pinned until then).
+#[tokio::test]
+async fn tasks_a_lost_owner_had_taken_move_on_without_waiting_for_their_ttl() {
+    let m = master_with(1, 8 << 20, |c| {
+        c.offload_policy = OffloadPolicy::Eager;
+        c.node_ttl = std::time::Duration::from_millis(50);
+        c.offload_task_ttl = std::time::Duration::from_secs(600);
+    });
+    let r = register(&m, "a/nvme0").await;
+    for i in 0..3 {
+        put(&m, &format!("k{i}"), 4096);
+    }
+    assert_eq!(heartbeat(&m, r.owner_id, r.epoch, 10).tasks.len(), 3);
+    assert_eq!(m.total_pins(), 3, "taken: sources pinned");
+    // Still heartbeating: nothing moves.
+    assert_eq!(m.reassign_orphaned_tasks(strata_common::time::unix_ms()), 0);
+    assert_eq!(m.total_pins(), 3);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let b = register(&m, "b/nvme0").await.owner_id;
+    assert_eq!(m.reassign_orphaned_tasks(strata_common::time::unix_ms()), 3);
+    assert_eq!(m.total_pins(), 0, "unpinned");
+    assert_eq!(queued_keys(&m), vec!["k0", "k1", "k2"]);
+    assert!(m.ssd().queued_tasks().into_iter().all(|t| t.owner == b));
+}
+
 /// A copy whose source fails its checksum is not retried (the object's own
 /// bytes are bad); a failed read is.
 #[tokio::test]
