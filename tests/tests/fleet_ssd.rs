@@ -188,16 +188,7 @@ fn an_ssd_agent_cut_off_mid_offload_hands_its_tasks_on_and_nothing_half_adopted(
         wait_ready(&f.host(CUT).at(7201), WITHIN).await.unwrap();
         let cl = admin_client(&f, &t).await;
         let keys: Vec<(String, u64)> = (0..5).map(|i| (format!("cut-{i}"), i)).collect();
-        for (k, seed) in &keys {
-            let t0 = Instant::now();
-            while let Err(e) = cl
-                .put(k, &payload(*seed, SIZE), &PutOptions::default())
-                .await
-            {
-                assert!(e.retryable() && t0.elapsed() < WITHIN, "{k}: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        put_all(&cl, &keys).await;
         offload_until(&f, "the agent is mid-bucket, its sources pinned", |v| {
             v["assigned"].as_u64() > Some(0) && v["pins"].as_u64() > Some(0)
         })
@@ -259,16 +250,7 @@ fn a_host_lost_and_back_with_the_same_handle_brings_back_its_ssd_copies_and_no_r
         wait_ready(&f.host(1).at(7201), WITHIN).await.unwrap();
         let cl = admin_client(&f, &t).await;
         let keys: Vec<(String, u64)> = (0..6).map(|i| (format!("host-{i}"), 10 + i)).collect();
-        for (k, seed) in &keys {
-            let t0 = Instant::now();
-            while let Err(e) = cl
-                .put(k, &payload(*seed, SIZE), &PutOptions::default())
-                .await
-            {
-                assert!(e.retryable() && t0.elapsed() < WITHIN, "{k}: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        put_all(&cl, &keys).await;
         offload_until(&f, "every put is on SSD", |v| {
             idle(v) && v["persisted"].as_u64() >= Some(keys.len() as u64)
         })
@@ -319,6 +301,21 @@ fn a_host_lost_and_back_with_the_same_handle_brings_back_its_ssd_copies_and_no_r
         );
         read_from_ssd(&cl, kept).await;
     });
+}
+
+/// Puts each key's bytes (`SIZE` from its seed), retrying what is
+/// retryable while the cluster comes up (bounded).
+async fn put_all(cl: &Client, keys: &[(String, u64)]) {
+    for (k, seed) in keys {
+        let t0 = Instant::now();
+        while let Err(e) = cl
+            .put(k, &payload(*seed, SIZE), &PutOptions::default())
+            .await
+        {
+            assert!(e.retryable() && t0.elapsed() < WITHIN, "{k}: {e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 /// Waits until the master counts `n` store nodes (bounded).
