@@ -180,7 +180,9 @@ fn an_ssd_agent_cut_off_mid_offload_hands_its_tasks_on_and_nothing_half_adopted(
     // Tasks outlive the test: only the owner's loss can move them on.
     let _m = spawn_master(&f, &t, &state, "60s");
     let _n = f.spawn_node(1, &master, "node-1", &t, &[]).unwrap();
-    let fp = "ssd-agent::bucket-mid-write=sleep(3000)";
+    // Stalled long enough for the second agent to start and the cut to
+    // land while it is still mid-bucket.
+    let fp = "ssd-agent::bucket-mid-write=sleep(8000)";
     let _a = spawn_agent(&f, CUT, "rack/2", &master, &disk_a, &t, Some(fp));
     let rt = f.runtime(CLIENT).unwrap();
     rt.block_on(async {

@@ -386,8 +386,11 @@ impl Fleet {
         // on input and are freed without a word (the kernel here has no tc
         // drop action, and a route on the sender fails its connects at
         // once instead).
-        if self.dropped.lock().insert((a, b)) {
+        // Recorded once the rule is in, so `heal` deletes only rules that
+        // exist.
+        if !self.dropped.lock().contains(&(a, b)) {
             self.drop_rule("add", a, b)?;
+            self.dropped.lock().insert((a, b));
         }
         Ok(())
     }

@@ -518,14 +518,19 @@ impl Master {
     pub(crate) fn remove_unsynced(&self, key: &str, force: bool) -> Result<Unsynced> {
         let m = self.model();
         self.writes
-            .remove(m, &self.ssd, &self.pressure, &self.gate, key, force)
+            .remove(m, &self.ssd, &self.pressure, self.removing(), key, force)
     }
 
     /// Removes every committed object; leased ones are skipped unless `force`.
     /// Objects being written are always skipped. Returns (removed, skipped).
     pub fn remove_all(&self, force: bool) -> (u64, u64) {
-        self.writes
-            .remove_all(self.model(), &self.ssd, &self.pressure, &self.gate, force)
+        self.writes.remove_all(
+            self.model(),
+            &self.ssd,
+            &self.pressure,
+            self.removing(),
+            force,
+        )
     }
 
     pub fn list(
@@ -600,7 +605,10 @@ impl Master {
         m.nodes.set(self.cluster.node_count() as i64);
         self.ssd.refresh_owner_gauges(m);
         m.segments.set(self.cluster.segment_count() as i64);
-        m.keys.set(self.objects.len() as i64);
+        // As the writes count them: an overwrite being written is a key
+        // until its commit retires the version it replaces.
+        m.keys
+            .set((self.objects.len() + self.objects.overwrites_len()) as i64);
         m.tombstones.set(self.tombstones.len() as i64);
     }
 
@@ -790,6 +798,14 @@ impl Master {
 
     /// Forgets a node: its segments are unmounted and every replica on them
     /// is dropped; objects left without replicas disappear.
+    /// What a removal hands the rebuild (`rebuild::Removing`).
+    fn removing(&self) -> crate::rebuild::Removing<'_> {
+        crate::rebuild::Removing {
+            gate: &self.gate,
+            watermark: self.cluster.generation_watermark(),
+        }
+    }
+
     pub fn drop_node(&self, node_id: &str, why: &str) {
         self.cluster.drop_node(self.model(), node_id, None, why)
     }

@@ -36,6 +36,7 @@ pub(crate) const OFFLOAD_RESULTS: &[&str] = &[
     "persisted_orphan",
     "failed_requeued",
     "expired_requeued",
+    "lost_requeued",
     "dropped",
     "source_gone",
     "reassigned",
@@ -275,7 +276,7 @@ impl MasterMetrics {
             ),
             offload_results: cv(
                 "strata_master_offload_results_total",
-                "Offload task outcomes: persisted, persisted_orphan (copied, but its object was gone meanwhile), failed_requeued, expired_requeued, dropped, source_gone, reassigned (queued for an owner that went away)",
+                "Offload task outcomes: persisted, persisted_orphan (copied, but its object was gone meanwhile), failed_requeued, expired_requeued, lost_requeued (taken by an owner counted lost), dropped, source_gone, reassigned (queued for an owner that went away)",
                 "outcome",
                 OFFLOAD_RESULTS,
             ),

@@ -65,8 +65,8 @@ pub struct History {
     pub ops: BTreeMap<&'static str, u64>,
     pub outcomes: Vec<Outcome>,
     pub anomalies: Vec<String>,
-    /// Reads of an older version than the last acknowledged one (a reader
-    /// racing an overwrite may see either; counted, not an anomaly).
+    /// Reads of an older version than the last acknowledged one (each also
+    /// an anomaly).
     pub stale_reads: u64,
 }
 
@@ -135,8 +135,15 @@ impl History {
                     self.anomalies
                         .push(format!("get {key}: a removed key came back (v{v})"));
                 }
+                // Each client works its own keys one call at a time: no
+                // overwrite races this read, so an older version than the
+                // acknowledged one is a lost update.
                 if acked.is_some_and(|a| v < a) {
                     self.stale_reads += 1;
+                    self.anomalies.push(format!(
+                        "get {key}: v{v}, older than the acknowledged v{}",
+                        acked.unwrap_or_default()
+                    ));
                 }
                 format!("ok v{v}")
             }
@@ -178,13 +185,18 @@ mod tests {
             },
         );
         assert_eq!(h.read("k", &value("k", 1)), "ok v1");
+        assert_eq!(h.anomalies.len(), 0);
         assert_eq!(h.read("k", &value("k", 0)), "ok v0");
-        assert_eq!((h.stale_reads, h.anomalies.len()), (1, 0));
+        assert_eq!(
+            (h.stale_reads, h.anomalies.len()),
+            (1, 1),
+            "older than acknowledged"
+        );
         assert_eq!(h.read("k", &value("k", 2)), "wrong bytes", "never written");
-        assert_eq!(h.anomalies.len(), 1);
+        assert_eq!(h.anomalies.len(), 2);
         h.keys.get_mut("k").unwrap().removed = true;
         h.read("k", &value("k", 1));
-        assert_eq!(h.anomalies.len(), 2, "{:?}", h.anomalies);
+        assert_eq!(h.anomalies.len(), 3, "{:?}", h.anomalies);
     }
 
     #[test]

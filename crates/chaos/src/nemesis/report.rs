@@ -204,7 +204,11 @@ impl fmt::Display for Report {
              stayed removed",
             c.checked, c.readable, c.lost_with_hosts, c.unknown, c.stayed_removed
         )?;
-        writeln!(f, "stale reads (racing an overwrite): {}", self.stale_reads)?;
+        writeln!(
+            f,
+            "reads older than the acknowledged version: {}",
+            self.stale_reads
+        )?;
         write!(f, "anomalies: {}", self.anomalies.len())?;
         for a in self.anomalies.iter().take(20) {
             write!(f, "\n  {a}")?;

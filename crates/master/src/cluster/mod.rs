@@ -298,6 +298,12 @@ impl Cluster {
         self.next_generation.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The next generation to be handed out: every allocation made so far
+    /// (and every copy adopted so far) has an older one.
+    pub(crate) fn generation_watermark(&self) -> u64 {
+        self.next_generation.load(Ordering::Relaxed)
+    }
+
     /// Makes every later generation newer than `generation`.
     pub(crate) fn raise_generation(&self, generation: u64) {
         self.next_generation

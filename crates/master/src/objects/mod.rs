@@ -57,8 +57,10 @@ struct Spill {
     /// inline, so objects without one stay small.
     digest: Option<[u8; 32]>,
     /// While written: the attempt its client named (`PutStartRequest.
-    /// attempt`; 0: none), so a repeated PutStart gets this put back.
+    /// attempt`; 0: none), so a repeated PutStart gets this put back, and
+    /// how many copies it was given (fewer now: one was lost with its node).
     attempt: u64,
+    placed: usize,
 }
 
 /// A put announced to its nodes at PutStart (its client declared the
@@ -227,8 +229,19 @@ impl Object {
     /// Names the client's attempt that started this put (0: none).
     pub fn set_attempt(&mut self, attempt: u64) {
         if attempt != 0 {
-            self.spill.get_or_insert_with(Default::default).attempt = attempt;
+            let placed = self.replicas().len();
+            let s = self.spill.get_or_insert_with(Default::default);
+            s.attempt = attempt;
+            s.placed = placed;
         }
+    }
+
+    /// Whether a put being written lost a copy since it started (with its
+    /// node).
+    pub fn lost_a_copy(&self) -> bool {
+        self.spill
+            .as_ref()
+            .is_some_and(|s| s.attempt != 0 && self.replicas().len() < s.placed)
     }
 
     /// Whether it is a put still being written that `attempt` started.
@@ -551,6 +564,11 @@ impl ObjectTable {
 
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Overwrites being written (new versions beside their committed key).
+    pub fn overwrites_len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().overwrites_len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {

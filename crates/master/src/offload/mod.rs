@@ -726,6 +726,12 @@ impl SsdTier {
         for t in &stalled {
             self.unpin(m, &t.key);
         }
+        if !stalled.is_empty() {
+            m.metrics
+                .offload_results
+                .with_label_values(&["lost_requeued"])
+                .inc_by(stalled.len() as u64);
+        }
         if orphans.is_empty() {
             return 0;
         }

@@ -70,6 +70,14 @@ impl Refusal {
     }
 }
 
+/// What a removal hands the rebuild: its gate, and the generation
+/// watermark when the removal ran (`RebuildGate::note_removed`).
+#[derive(Clone, Copy)]
+pub(crate) struct Removing<'a> {
+    pub(crate) gate: &'a RebuildGate,
+    pub(crate) watermark: u64,
+}
+
 /// A term's rebuild from its members: nodes registering within the
 /// window report the objects they hold, and a restarted master (or a new
 /// leader) takes writes once every member it remembers reported, or after
@@ -127,25 +135,29 @@ impl RebuildGate {
         self.started.elapsed() < window(self.node_ttl) * 2
     }
 
-    /// `key` was removed; its newest copy had `generation`. Remembered while
-    /// reports are taken (lock order: a key's shard lock, then this).
-    pub(crate) fn note_removed(&self, key: &str, generation: u64) {
+    /// `key` was removed when the next generation to hand out was
+    /// `watermark`: every copy of what was removed is older (each replica
+    /// has its own generation, so the removed object's own are not enough),
+    /// a copy of a later put newer. Remembered while reports are taken
+    /// (lock order: a key's shard lock, then this).
+    pub(crate) fn note_removed(&self, key: &str, watermark: u64) {
         let mut r = self.removed.lock();
         if !self.taking_reports() {
             r.clear();
             return;
         }
-        let g = r.entry(key.to_string()).or_insert(generation);
-        *g = (*g).max(generation);
+        let g = r.entry(key.to_string()).or_insert(watermark);
+        *g = (*g).max(watermark);
     }
 
-    /// Whether a reported copy of `key` with `generation` is one this term
-    /// removed (or older than one it removed).
+    /// Whether a reported copy of `key` with `generation` is older than a
+    /// removal of the key this term (checked under the key's shard lock, so
+    /// no removal slips between the check and the adoption).
     fn was_removed(&self, key: &str, generation: u64) -> bool {
         self.removed
             .lock()
             .get(key)
-            .is_some_and(|&g| generation <= g)
+            .is_some_and(|&g| generation < g)
     }
 
     /// Longest a restarted master waits for the members it remembers: a
@@ -288,9 +300,6 @@ impl RebuildGate {
                 .and_then(|i| segments.get(i).cloned().flatten());
             let outcome = match (seg, given(keys, &node, o)) {
                 (Some(_), None) => Err(Refusal::Unsigned),
-                (Some(_), Some(_)) if self.was_removed(&o.key, o.generation) => {
-                    Err(Refusal::Removed)
-                }
                 // Under --integrity blake3 an object is adopted only with
                 // its writer's digest, which only a commit's record covers
                 // (a put not committed on the node yet is dropped).
@@ -305,7 +314,7 @@ impl RebuildGate {
                 {
                     Err(Refusal::NoDigest)
                 }
-                (Some(seg), Some(evidence)) => adopt_one(m, cluster, o, seg, evidence),
+                (Some(seg), Some(evidence)) => adopt_one(m, cluster, o, seg, evidence, self),
                 (None, _) => Err(Refusal::Malformed),
             };
             let label = match outcome {
@@ -391,6 +400,7 @@ fn adopt_one(
     o: &pb::NodeObject,
     seg: std::sync::Arc<crate::cluster::SegmentEntry>,
     evidence: Evidence,
+    gate: &RebuildGate,
 ) -> std::result::Result<Adopted, Refusal> {
     if validate_key(&o.key).is_err() || o.length == 0 || !o.offset.is_multiple_of(ALIGN) {
         return Err(Refusal::Malformed);
@@ -438,6 +448,13 @@ fn adopt_one(
     };
     let adopted = {
         let mut shard = m.objects.shard(&o.key);
+        // A copy of what this term removed (a node with no generation to
+        // report counts as older).
+        if gate.was_removed(&o.key, o.generation) {
+            drop(shard);
+            seg.free(o.offset, len);
+            return Err(Refusal::Removed);
+        }
         let adopted = match shard.get_mut(&o.key) {
             None => {
                 shard.insert(&o.key, adopted_object(replica));

@@ -455,12 +455,17 @@ fn a_late_report_does_not_bring_back_a_key_removed_during_the_rebuild() {
     assert_eq!(r.adopted, 1);
     m.remove("k", false).unwrap();
     assert!(!m.exists("k").unwrap());
-    // n1 held the other replica of the same commit and reports it late.
-    let r = report_of(&m, "n1", vec![obj("n1", 0, 5)], false).unwrap();
+    // n1 held the other replica of the same commit and reports it late:
+    // each replica has a generation of its own, here a newer one than the
+    // removed copy's (found by review: the removed object's own newest
+    // generation was not enough).
+    let r = report_of(&m, "n1", vec![obj("n1", 0, 6)], false).unwrap();
     assert_eq!((r.adopted, r.refused), (0, 1));
     assert_eq!(m.get_replicas("k").unwrap_err().code, Code::NotFound);
-    // A newer version of the key (written after the removal) is adopted.
-    let r = report_of(&m, "n1", vec![obj("n1", 4096, 6)], true).unwrap();
+    // A copy allocated after the removal (a newer put of the key) is
+    // adopted.
+    let later = m.cluster().generation_watermark() + 10;
+    let r = report_of(&m, "n1", vec![obj("n1", 4096, later)], true).unwrap();
     assert_eq!((r.adopted, r.refused), (1, 0));
     assert!(m.exists("k").unwrap());
 }

@@ -179,6 +179,18 @@ impl Writes {
             // Lost a race with another PutStart of the same key, or with the
             // loss of a node (checked under the shard lock, which the node
             // reaper takes after unmounting, so no dead replica slips in).
+            // A repeat of this very put that raced its first PutStart here
+            // (both passed `check` before either was recorded): the put
+            // recorded first is the one; this allocation goes back.
+            if let Some(Ok(views)) = own_put_in(&shard, &spec) {
+                drop(shard);
+                for r in replicas {
+                    r.seg.free(r.offset, r.alloc_len);
+                }
+                pressure.space_freed();
+                m.metrics.resumed_puts.inc();
+                return Ok(views);
+            }
             let refused = if spec.overwrite {
                 overwrite::refusal(&shard, &spec.key)
             } else if shard.contains_key(&spec.key) || shard.overwrite(&spec.key).is_some() {
@@ -393,15 +405,24 @@ fn write_views(spec: &PutSpec, replicas: &[Replica], expires: u64) -> Vec<pb::Re
 
 /// The put `spec`'s attempt started and is still writing (an overwrite's
 /// new version, or a put), if any: `Ok` with its replicas again when it is
-/// whole and of the same size; else `Err` with (a generation naming it,
-/// the generation its token signs), so the caller drops it and starts
-/// afresh — it lost a replica with its node while written (its token no
-/// longer matches its first replica, and it is short of copies).
+/// whole and asked the same way; `Err` with (a generation naming it, the
+/// generation its token signs) when it lost a copy with its node, so the
+/// caller drops it and starts afresh (it is short of copies, and its first
+/// may no longer be the one its token names). An attempt is a random
+/// 63-bit name only its client knows; a repeat must also bring the same
+/// size and declared checksum.
 pub(crate) fn own_put(m: Model, spec: &PutSpec) -> Option<Result<Vec<pb::Replica>, (u64, u64)>> {
+    own_put_in(&m.objects.shard(&spec.key), spec)
+}
+
+/// `own_put` under the key's shard lock, held by the caller.
+fn own_put_in(
+    shard: &crate::objects::ShardGuard<'_>,
+    spec: &PutSpec,
+) -> Option<Result<Vec<pb::Replica>, (u64, u64)>> {
     if spec.attempt == 0 {
         return None;
     }
-    let shard = m.objects.shard(&spec.key);
     let o = [shard.overwrite(&spec.key), shard.get(&spec.key)]
         .into_iter()
         .flatten()
@@ -410,13 +431,18 @@ pub(crate) fn own_put(m: Model, spec: &PutSpec) -> Option<Result<Vec<pb::Replica
         return None;
     };
     let first = o.replicas().first()?.generation;
-    let whole = o.size == spec.size
-        && o.replicas().len() == spec.replica_num as usize
-        && o.bound_generation().is_none_or(|b| b == first);
-    if !whole {
+    if o.lost_a_copy() {
         return Some(Err((first, o.bound_generation().unwrap_or(first))));
     }
-    let left = deadline.saturating_duration_since(Instant::now());
+    // The same put, asked the same way (a repeat that differs is not this
+    // put's: the normal answer, AlreadyExists), and not past its deadline
+    // (its grants would be dead on arrival; --put-timeout reclaims it).
+    let declared = o.announced().map(|a| a.crc32c);
+    let now = Instant::now();
+    if o.size != spec.size || declared != spec.crc32c || deadline <= now {
+        return None;
+    }
+    let left = deadline.saturating_duration_since(now);
     let expires = unix_ms() + left.as_millis() as u64;
     Some(Ok(write_views(spec, o.replicas(), expires)))
 }

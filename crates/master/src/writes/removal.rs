@@ -14,7 +14,7 @@ use crate::model::Model;
 use crate::objects::{validate_key, Object};
 use crate::offload::SsdTier;
 use crate::pressure::Pressure;
-use crate::rebuild::RebuildGate;
+use crate::rebuild::Removing;
 use crate::sync::Unsynced;
 use strata_common::time::unix_ms;
 use strata_common::{Code, Error, Result};
@@ -29,10 +29,11 @@ impl Writes {
         m: Model,
         ssd: &SsdTier,
         pressure: &Pressure,
-        gate: &RebuildGate,
+        removing: Removing,
         key: &str,
         force: bool,
     ) -> Result<Unsynced> {
+        let Removing { gate, watermark } = removing;
         validate_key(key)?;
         let now = unix_ms();
         let obj = {
@@ -62,7 +63,7 @@ impl Writes {
                 ));
             }
             // A member yet to report must not bring it back.
-            gate.note_removed(key, newest_generation(obj));
+            gate.note_removed(key, watermark.max(newest_generation(obj) + 1));
             // Nor an overwrite of it still being written: its nodes may
             // hold it announced, and a rebuild would adopt it, bringing the
             // key back after its removal was answered (found by the HA
@@ -92,9 +93,10 @@ impl Writes {
         m: Model,
         ssd: &SsdTier,
         pressure: &Pressure,
-        gate: &RebuildGate,
+        removing: Removing,
         force: bool,
     ) -> (u64, u64) {
+        let Removing { gate, watermark } = removing;
         let now = unix_ms();
         let (mut removed, mut skipped) = (0, 0);
         for shard in m.objects.shards() {
@@ -114,7 +116,7 @@ impl Writes {
                 keys.into_iter()
                     .filter_map(|k| {
                         let o = s.remove(&k)?;
-                        gate.note_removed(&k, newest_generation(&o));
+                        gate.note_removed(&k, watermark.max(newest_generation(&o) + 1));
                         // As `remove`: an overwrite of it being written goes too.
                         if let Some(p) = s.take_overwrite_if(&k, |_| true) {
                             m.metrics.keys.dec();
@@ -138,8 +140,7 @@ impl Writes {
     }
 }
 
-/// The newest generation among an object's DRAM copies (0 with none): a
-/// reported copy at or below it is of a version that was removed.
+/// The newest generation among an object's DRAM copies (0 with none).
 fn newest_generation(o: &Object) -> u64 {
     o.replicas().iter().map(|r| r.generation).max().unwrap_or(0)
 }

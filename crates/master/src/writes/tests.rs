@@ -536,9 +536,9 @@ fn integrity_blake3_commits_only_with_the_writers_digest() {
 
 /// A PutStart sent again by the attempt that started a put still being
 /// written (its first answer was lost) gets that put back — the same
-/// ranges, nothing allocated twice — while another put of the key, or a
-/// repeat after the put ended, is refused; a repeat its put no longer
-/// matches replaces it.
+/// ranges, nothing allocated twice — while another put of the key, a
+/// repeat asked another way, or a repeat after the put ended, is refused;
+/// a repeat of a put that lost a copy with its node replaces it.
 #[test]
 fn a_repeated_put_start_of_the_same_attempt_gets_its_put_back() {
     let m = master_with(2, 1 << 20, |_| {});
@@ -555,18 +555,22 @@ fn a_repeated_put_start_of_the_same_attempt_gets_its_put_back() {
     };
     assert_eq!(range(&again), range(&first), "the same put");
     assert_eq!(m.allocated_bytes(), used, "nothing allocated twice");
-    for other in [attempt(8, 100), attempt(0, 100)] {
+    // Another put, none named, or the same name asked another way.
+    for other in [attempt(8, 100), attempt(0, 100), attempt(7, 200)] {
         let e = m.put_start(other).unwrap_err();
         assert_eq!(e.code, Code::AlreadyExists);
     }
-    // The same attempt's put no longer matching (another size here; a
-    // replica lost with its node in the field) is dropped and started anew.
-    let replaced = m.put_start(attempt(7, 200)).unwrap();
+    assert_eq!(m.allocated_bytes(), used);
+    // The put loses a copy with its node: the same attempt's repeat drops
+    // it and starts afresh (on the node left, with what it can place).
+    let lost = &first[0].node_id;
+    m.drop_node(lost, "test");
+    let again = m.put_start(attempt(7, 100)).unwrap();
+    assert_eq!(again.len(), 1);
+    assert_ne!(&again[0].node_id, lost);
     assert_eq!(m.metrics.keys.get(), 1);
-    assert_eq!(m.allocated_bytes(), 2 * 256, "the first put's ranges freed");
-    assert_ne!(range(&replaced), range(&first));
     m.put_end("k", 0).unwrap();
-    assert_eq!(m.get_replicas("k").unwrap().size, 200);
-    let e = m.put_start(attempt(7, 200)).unwrap_err();
+    assert_eq!(m.get_replicas("k").unwrap().size, 100);
+    let e = m.put_start(attempt(7, 100)).unwrap_err();
     assert_eq!(e.code, Code::AlreadyExists, "ended: no longer resumed");
 }
