@@ -26,17 +26,6 @@ fn cluster(f: &Fleet, t: &TokenFiles, ttl: &str) -> Vec<Proc> {
     procs
 }
 
-async fn wait_nodes(f: &Fleet, n: usize, within: Duration) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < within {
-        if f.live_nodes(MASTER).await == n {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
-}
-
 /// Each read is the key's bytes or an error, never other bytes.
 async fn read_checked(cl: &Client, key: &str, want: &[u8]) -> Result<(), Code> {
     match cl.get(key).await {
@@ -103,7 +92,7 @@ fn a_node_cut_off_from_the_master_past_its_ttl_serves_no_wrong_bytes() {
         for h in [1, 2] {
             wait_ready(f.host(h).at(7101).parse().unwrap()).await;
         }
-        assert!(wait_nodes(&f, 2, Duration::from_secs(10)).await);
+        assert!(f.wait_live_nodes(MASTER, 2, Duration::from_secs(10)).await);
         let token = Secret::from_file(&tokens.client, "--token-file").unwrap();
         let cl =
             Client::connect(ClientConfig::new(f.host(MASTER).at(7000)).with_token(Some(token)))
@@ -156,7 +145,7 @@ fn a_node_cut_off_from_the_master_past_its_ttl_serves_no_wrong_bytes() {
             }
         }
         assert!(
-            wait_nodes(&f, 1, Duration::from_secs(15)).await,
+            f.wait_live_nodes(MASTER, 1, Duration::from_secs(15)).await,
             "the master drops node-1 after --node-ttl"
         );
         for (i, k) in single.iter().enumerate() {
@@ -178,7 +167,7 @@ fn a_node_cut_off_from_the_master_past_its_ttl_serves_no_wrong_bytes() {
 
         f.heal().unwrap();
         assert!(
-            wait_nodes(&f, 2, Duration::from_secs(15)).await,
+            f.wait_live_nodes(MASTER, 2, Duration::from_secs(15)).await,
             "node-1 registers again once healed, with no manual step"
         );
         assert_eq!(
@@ -474,7 +463,7 @@ fn a_slow_link_to_a_node_slows_its_reads_and_keeps_them_right() {
     let rt = f.runtime(2).unwrap();
     rt.block_on(async {
         wait_ready(f.host(MASTER).at(7001).parse().unwrap()).await;
-        assert!(wait_nodes(&f, 1, Duration::from_secs(10)).await);
+        assert!(f.wait_live_nodes(MASTER, 1, Duration::from_secs(10)).await);
         let token = Secret::from_file(&t.client, "--token-file").unwrap();
         let cl = Client::connect(ClientConfig::new(&master).with_token(Some(token)))
             .await

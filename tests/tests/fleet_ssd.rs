@@ -101,16 +101,11 @@ fn idle(v: &serde_json::Value) -> bool {
 /// The owners of `key`'s SSD copies (the admin's view of the key).
 async fn ssd_owners(f: &Fleet, t: &TokenFiles, key: &str) -> Vec<serde_json::Value> {
     let token = Secret::from_file(&t.admin, "--token-file").unwrap();
-    let url = format!("http://{}/api/v1/keys/{key}", f.host(MASTER).at(7001));
-    let v: serde_json::Value = reqwest::Client::new()
-        .get(url)
-        .bearer_auth(token.expose())
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let admin = f.host(MASTER).at(7001).parse().unwrap();
+    let path = format!("/api/v1/keys/{key}");
+    let (status, body) = strata_tests::http_get_as(admin, &path, Some(&token)).await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     let replicas = v["replicas"].as_array().cloned().unwrap_or_default();
     replicas
         .iter()
@@ -260,7 +255,7 @@ fn a_host_lost_and_back_with_the_same_handle_brings_back_its_ssd_copies_and_no_r
 
         f.isolate(1).unwrap();
         assert!(
-            wait_for_nodes(&f, 1).await,
+            f.wait_live_nodes(MASTER, 1, WITHIN).await,
             "the master drops the lost host's node after --node-ttl"
         );
         // Removed while its SSD copy's owner is unreachable: the removal
@@ -277,7 +272,10 @@ fn a_host_lost_and_back_with_the_same_handle_brings_back_its_ssd_copies_and_no_r
         f.heal().unwrap();
         let _node = f.spawn_node(1, &master, "node-1", &t, &[]).unwrap();
         let _agent = spawn_agent(&f, 1, "rack/1", &master, &disk, &t, None);
-        assert!(wait_for_nodes(&f, 2).await, "the host registers again");
+        assert!(
+            f.wait_live_nodes(MASTER, 2, WITHIN).await,
+            "the host registers again"
+        );
         // The agent's inventory re-attaches its copies (the node came back
         // empty): every kept key reads back whole, the removed one is gone.
         let t0 = Instant::now();
@@ -318,16 +316,4 @@ async fn put_all(cl: &Client, keys: &[(String, u64)]) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-}
-
-/// Waits until the master counts `n` store nodes (bounded).
-async fn wait_for_nodes(f: &Fleet, n: usize) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < WITHIN {
-        if f.live_nodes(MASTER).await == n {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
 }

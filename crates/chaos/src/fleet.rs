@@ -291,6 +291,19 @@ impl Fleet {
             .unwrap_or(0)
     }
 
+    /// Waits until the master on host `h` counts exactly `n` store nodes;
+    /// false if it does not within `within`.
+    pub async fn wait_live_nodes(&self, h: usize, n: usize, within: std::time::Duration) -> bool {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < within {
+            if self.live_nodes(h).await == n {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        false
+    }
+
     /// Runs `cmd` (any program: etcd, …) on host `h`, its stdout
     /// discarded, its stderr the test's.
     pub fn spawn_command(&self, h: usize, mut cmd: Command) -> anyhow::Result<Proc> {
