@@ -267,3 +267,28 @@ pub async fn put_start_with_a_bad_first_replica(
     }
     st
 }
+
+/// The master's UCX routes (`GetUcxRoutes`, asked with the client's own
+/// credentials) for a `UcxTransport` a test builds by hand, to see which
+/// path its transfers took (the client library builds its own).
+pub struct MasterRoutes(
+    pub strata_proto::master_client::MasterClient<strata_common::grpc::MasterChannel>,
+);
+
+impl strata_transport::ucx::RouteSource for MasterRoutes {
+    fn routes(
+        &self,
+        segment_ids: Vec<u64>,
+    ) -> futures::future::BoxFuture<'_, strata_common::Result<Vec<strata_proto::UcxRoute>>> {
+        let mut m = self.0.clone();
+        Box::pin(async move {
+            Ok(
+                m.get_ucx_routes(strata_proto::GetUcxRoutesRequest { segment_ids })
+                    .await
+                    .map_err(strata_common::Error::from)?
+                    .into_inner()
+                    .routes,
+            )
+        })
+    }
+}

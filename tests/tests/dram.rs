@@ -719,6 +719,36 @@ async fn a_put_start_whose_answer_was_lost_resumes_its_own_put() {
     c.shutdown().await;
 }
 
+/// A read whose grants a leader deposed since had signed (the nodes took
+/// the new term's key meanwhile, so they refuse the signature) asks the
+/// master again instead of failing with a final PermissionDenied: the HA
+/// nemesis saw such reads fail across a failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_with_grants_a_deposed_leader_signed_asks_again() {
+    let c = ClusterBuilder::new().store_nodes(2).build().await.unwrap();
+    let cl = c.client().await.unwrap();
+    let data = payload(9, 20_000);
+    let two = PutOptions {
+        replicas: 2,
+        ..Default::default()
+    };
+    cl.put("stale-grant", &data, &two).await.unwrap();
+    cl.put("stale-grant-2", &data, &two).await.unwrap();
+    fail::cfg("client::grants-from-deposed-leader", "1*return").unwrap();
+    let got = cl.get("stale-grant").await;
+    fail::remove("client::grants-from-deposed-leader");
+    assert_eq!(got.unwrap(), data);
+    // Both answers refused (a key not in the location cache): the error
+    // says to retry, not "forbidden".
+    fail::cfg("client::grants-from-deposed-leader", "2*return").unwrap();
+    let err = cl.get("stale-grant-2").await.unwrap_err();
+    fail::remove("client::grants-from-deposed-leader");
+    assert_eq!(err.code, Code::PermissionDenied, "{err}");
+    assert!(err.retryable(), "{err}");
+    assert_eq!(cl.get("stale-grant-2").await.unwrap(), data);
+    c.shutdown().await;
+}
+
 /// A batch put whose BatchPutEnd was lost on its way sends those PutEnds
 /// again instead of starting over (which found each key "still being
 /// written" by this very batch until the retries gave up).

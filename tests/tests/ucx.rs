@@ -12,7 +12,7 @@ use strata_common::auth::Secret;
 use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
 use strata_tests::procs::{start_master, start_node_admin, token_files};
-use strata_tests::{http_get, metric, payload};
+use strata_tests::{http_get, metric, payload, MasterRoutes};
 
 async fn node_bytes(admin: std::net::SocketAddr) -> (f64, f64) {
     let (_, body) = http_get(admin, "/metrics").await;
@@ -227,25 +227,6 @@ async fn an_rdma_client_rides_out_a_ucx_node_killed_and_restarted() {
     assert_eq!(node_bytes(admin).await, (0.0, 0.0));
 }
 
-/// Routes from a real master, for a transport built by hand.
-struct Routes(MasterClient<strata_common::grpc::MasterChannel>);
-
-impl strata_transport::ucx::RouteSource for Routes {
-    fn routes(
-        &self,
-        segment_ids: Vec<u64>,
-    ) -> futures::future::BoxFuture<'_, strata_common::Result<Vec<pb::UcxRoute>>> {
-        let mut m = self.0.clone();
-        Box::pin(async move {
-            Ok(m.get_ucx_routes(pb::GetUcxRoutesRequest { segment_ids })
-                .await
-                .map_err(strata_common::Error::from)?
-                .into_inner()
-                .routes)
-        })
-    }
-}
-
 /// A store-node process on this host names itself in its routes, and an
 /// rdma client here reads its segment by cross-memory attach (the node's
 /// TCP data plane moves no byte); killed by SIGKILL, the node is no longer
@@ -296,7 +277,7 @@ async fn a_co_located_node_process_is_attached_to() {
         timeout: Duration::from_secs(3),
         ..Default::default()
     };
-    let ucx = UcxTransport::new(cfg, tcp, Arc::new(Routes(master.clone()))).unwrap();
+    let ucx = UcxTransport::new(cfg, tcp, Arc::new(MasterRoutes(master.clone()))).unwrap();
     let bytes = payload(3, 3 << 20);
     let replicas = master
         .put_start(pb::PutStartRequest {

@@ -200,6 +200,19 @@ pub struct Client {
 
 pub use strata_transport::remote_range;
 
+/// A read or write refused by a node because the master's placement went
+/// stale under it: the node refused the grant (expired, or signed by a
+/// leader deposed meanwhile: the node registered again under a newer term's
+/// key), or it no longer serves the segment (it restarted and registered
+/// again since the master chose it). Asking the master again (a lookup, a
+/// new PutStart) gets a fresh placement, so both are retryable.
+pub(super) fn placement_gone_stale(e: Error) -> Error {
+    match e.code {
+        Code::PermissionDenied | Code::NotFound => e.retry_later(),
+        _ => e,
+    }
+}
+
 /// The master's gRPC client and, where enabled, its quick-call connection
 /// (both connect lazily, on the runtime of their first call).
 fn master_connections(

@@ -114,7 +114,18 @@ impl Client {
             .backoff
             .run(|| async {
                 let asked = std::time::Instant::now();
-                let info = self.lookups.get(key).await?;
+                #[allow(unused_mut)]
+                let mut info = self.lookups.get(key).await?;
+                // Stands for grants a deposed leader signed: the nodes took
+                // a newer term's key since, so they refuse the signature.
+                #[cfg(feature = "failpoints")]
+                if fail::eval("client::grants-from-deposed-leader", |_| ()).is_some() {
+                    for r in &mut info.replicas {
+                        if let Some(m) = r.grant.as_mut().and_then(|g| g.mac.first_mut()) {
+                            *m ^= 0xff;
+                        }
+                    }
+                }
                 let lease = self.lease_ends.lease(key, &info);
                 self.check_answer(key, &info)?;
                 if let Some(l) = &self.locations {
@@ -234,7 +245,7 @@ impl Client {
         let mut _again = None;
         for round in 0..2 {
             let mut last = Error::unavailable(format!("key {key:?} has no readable replica"));
-            let mut expired = false;
+            let mut ask_again = false;
             // With the writer's digest the transport hashes the bytes as
             // they land (TCP), not in a second pass afterwards.
             let blake3 = !info.blake3.is_empty();
@@ -259,15 +270,15 @@ impl Client {
                     }
                     Err(e) => {
                         tracing::debug!(key, node = r.node_id, error = %e, "replica read failed");
-                        expired |=
-                            e.code == Code::PermissionDenied && e.message.contains("expired");
-                        last = e;
+                        last = super::placement_gone_stale(e);
+                        ask_again |= last.retryable();
                     }
                 }
             }
-            // A replica that vanished (its SSD bucket was evicted) or expired:
-            // ask the master again, once.
-            if round == 0 && (expired || last.retryable() || last.code == Code::NotFound) {
+            // A replica that vanished (its SSD bucket was evicted), or whose
+            // grant its node refused (expired, or signed by a leader deposed
+            // since): ask the master again, once.
+            if round == 0 && (ask_again || last.retryable()) {
                 self.forget(key);
                 (info, _again) = self.lookup(key).await?;
                 if parts::total_len(buf) as u64 != info.size {

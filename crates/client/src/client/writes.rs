@@ -191,7 +191,7 @@ impl Client {
                     Ok(r) => r,
                     Err(e) => {
                         self.revoke(key, generation, &token).await;
-                        return Err(placement_gone_stale(e));
+                        return Err(super::placement_gone_stale(e));
                     }
                 };
                 let end_req = pb::PutEndRequest {
@@ -596,7 +596,7 @@ impl Client {
                 let hash = wants_digest(st.integrity);
                 let (w, digest) = self.write_hashing(key, crc, &st.replicas, data, hash).await;
                 let digest = digest.map_or_else(Vec::new, Vec::from);
-                let w = w.map_err(placement_gone_stale);
+                let w = w.map_err(super::placement_gone_stale);
                 (w, true, generation, st.put_token, digest)
             });
         }
@@ -667,18 +667,6 @@ impl Client {
             }
         }
         Ok(out)
-    }
-}
-
-/// A write refused because the master's placement went stale under it: a
-/// grant refused by its node came from a leader deposed meanwhile (the node
-/// re-registered with a newer term's key), or the node no longer serves
-/// the segment (it restarted and registered again since the master chose
-/// it). A new PutStart gets a fresh placement, so both are retryable.
-fn placement_gone_stale(e: Error) -> Error {
-    match e.code {
-        Code::PermissionDenied | Code::NotFound => e.retry_later(),
-        _ => e,
     }
 }
 
