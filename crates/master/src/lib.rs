@@ -28,7 +28,7 @@ pub use config::{MasterArgs, MasterConfig};
 pub use master::Master;
 
 use crate::durable::{DurableKv, EtcdKv};
-use crate::election::{Election, EtcdElection, MemElection};
+use crate::election::{Election, EtcdElection, Leadership, MemElection};
 use crate::metrics::MasterMetrics;
 use crate::rebuild::members::Member;
 use crate::serving::Serving;
@@ -288,7 +288,11 @@ async fn lead(
         );
         let term_stop = shutdown.child_token();
         let mut tasks = JoinSet::new();
-        tasks.spawn(housekeeping(master.clone(), term_stop.clone()));
+        tasks.spawn(housekeeping(
+            master.clone(),
+            leadership.clone(),
+            term_stop.clone(),
+        ));
         tasks.spawn(evictor(master.clone(), term_stop.clone()));
         ctx.serving.begin(master.clone(), leadership.clone());
         if let Some(tx) = first.take() {
@@ -313,8 +317,11 @@ async fn lead(
     }
 }
 
-/// Expires silent nodes and reclaims puts that were never ended.
-async fn housekeeping(m: Arc<Master>, shutdown: CancellationToken) {
+/// Expires silent nodes and reclaims puts that were never ended, while
+/// `leadership` is sure: a leader resumed from a pause longer than its
+/// lease would otherwise act on what it saw before (every node silent)
+/// before its keeper noticed the lapse.
+async fn housekeeping(m: Arc<Master>, leadership: Leadership, shutdown: CancellationToken) {
     let c = m.config();
     let tick = (c.node_ttl.min(c.put_timeout) / 4)
         .clamp(Duration::from_millis(10), Duration::from_secs(1));
@@ -324,6 +331,9 @@ async fn housekeeping(m: Arc<Master>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = iv.tick() => {}
+        }
+        if !leadership.is_valid() {
+            continue;
         }
         let m2 = m.clone();
         let dead = tokio::task::spawn_blocking(move || m2.tick())

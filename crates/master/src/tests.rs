@@ -181,3 +181,49 @@ fn committed_size_counts_only_committed_objects() {
         Code::InvalidArgument
     );
 }
+
+/// Housekeeping drops no node while its leadership is unsure: a leader
+/// resumed from a pause longer than its lease would act on what it saw
+/// before (every node silent). A master whose leadership stands drops its
+/// silent node meanwhile, on the same ticks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn housekeeping_drops_no_node_while_its_leadership_is_unsure() {
+    use crate::election::{Election, MemElection};
+    use tokio_util::sync::CancellationToken;
+    let ttl = Duration::from_millis(600);
+    let lead =
+        |e: MemElection| async move { e.campaign("m:1", &CancellationToken::new()).await.unwrap() };
+    let (lapsed, standing) = (MemElection::new(0, ttl), MemElection::new(0, ttl));
+    let lapsed_l = lead(lapsed.clone()).await;
+    let standing_l = lead(standing).await;
+    lapsed.expire_lease();
+    let t0 = Instant::now();
+    while lapsed_l.is_valid() && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!lapsed_l.is_valid(), "the lapsed leadership stays valid");
+    assert!(standing_l.is_valid());
+    let silent = |m: &Master| {
+        m.cluster()
+            .node("n0")
+            .unwrap()
+            .last_heartbeat_ms
+            .store(1, std::sync::atomic::Ordering::Relaxed)
+    };
+    let cfg = |c: &mut MasterConfig| c.node_ttl = Duration::from_millis(200);
+    let (unsure, sure) = (master_with(1, 1 << 20, cfg), master_with(1, 1 << 20, cfg));
+    silent(&unsure);
+    silent(&sure);
+    let stop = CancellationToken::new();
+    let a = tokio::spawn(super::housekeeping(unsure.clone(), lapsed_l, stop.clone()));
+    let b = tokio::spawn(super::housekeeping(sure.clone(), standing_l, stop.clone()));
+    let t0 = Instant::now();
+    while sure.stat().nodes > 0 && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(sure.stat().nodes, 0, "the sure master keeps a silent node");
+    assert_eq!(unsure.stat().nodes, 1, "dropped by an unsure leader");
+    stop.cancel();
+    a.await.unwrap();
+    b.await.unwrap();
+}

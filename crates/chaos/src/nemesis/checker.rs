@@ -47,6 +47,58 @@ pub struct KeyState {
     pub acked_at: Option<Instant>,
 }
 
+/// A get that found an acknowledged key missing while the run went on
+/// (judged at its end, when every fault's window is known).
+pub struct Missing {
+    pub key: String,
+    pub acked: u32,
+    pub nodes: Vec<String>,
+    pub acked_at: Option<Instant>,
+    pub at: Instant,
+}
+
+/// When each node's disruptions that may lose objects began and were
+/// healed, by node name.
+pub type Disruptions = HashMap<String, Vec<(Instant, Instant)>>;
+
+/// Why an acknowledged object may be gone.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Gone {
+    /// Every node that held it was disrupted after it was acknowledged
+    /// (and, for a miss seen during the run, before it was seen): those
+    /// were its only copies.
+    WithHosts,
+    /// Which nodes held it was never learnt (a lookup after its put
+    /// failed): neither excused nor an anomaly.
+    Unknown,
+    /// A node that held it was never disrupted in that span: an anomaly.
+    Lost,
+}
+
+/// Judges an acknowledged object found gone (`seen`: when, for a miss
+/// during the run; `None` after healing, when any later disruption counts).
+pub fn gone(
+    nodes: &[String],
+    acked_at: Option<Instant>,
+    seen: Option<Instant>,
+    disrupted: &Disruptions,
+) -> Gone {
+    let hit = |n: &String| {
+        disrupted.get(n).is_some_and(|w| {
+            w.iter().any(|(start, healed)| {
+                acked_at.is_some_and(|a| *healed >= a) && seen.is_none_or(|s| *start <= s)
+            })
+        })
+    };
+    if nodes.is_empty() {
+        Gone::Unknown
+    } else if nodes.iter().all(hit) {
+        Gone::WithHosts
+    } else {
+        Gone::Lost
+    }
+}
+
 /// One call: when it started and ended (ms into the run), and whether the
 /// cluster answered it (a success, or a final answer such as NotFound for
 /// a removed key) rather than failing it retryably or not at all.
@@ -68,6 +120,8 @@ pub struct History {
     /// Reads of an older version than the last acknowledged one (each also
     /// an anomaly).
     pub stale_reads: u64,
+    /// Gets that found an acknowledged key missing during the run.
+    pub missing: Vec<Missing>,
 }
 
 impl History {
@@ -80,6 +134,7 @@ impl History {
             outcomes: Vec::new(),
             anomalies: Vec::new(),
             stale_reads: 0,
+            missing: Vec::new(),
         }
     }
 
@@ -123,6 +178,21 @@ impl History {
             })
             .to_string(),
         );
+    }
+
+    /// A get of `key` answered NotFound: fine for a key removed or being
+    /// removed, else remembered to be judged against the faults.
+    pub fn not_found(&mut self, key: &str) {
+        let Some(s) = self.keys.get(key) else { return };
+        if let (Some(acked), false) = (s.acked, s.remove_tried) {
+            self.missing.push(Missing {
+                key: key.to_string(),
+                acked,
+                nodes: s.nodes.clone(),
+                acked_at: s.acked_at,
+                at: Instant::now(),
+            });
+        }
     }
 
     /// Judges the bytes a read of `key` returned; the result to record.
@@ -197,6 +267,50 @@ mod tests {
         h.keys.get_mut("k").unwrap().removed = true;
         h.read("k", &value("k", 1));
         assert_eq!(h.anomalies.len(), 3, "{:?}", h.anomalies);
+    }
+
+    #[test]
+    fn an_object_may_be_gone_only_with_every_host_disrupted_between_its_ack_and_the_miss() {
+        let t = Instant::now();
+        let at = |ms: u64| t + Duration::from_millis(ms);
+        let mut d = Disruptions::new();
+        d.insert("a".into(), vec![(at(100), at(200))]);
+        d.insert("b".into(), vec![(at(300), at(400))]);
+        let both = ["a".to_string(), "b".to_string()];
+        let ack = Some(at(50));
+        assert_eq!(gone(&both, ack, None, &d), Gone::WithHosts);
+        assert_eq!(gone(&both, ack, Some(at(350)), &d), Gone::WithHosts);
+        // Seen before b's disruption began: a copy stood.
+        assert_eq!(gone(&both, ack, Some(at(250)), &d), Gone::Lost);
+        // Acknowledged after a's disruption was healed.
+        assert_eq!(gone(&both, Some(at(250)), None, &d), Gone::Lost);
+        assert_eq!(gone(&["c".to_string()], ack, None, &d), Gone::Lost);
+        assert_eq!(gone(&[], ack, None, &d), Gone::Unknown);
+    }
+
+    #[test]
+    fn a_miss_of_an_acknowledged_key_not_being_removed_is_kept_for_judgement() {
+        let mut h = History::new(Instant::now());
+        for (k, acked, remove_tried) in [
+            ("k", Some(1), false),
+            ("r", Some(1), true),
+            ("n", None, false),
+        ] {
+            h.keys.insert(
+                k.into(),
+                KeyState {
+                    attempted: vec![1],
+                    acked,
+                    remove_tried,
+                    ..Default::default()
+                },
+            );
+        }
+        for k in ["k", "r", "n", "unknown"] {
+            h.not_found(k);
+        }
+        assert_eq!(h.missing.len(), 1);
+        assert_eq!((h.missing[0].key.as_str(), h.missing[0].acked), ("k", 1));
     }
 
     #[test]

@@ -20,11 +20,10 @@ use crate::fleet::{Fleet, HostRuntime};
 use crate::procs::{ready, wait_ready, Proc, TokenFiles};
 use crate::proxy::Proxy;
 use anyhow::Context;
-use checker::{value, version_of, History, DEADLINE};
+use checker::{gone, value, version_of, Disruptions, Gone, History, DEADLINE};
 use parking_lot::Mutex;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use report::{FaultWindow, FinalCheck, Report};
-use std::collections::HashMap;
+use report::{FaultWindow, FinalCheck, MissedMidRun, Report};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -368,7 +367,7 @@ async fn drive(c: &mut Cluster<'_>, cfg: &Config) -> anyhow::Result<Report> {
     // only if every node holding it was disrupted after it was acknowledged.
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let mut windows: Vec<FaultWindow> = Vec::new();
-    let mut disrupted: HashMap<String, Vec<Instant>> = HashMap::new();
+    let mut disrupted = Disruptions::new();
     let kinds: Vec<Fault> = match c.masters.len() {
         1 => NODE_FAULTS.to_vec(),
         _ => [&NODE_FAULTS[..], &LEADER_FAULTS[..]].concat(),
@@ -390,7 +389,7 @@ async fn drive(c: &mut Cluster<'_>, cfg: &Config) -> anyhow::Result<Report> {
                 disrupted
                     .entry(target.name.clone())
                     .or_default()
-                    .push(healed);
+                    .push((start, healed));
             }
             windows.push(FaultWindow {
                 kind: fault.name(),
@@ -426,6 +425,23 @@ async fn drive(c: &mut Cluster<'_>, cfg: &Config) -> anyhow::Result<Report> {
         g.anomalies
             .push(format!("the cluster takes no write after healing: {e}"));
     }
+    // Acknowledged keys a get found missing during the run: each must have
+    // lost every host that held it between its acknowledgement and the miss.
+    let mut missed_mid_run = MissedMidRun::default();
+    for m in std::mem::take(&mut g.missing) {
+        match gone(&m.nodes, m.acked_at, Some(m.at), &disrupted) {
+            Gone::WithHosts => missed_mid_run.with_hosts += 1,
+            Gone::Unknown => missed_mid_run.unknown += 1,
+            Gone::Lost => {
+                let when = ms(m.at);
+                g.anomalies.push(format!(
+                    "get {} at {when} ms: acknowledged v{} not found though {:?} were not all \
+                     disrupted since",
+                    m.key, m.acked, m.nodes
+                ))
+            }
+        }
+    }
     let mut report = Report {
         seed: cfg.seed,
         started_unix_ms,
@@ -435,6 +451,7 @@ async fn drive(c: &mut Cluster<'_>, cfg: &Config) -> anyhow::Result<Report> {
         election_ttl_s: (c.masters.len() > 1).then_some(ELECTION_TTL_S),
         ops: g.ops.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         final_check,
+        missed_mid_run,
         stale_reads: g.stale_reads,
         anomalies: g.anomalies.clone(),
         ..Default::default()
@@ -539,11 +556,7 @@ fn signal(p: &Option<Proc>, sig: libc::c_int) {
 
 /// Reads back every acknowledged key (retrying what is retryable within
 /// the deadline) and judges it.
-async fn final_check(
-    cl: &Client,
-    h: &Mutex<History>,
-    disrupted: &HashMap<String, Vec<Instant>>,
-) -> FinalCheck {
+async fn final_check(cl: &Client, h: &Mutex<History>, disrupted: &Disruptions) -> FinalCheck {
     let mut out = FinalCheck::default();
     type Acked = (String, u32, Vec<String>, Option<Instant>, bool);
     let keys: Vec<Acked> = {
@@ -591,20 +604,13 @@ async fn final_check(
                     .push(format!("final get {k}: v{v:?}, acknowledged v{acked}")),
             },
             (Err(e), false) if e.code == Code::NotFound => {
-                let after_ack = |n: &String| {
-                    disrupted
-                        .get(n)
-                        .is_some_and(|ends| ends.iter().any(|e| acked_at.is_some_and(|a| *e >= a)))
-                };
-                if held_by.is_empty() {
-                    out.unknown += 1;
-                } else if held_by.iter().all(after_ack) {
-                    out.lost_with_hosts += 1;
-                } else {
-                    g.anomalies.push(format!(
+                match gone(held_by, *acked_at, None, disrupted) {
+                    Gone::Unknown => out.unknown += 1,
+                    Gone::WithHosts => out.lost_with_hosts += 1,
+                    Gone::Lost => g.anomalies.push(format!(
                         "final get {k}: acknowledged v{acked} lost though {held_by:?} were not all \
                          disrupted"
-                    ));
+                    )),
                 }
             }
             (Err(e), true) if e.code == Code::NotFound => out.stayed_removed += 1,
@@ -718,6 +724,9 @@ async fn client_loop(cl: Client, c: usize, seed: u64, until: Instant, h: Arc<Mut
                     Ok(Ok(bytes)) => g.read(&key, &bytes),
                     Ok(Err(e)) => {
                         g.judge(op, &key, &e, &[Code::NotFound]);
+                        if e.code == Code::NotFound {
+                            g.not_found(&key);
+                        }
                         format!("{:?}", e.code)
                     }
                 };

@@ -49,6 +49,17 @@ pub struct FinalCheck {
     pub stayed_removed: u64,
 }
 
+/// Acknowledged keys a get found missing while the run went on (each an
+/// anomaly unless one of these).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MissedMidRun {
+    /// Every node that held it was disrupted between its acknowledgement
+    /// and the miss.
+    pub with_hosts: u64,
+    /// Which nodes held it was never learnt.
+    pub unknown: u64,
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     pub seed: u64,
@@ -68,6 +79,7 @@ pub struct Report {
     /// Every fault injected, in order.
     pub injected: Vec<FaultWindow>,
     pub final_check: FinalCheck,
+    pub missed_mid_run: MissedMidRun,
     pub stale_reads: u64,
     pub anomalies: Vec<String>,
     /// The run's history (one JSON line per call), when it was kept.
@@ -203,6 +215,12 @@ impl fmt::Display for Report {
              host that held them, {} lost whose nodes were never learnt; {} removed keys \
              stayed removed",
             c.checked, c.readable, c.lost_with_hosts, c.unknown, c.stayed_removed
+        )?;
+        writeln!(
+            f,
+            "acknowledged keys a get found missing during the run: {} with every host that \
+             held them disrupted since, {} whose nodes were never learnt",
+            self.missed_mid_run.with_hosts, self.missed_mid_run.unknown
         )?;
         writeln!(
             f,

@@ -46,6 +46,9 @@ pub struct Cluster {
     dropped_in_term: Mutex<std::collections::HashSet<String>>,
     /// Pings data-plane addresses (is an SSD owner's holder still alive?).
     pinger: TcpTransport,
+    /// When the last expiry sweep ran (unix ms; 0: none yet): a late one
+    /// does not hold its lateness against the nodes (`forgive_stall`).
+    last_sweep_ms: AtomicU64,
 }
 
 impl Cluster {
@@ -58,6 +61,7 @@ impl Cluster {
             next_generation: AtomicU64::new(unix_ms() << 16),
             left_nodes: Mutex::new(Vec::new()),
             dropped_in_term: Mutex::new(Default::default()),
+            last_sweep_ms: AtomicU64::new(0),
             pinger: TcpTransport::new(TcpTransportConfig {
                 connect_timeout: std::time::Duration::from_secs(1),
                 io_timeout: std::time::Duration::from_secs(1),
@@ -115,7 +119,8 @@ impl Cluster {
 
     /// Places up to `n` replicas of `size` bytes (`len` with alignment) in
     /// mounted segments with room, `preferred` first, each on another node:
-    /// a lost node takes every copy it holds, so two there are one.
+    /// a lost node takes every copy it holds, so two there are one. Nodes
+    /// silent for over `quiet_ms` come last.
     pub(crate) fn try_place(
         &self,
         strategy: AllocStrategy,
@@ -123,6 +128,7 @@ impl Cluster {
         len: u64,
         n: usize,
         preferred: Option<u64>,
+        quiet_ms: u64,
     ) -> Vec<Replica> {
         let mut cands: Vec<Arc<SegmentEntry>> = self
             .segments
@@ -145,6 +151,13 @@ impl Cluster {
                 cands.insert(0, s);
             }
         }
+        // Nodes not heard from for half the TTL last: one silent that long
+        // is often about to be dropped (the sweep lags it by up to a tick,
+        // and its first heartbeats after a partition heals wait out TCP's
+        // retransmission backoff), taking a copy just acknowledged with it
+        // (found by the HA nemesis). Used still when the others are short.
+        let now = unix_ms();
+        cands.sort_by_key(|s| s.node.last_heartbeat_ms.load(Ordering::Relaxed) + quiet_ms < now);
         let mut out: Vec<Replica> = Vec::with_capacity(n);
         for seg in cands {
             if out.len() == n {
@@ -223,6 +236,32 @@ impl Cluster {
 
     /// Registrations (id, incarnation) whose last heartbeat is more than
     /// `ttl_ms` before `now_ms`.
+    /// A sweep that comes late did not look at heartbeats meanwhile: this
+    /// master was paused (SIGSTOP, a VM or GC stall) or starved, and the
+    /// nodes' heartbeats may be waiting unread in its sockets. That time is
+    /// not held against them: each node's last heartbeat moves forward by
+    /// the stall, never past `now_ms`. (The HA nemesis saw a leader resumed
+    /// from SIGSTOP drop every node, and the objects only they held, before
+    /// its keeper noticed the lease had lapsed.) Sweeps run every quarter
+    /// `ttl_ms` at most, so a gap over half of it is a stall. Returns the
+    /// stall forgiven, in ms.
+    fn forgive_stall(&self, ttl_ms: u64, now_ms: u64) -> u64 {
+        let last = self.last_sweep_ms.swap(now_ms, Ordering::AcqRel);
+        let gap = now_ms.saturating_sub(last);
+        if last == 0 || gap <= ttl_ms / 2 {
+            return 0;
+        }
+        let stall = gap - ttl_ms / 4;
+        for n in self.nodes.read().values() {
+            let _ = n
+                .last_heartbeat_ms
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    Some(v.saturating_add(stall).min(now_ms).max(v))
+                });
+        }
+        stall
+    }
+
     fn silent(&self, ttl_ms: u64, now_ms: u64) -> Vec<(String, u64)> {
         self.nodes
             .read()

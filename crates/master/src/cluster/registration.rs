@@ -305,6 +305,14 @@ impl Cluster {
     /// them and the nodes that left since the last call (both to forget).
     pub(crate) fn expire(&self, m: Model, now_ms: u64) -> Vec<String> {
         let ttl = m.cfg.node_ttl.as_millis() as u64;
+        let stall = self.forgive_stall(ttl, now_ms);
+        if stall > 0 {
+            tracing::warn!(
+                stall_ms = stall,
+                "node expiry ran late (was this master paused?): the nodes' silence meanwhile \
+                 is not counted against them"
+            );
+        }
         let dead = self.silent(ttl, now_ms);
         for (id, incarnation) in &dead {
             // That registration only: one that took the id over meanwhile

@@ -18,6 +18,28 @@ fn more_replicas_than_segments_gives_fewer_never_two_on_one_segment() {
     assert_eq!(segs.len(), 3, "replicas must be on distinct segments");
 }
 
+/// A node silent for half the TTL (often about to be dropped, with any copy
+/// just placed there) gets new copies only when the others are short.
+#[test]
+fn quiet_nodes_are_placed_on_last() {
+    let m = master_with(3, 1 << 20, |c| c.node_ttl = Duration::from_millis(10_000));
+    let now = strata_common::time::unix_ms();
+    m.cluster()
+        .node("n0")
+        .unwrap()
+        .last_heartbeat_ms
+        .store(now - 6_000, std::sync::atomic::Ordering::Relaxed);
+    for i in 0..20 {
+        let r = m.put_start(spec(&format!("k{i}"), 100, 2)).unwrap();
+        assert_eq!(r.len(), 2);
+        assert!(r.iter().all(|r| r.node_id != "n0"), "{r:?}");
+    }
+    let r = m.put_start(spec("three", 100, 3)).unwrap();
+    let mut nodes: Vec<&str> = r.iter().map(|r| r.node_id.as_str()).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["n0", "n1", "n2"]);
+}
+
 #[test]
 fn expired_node_loses_its_replicas() {
     let m = master_with(2, 1 << 20, |c| c.node_ttl = Duration::from_millis(100));
@@ -51,6 +73,41 @@ fn expired_node_loses_its_replicas() {
         "a dropped node must re-register"
     );
     assert_eq!(m.stat().segments, 1);
+}
+
+/// A sweep that comes late (this master was paused past `--node-ttl`: its
+/// nodes' heartbeats wait unread in its sockets) does not drop them; a node
+/// that stays silent for a whole TTL of sweeps on time still goes.
+#[test]
+fn a_late_sweep_does_not_count_its_lateness_against_the_nodes() {
+    let m = master_with(2, 1 << 20, |c| c.node_ttl = Duration::from_millis(1000));
+    let now = strata_common::time::unix_ms();
+    let set = |node: &str, ms: u64| {
+        m.cluster()
+            .node(node)
+            .unwrap()
+            .last_heartbeat_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed)
+    };
+    set("n0", now);
+    set("n1", now);
+    assert!(m.expire_nodes(now + 100).is_empty());
+    // Paused for 5 s: both look 5 s silent, neither is dropped.
+    assert!(
+        m.expire_nodes(now + 5100).is_empty(),
+        "dropped after a stall"
+    );
+    assert_eq!(m.stat().nodes, 2);
+    // Back to sweeps on time: n0 heartbeats, n1 stays silent past the TTL.
+    let mut t = now + 5100;
+    let mut dropped = Vec::new();
+    for _ in 0..20 {
+        t += 200;
+        set("n0", t);
+        dropped.extend(m.expire_nodes(t));
+    }
+    assert_eq!(dropped, vec!["n1".to_string()]);
+    assert_eq!(m.stat().nodes, 1);
 }
 
 #[test]

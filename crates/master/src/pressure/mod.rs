@@ -128,6 +128,7 @@ impl Pressure {
                 len,
                 want.n as usize,
                 want.preferred,
+                m.cfg.node_ttl.as_millis() as u64 / 2,
             )
         };
         // Every copy asked for that the nodes could hold: a put acknowledged
