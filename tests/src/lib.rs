@@ -292,3 +292,21 @@ impl strata_transport::ucx::RouteSource for MasterRoutes {
         })
     }
 }
+
+/// A UCX transport as the client library builds one (UCX's transports left
+/// to UCX, shared memory wanted for co-located nodes; 10 s per transfer),
+/// its routes from `m`, for tests that check the path its transfers took.
+/// Made on the calling host: the threads it starts stay there.
+pub fn ucx_transport(
+    m: strata_proto::master_client::MasterClient<strata_common::grpc::MasterChannel>,
+) -> strata_transport::ucx::UcxTransport {
+    let tcp = std::sync::Arc::new(strata_transport::tcp::TcpTransport::new(
+        strata_transport::tcp::TcpTransportConfig::default(),
+    ));
+    let cfg = strata_transport::ucx::UcxClientConfig {
+        timeout: std::time::Duration::from_secs(10),
+        ..Default::default()
+    };
+    strata_transport::ucx::UcxTransport::new(cfg, tcp, std::sync::Arc::new(MasterRoutes(m)))
+        .expect("a UCX transport")
+}

@@ -18,8 +18,9 @@ const SIZE: usize = 300_000;
 const WITHIN: Duration = Duration::from_secs(30);
 
 /// `strata-ssd-agent` with `handle` on host `h` (data port 7200, admin
-/// 7201), its files in `dir`; `failpoints` as `FAILPOINTS` (the test
-/// binaries' build has them).
+/// 7201), its files in `dir`, `extra` flags; `failpoints` as `FAILPOINTS`
+/// (the test binaries' build has them).
+#[allow(clippy::too_many_arguments)]
 fn spawn_agent(
     f: &Fleet,
     h: usize,
@@ -28,6 +29,7 @@ fn spawn_agent(
     dir: &std::path::Path,
     t: &TokenFiles,
     failpoints: Option<&str>,
+    extra: &[&str],
 ) -> Proc {
     let host = f.host(h);
     let mut cmd = Command::new(
@@ -48,6 +50,7 @@ fn spawn_agent(
     .args(["--listen", &host.at(7200), "--admin-addr", &host.at(7201)])
     .arg("--token-file")
     .arg(&t.member)
+    .args(extra)
     .env("RUST_LOG", "warn");
     if let Some(fp) = failpoints {
         cmd.env("FAILPOINTS", fp);
@@ -178,7 +181,7 @@ fn an_ssd_agent_cut_off_mid_offload_hands_its_tasks_on_and_nothing_half_adopted(
     // Stalled long enough for the second agent to start and the cut to
     // land while it is still mid-bucket.
     let fp = "ssd-agent::bucket-mid-write=sleep(8000)";
-    let _a = spawn_agent(&f, CUT, "rack/2", &master, &disk_a, &t, Some(fp));
+    let _a = spawn_agent(&f, CUT, "rack/2", &master, &disk_a, &t, Some(fp), &[]);
     let rt = f.runtime(CLIENT).unwrap();
     rt.block_on(async {
         wait_ready(&f.host(MASTER).at(7001), WITHIN).await.unwrap();
@@ -193,7 +196,7 @@ fn an_ssd_agent_cut_off_mid_offload_hands_its_tasks_on_and_nothing_half_adopted(
         let cut_owner = offload_view(&f).await["tasks"][0]["owner_id"].clone();
         assert!(cut_owner.is_u64(), "{cut_owner}");
         // The second agent joins now, so the first holds every task.
-        let _b = spawn_agent(&f, 4, "rack/4", &master, &disk_b, &t, None);
+        let _b = spawn_agent(&f, 4, "rack/4", &master, &disk_b, &t, None, &[]);
         wait_ready(&f.host(4).at(7201), WITHIN).await.unwrap();
 
         f.partition(CUT, MASTER).unwrap();
@@ -239,7 +242,7 @@ fn a_host_lost_and_back_with_the_same_handle_brings_back_its_ssd_copies_and_no_r
     let _m = spawn_master(&f, &t, &state, "1s");
     // Host 1 runs both; host 2 a second node, so writes go on meanwhile.
     let node = f.spawn_node(1, &master, "node-1", &t, &[]).unwrap();
-    let agent = spawn_agent(&f, 1, "rack/1", &master, &disk, &t, None);
+    let agent = spawn_agent(&f, 1, "rack/1", &master, &disk, &t, None, &[]);
     let _n2 = f.spawn_node(2, &master, "node-2", &t, &[]).unwrap();
     let rt = f.runtime(CLIENT).unwrap();
     rt.block_on(async {
@@ -271,7 +274,7 @@ fn a_host_lost_and_back_with_the_same_handle_brings_back_its_ssd_copies_and_no_r
 
         f.heal().unwrap();
         let _node = f.spawn_node(1, &master, "node-1", &t, &[]).unwrap();
-        let _agent = spawn_agent(&f, 1, "rack/1", &master, &disk, &t, None);
+        let _agent = spawn_agent(&f, 1, "rack/1", &master, &disk, &t, None, &[]);
         assert!(
             f.wait_live_nodes(MASTER, 2, WITHIN).await,
             "the host registers again"
@@ -316,4 +319,101 @@ async fn put_all(cl: &Client, keys: &[(String, u64)]) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// Bytes the agent on host `h` lent through its UCX window.
+async fn staged_bytes(f: &Fleet, h: usize) -> f64 {
+    let admin = f.host(h).at(7201).parse().unwrap();
+    let (_, body) = strata_tests::http_get(admin, "/metrics").await;
+    strata_tests::metric(&body, "strata_ssd_agent_staged_bytes_total")
+}
+
+/// Reads `key`'s SSD copy through `role`'s own UCX transport (made on the
+/// calling host) and returns the transport, to see the path taken.
+async fn read_lent(
+    f: &Fleet,
+    token: &std::path::Path,
+    key: &str,
+    want: &[u8],
+) -> strata_transport::ucx::UcxTransport {
+    use strata_transport::Transport;
+    let secret = Secret::from_file(token, "test").unwrap();
+    let mut m = pb::master_client::MasterClient::new(
+        strata_common::grpc::master_channel(&f.host(MASTER).at(7000), Some(&secret)).unwrap(),
+    );
+    let got = m
+        .get_replicas(pb::GetReplicasRequest { key: key.into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let ssd: Vec<_> = got
+        .replicas
+        .iter()
+        .filter(|r| r.kind == pb::ReplicaKind::Ssd as i32)
+        .collect();
+    assert_eq!(ssd.len(), 1, "{got:?}");
+    let r = strata_transport::remote_range(ssd[0]).unwrap();
+    assert!(
+        r.scope.perm & strata_common::grant::PERM_STAGE != 0,
+        "an rdma grant stages"
+    );
+    let ucx = strata_tests::ucx_transport(m);
+    let mut back = vec![0u8; want.len()];
+    ucx.read(&r, 0, &mut back).await.unwrap();
+    assert!(back == want, "{key}: wrong bytes lent");
+    ucx
+}
+
+/// SSD reads lent through an agent's UCX window across hosts: an rdma
+/// reader on another host than the agent gets the piece one-sided over
+/// UCX's network transports (the agent counts it lent), never through the
+/// shared-memory engine, which hosts sharing this machine's kernel would
+/// let work here and real hosts would not; a reader on the agent's own host
+/// is given that engine.
+#[test]
+fn ssd_reads_lent_across_hosts_never_take_the_same_host_path() {
+    const AGENT: usize = 1;
+    const FAR: usize = 2;
+    let f = Fleet::new(3);
+    let dir = tempfile::tempdir().unwrap();
+    let (state, disk) = (dir.path().join("state"), dir.path().join("disk"));
+    std::fs::create_dir_all(&disk).unwrap();
+    let t = TokenFiles::generate(dir.path()).unwrap();
+    let master = f.host(MASTER).at(7000);
+    let _m = spawn_master(&f, &t, &state, "30s");
+    let _n = f.spawn_node(AGENT, &master, "node-1", &t, &[]).unwrap();
+    let ucx = ["--transport", "ucx", "--staging-bytes", "8MiB"];
+    let _a = spawn_agent(&f, AGENT, "rack/1", &master, &disk, &t, None, &ucx);
+    let bytes = payload(7, SIZE);
+    let far = f.runtime(FAR).unwrap();
+    far.block_on(async {
+        wait_ready(&f.host(MASTER).at(7001), WITHIN).await.unwrap();
+        wait_ready(&f.host(AGENT).at(7201), WITHIN).await.unwrap();
+        let cl = admin_client(&f, &t).await;
+        cl.put("lent", &bytes, &PutOptions::default())
+            .await
+            .unwrap();
+        offload_until(&f, "the put is on SSD", |v| {
+            idle(v) && v["persisted"].as_u64() >= Some(1)
+        })
+        .await;
+        read_from_ssd(&cl, &[("lent".to_string(), 7)]).await;
+        let before = staged_bytes(&f, AGENT).await;
+        let ucx = read_lent(&f, &t.rdma, "lent", &bytes).await;
+        assert_eq!(staged_bytes(&f, AGENT).await - before, SIZE as f64, "lent");
+        assert!(ucx.one_sided_transfers() >= 1);
+        assert_eq!(
+            ucx.shared_memory_transfers(),
+            0,
+            "shared memory across hosts"
+        );
+    });
+    let near = f.runtime(AGENT).unwrap();
+    near.block_on(async {
+        let ucx = read_lent(&f, &t.rdma, "lent", &bytes).await;
+        assert!(
+            ucx.shared_memory_transfers() >= 1,
+            "no shared memory on one host"
+        );
+    });
 }

@@ -8,7 +8,6 @@
 //! clients without the rdma role, and TCP clients, reach the node over TCP
 //! from anywhere.
 
-use std::sync::Arc;
 use std::time::Duration;
 use strata_client::{Client, ClientConfig, PutOptions, TransportKind};
 use strata_common::auth::Secret;
@@ -17,9 +16,8 @@ use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
 use strata_tests::fleet::Fleet;
 use strata_tests::procs::TokenFiles;
-use strata_tests::{http_get, metric, payload, MasterRoutes};
-use strata_transport::tcp::{TcpTransport, TcpTransportConfig};
-use strata_transport::ucx::{UcxClientConfig, UcxTransport};
+use strata_tests::{http_get, metric, payload, ucx_transport};
+use strata_transport::ucx::UcxTransport;
 use strata_transport::Transport;
 
 const MASTER: usize = 0;
@@ -41,18 +39,6 @@ fn master_client(f: &Fleet, token: &std::path::Path) -> MasterClient<MasterChann
     MasterClient::new(
         strata_common::grpc::master_channel(&f.host(MASTER).at(7000), Some(&secret)).unwrap(),
     )
-}
-
-/// A UCX transport as the client library builds one (UCX's transports
-/// left to UCX, shared memory wanted for co-located nodes), made on the
-/// calling host.
-fn ucx_transport(m: &MasterClient<MasterChannel>) -> UcxTransport {
-    let tcp = Arc::new(TcpTransport::new(TcpTransportConfig::default()));
-    let cfg = UcxClientConfig {
-        timeout: Duration::from_secs(10),
-        ..Default::default()
-    };
-    UcxTransport::new(cfg, tcp, Arc::new(MasterRoutes(m.clone()))).unwrap()
 }
 
 /// Puts `bytes` as `key` through `t` and returns where a reader finds it.
@@ -111,7 +97,7 @@ fn ucx_between_hosts_never_takes_the_same_host_path() {
     let bytes = payload(1, 3 << 20);
     let r = far.block_on(async {
         let mut m = master_client(&f, &t.rdma);
-        let ucx = ucx_transport(&m);
+        let ucx = ucx_transport(m.clone());
         let r = put_through(&mut m, &ucx, "far", &bytes).await;
         let mut back = vec![0u8; bytes.len()];
         let crc = ucx.read_crc32c(&r, 0, &mut back).await.unwrap();
@@ -119,22 +105,38 @@ fn ucx_between_hosts_never_takes_the_same_host_path() {
         assert_eq!(crc, crc32c::crc32c(&bytes));
         assert_eq!(ucx.one_sided_transfers(), 2, "write and read one-sided");
         assert_eq!(
-            (ucx.attached_reads(), ucx.mapped_reads()),
-            (0, 0),
+            (
+                ucx.attached_reads(),
+                ucx.mapped_reads(),
+                ucx.shared_memory_transfers()
+            ),
+            (0, 0, 0),
             "the same-host path taken across hosts"
         );
         assert_eq!(node_tcp_bytes(&f).await, (0.0, 0.0), "no byte over TCP");
         r
     });
 
-    // On the node's own host: the same object is read by attach.
+    // On the node's own host: the same object is read by attach, and a
+    // write goes through the shared-memory engine.
     near.block_on(async {
-        let m = master_client(&f, &t.rdma);
-        let ucx = ucx_transport(&m);
+        let mut m = master_client(&f, &t.rdma);
+        let ucx = ucx_transport(m.clone());
         let mut back = vec![0u8; bytes.len()];
         ucx.read(&r, 0, &mut back).await.unwrap();
         assert!(back == bytes, "read back intact");
         assert_eq!((ucx.attached_reads(), ucx.mapped_reads()), (1, 1));
+        let near_bytes = payload(3, 1 << 20);
+        let w = put_through(&mut m, &ucx, "near", &near_bytes).await;
+        assert_eq!(
+            ucx.shared_memory_transfers(),
+            1,
+            "the write over shared memory"
+        );
+        ucx.read(&w, 0, &mut back[..near_bytes.len()])
+            .await
+            .unwrap();
+        assert!(back[..near_bytes.len()] == near_bytes[..]);
         assert_eq!(node_tcp_bytes(&f).await, (0.0, 0.0), "no byte over TCP");
     });
 

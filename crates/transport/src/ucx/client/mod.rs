@@ -211,6 +211,8 @@ pub struct UcxTransport {
     attached: std::sync::atomic::AtomicU64,
     /// Of those, copied from a mapped shared segment.
     mapped: std::sync::atomic::AtomicU64,
+    /// Transfers given to the shared-memory engine (co-located peers).
+    shared_memory: std::sync::atomic::AtomicU64,
     /// One route fetch at a time: transfers that miss together (a burst
     /// on a new segment) wait for it and find its answer, instead of each
     /// asking the master.
@@ -257,6 +259,7 @@ impl UcxTransport {
             unconfirmed_writes: Default::default(),
             attached: Default::default(),
             mapped: Default::default(),
+            shared_memory: Default::default(),
             fetching: tokio::sync::Mutex::new(()),
             demotions: Default::default(),
             windows: Mutex::new(HashMap::new()),
@@ -441,6 +444,12 @@ impl UcxTransport {
         self.attached.load(Ordering::Relaxed)
     }
 
+    /// Transfers (one-sided, or to a lend window) that went through the
+    /// shared-memory engine, which only co-located peers are given.
+    pub fn shared_memory_transfers(&self) -> u64 {
+        self.shared_memory.load(Ordering::Relaxed)
+    }
+
     /// Cross-memory reads copied from a co-located node's shared segment
     /// mapped into this process (whether or not their grant then stood).
     pub fn mapped_reads(&self) -> u64 {
@@ -525,6 +534,7 @@ impl UcxTransport {
     fn engine_for(&self, route: &Route, len: usize, deadline: Instant) -> (&Engine, Instant) {
         match &self.local {
             Some(l) if route.local => {
+                self.shared_memory.fetch_add(1, Ordering::Relaxed);
                 let bound = SHARED_MEMORY_TIME + Duration::from_nanos(len as u64);
                 (l, deadline.min(Instant::now() + bound))
             }
