@@ -411,6 +411,8 @@ fn ssd_reads_lent_across_hosts_never_take_the_same_host_path() {
     let near = f.runtime(AGENT).unwrap();
     near.block_on(async {
         let ucx = read_lent(&f, &t.rdma, "lent", &bytes).await;
+        // Lent and read one-sided (not a TCP fallback), over shared memory.
+        assert_eq!(ucx.one_sided_transfers(), 1);
         assert!(
             ucx.shared_memory_transfers() >= 1,
             "no shared memory on one host"

@@ -813,7 +813,15 @@ impl Master {
     /// Drops nodes whose last heartbeat is older than `--node-ttl`; returns
     /// them and the nodes that left since the last call (both to forget).
     pub fn expire_nodes(&self, now_ms: u64) -> Vec<String> {
-        self.cluster.expire(self.model(), now_ms)
+        let dead = self.cluster.expire(self.model(), now_ms);
+        // The sweep ran late: the SSD owners' silence meanwhile is not held
+        // against them either (their loss requeues tasks, drops victims),
+        // judged later in the same tick.
+        let stall = self.cluster.last_stall_ms();
+        if stall > 0 {
+            self.ssd.owners().forgive(stall, now_ms);
+        }
+        dead
     }
 
     // ---------------- admin ----------------

@@ -688,6 +688,8 @@ async fn client_loop(cl: Client, c: usize, seed: u64, until: Instant, h: Arc<Mut
                 };
                 let r = tokio::time::timeout(DEADLINE, cl.put(&key, &value(&key, version), &opts))
                     .await;
+                // When the put was acknowledged, before the lookup below.
+                let acked_at = Instant::now();
                 let nodes = match &r {
                     Ok(Ok(())) => tokio::time::timeout(DEADLINE, cl.inspect(&key))
                         .await
@@ -703,12 +705,18 @@ async fn client_loop(cl: Client, c: usize, seed: u64, until: Instant, h: Arc<Mut
                     Ok(Ok(())) => {
                         if let Some(s) = g.keys.get_mut(&key) {
                             s.acked = Some(version);
-                            s.acked_at = Some(Instant::now());
+                            s.acked_at = Some(acked_at);
                             s.nodes = nodes.unwrap_or_default();
                         }
                         format!("ok v{version}")
                     }
                     Ok(Err(e)) => {
+                        // Perhaps committed after all, on other nodes than
+                        // the acknowledged version's: which nodes hold the
+                        // key is no longer known.
+                        if let Some(s) = g.keys.get_mut(&key) {
+                            s.nodes.clear();
+                        }
                         g.judge(op, &key, &e, &[]);
                         format!("{:?}", e.code)
                     }
@@ -724,7 +732,9 @@ async fn client_loop(cl: Client, c: usize, seed: u64, until: Instant, h: Arc<Mut
                     Ok(Ok(bytes)) => g.read(&key, &bytes),
                     Ok(Err(e)) => {
                         g.judge(op, &key, &e, &[Code::NotFound]);
-                        if e.code == Code::NotFound {
+                        // Only a final answer: a node's NotFound comes back
+                        // retryable (the client asks the master again).
+                        if e.code == Code::NotFound && !e.retryable() {
                             g.not_found(&key);
                         }
                         format!("{:?}", e.code)

@@ -49,6 +49,9 @@ pub struct Cluster {
     /// When the last expiry sweep ran (unix ms; 0: none yet): a late one
     /// does not hold its lateness against the nodes (`forgive_stall`).
     last_sweep_ms: AtomicU64,
+    /// The stall the last sweep forgave (0: it was on time), for the SSD
+    /// owners' liveness, judged in the same housekeeping tick.
+    last_stall_ms: AtomicU64,
 }
 
 impl Cluster {
@@ -62,6 +65,7 @@ impl Cluster {
             left_nodes: Mutex::new(Vec::new()),
             dropped_in_term: Mutex::new(Default::default()),
             last_sweep_ms: AtomicU64::new(0),
+            last_stall_ms: AtomicU64::new(0),
             pinger: TcpTransport::new(TcpTransportConfig {
                 connect_timeout: std::time::Duration::from_secs(1),
                 io_timeout: std::time::Duration::from_secs(1),
@@ -139,10 +143,13 @@ impl Cluster {
             .filter(|s| s.is_mounted() && s.free_bytes() >= len && !s.node.log_overflowed())
             .cloned()
             .collect();
+        // Keys read once per candidate (`sort_by_cached_key`): they change
+        // under concurrent puts and heartbeats, and a sort whose order
+        // changes midway may panic.
         match strategy {
             AllocStrategy::Random => cands.shuffle(&mut rand::thread_rng()),
             AllocStrategy::MostFreeFirst => {
-                cands.sort_by_key(|s| std::cmp::Reverse(s.free_bytes()))
+                cands.sort_by_cached_key(|s| std::cmp::Reverse(s.free_bytes()))
             }
         }
         if let Some(p) = preferred {
@@ -157,7 +164,9 @@ impl Cluster {
         // retransmission backoff), taking a copy just acknowledged with it
         // (found by the HA nemesis). Used still when the others are short.
         let now = unix_ms();
-        cands.sort_by_key(|s| s.node.last_heartbeat_ms.load(Ordering::Relaxed) + quiet_ms < now);
+        cands.sort_by_cached_key(|s| {
+            s.node.last_heartbeat_ms.load(Ordering::Relaxed) + quiet_ms < now
+        });
         let mut out: Vec<Replica> = Vec::with_capacity(n);
         for seg in cands {
             if out.len() == n {
@@ -248,10 +257,14 @@ impl Cluster {
     fn forgive_stall(&self, ttl_ms: u64, now_ms: u64) -> u64 {
         let last = self.last_sweep_ms.swap(now_ms, Ordering::AcqRel);
         let gap = now_ms.saturating_sub(last);
-        if last == 0 || gap <= ttl_ms / 2 {
+        let stall = match last == 0 || gap <= ttl_ms / 2 {
+            true => 0,
+            false => gap - ttl_ms / 4,
+        };
+        self.last_stall_ms.store(stall, Ordering::Release);
+        if stall == 0 {
             return 0;
         }
-        let stall = gap - ttl_ms / 4;
         for n in self.nodes.read().values() {
             let _ = n
                 .last_heartbeat_ms
@@ -260,6 +273,11 @@ impl Cluster {
                 });
         }
         stall
+    }
+
+    /// The stall the last expiry sweep forgave, in ms (0: none).
+    pub(crate) fn last_stall_ms(&self) -> u64 {
+        self.last_stall_ms.load(Ordering::Acquire)
     }
 
     fn silent(&self, ttl_ms: u64, now_ms: u64) -> Vec<(String, u64)> {

@@ -70,6 +70,20 @@ impl OwnerRegistry {
         self.kv.name()
     }
 
+    /// A late housekeeping sweep (`Cluster::forgive_stall`): the owners'
+    /// silence while this master was not looking is not held against them
+    /// either (their heartbeats may be waiting unread); each last heartbeat
+    /// moves forward by `stall_ms`, never past `now`.
+    pub fn forgive(&self, stall_ms: u64, now: u64) {
+        for o in self.owners.write().values_mut() {
+            o.last_heartbeat_ms = o
+                .last_heartbeat_ms
+                .saturating_add(stall_ms)
+                .min(now)
+                .max(o.last_heartbeat_ms);
+        }
+    }
+
     fn live(&self, o: &OwnerEntry, now: u64) -> bool {
         o.last_heartbeat_ms + self.ttl_ms >= now
     }

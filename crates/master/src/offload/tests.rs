@@ -1003,3 +1003,34 @@ async fn a_copy_of_a_replaced_version_with_the_same_crc32c_is_not_taken_for_the_
     assert_eq!(o, 0, "the old version's copy was taken for the new one");
     assert_eq!(m.get_replicas("k").unwrap().blake3, [2u8; 32]);
 }
+
+/// A late housekeeping sweep (this master was paused) does not count its
+/// lateness against the SSD owners either: an owner silent only while the
+/// master was not looking stays live (its tasks stay its own).
+#[tokio::test]
+async fn a_late_sweep_does_not_count_its_lateness_against_the_owners() {
+    let (m, owner, _) = with_owner(OffloadPolicy::Eager, 1 << 20, 0.9).await;
+    let ttl = m.config().node_ttl.as_millis() as u64;
+    let now = strata_common::time::unix_ms();
+    let live = |at: u64| {
+        m.ssd()
+            .owners()
+            .live_usage(at)
+            .iter()
+            .any(|&(id, _, _)| id == owner)
+    };
+    assert!(!live(now + 5 * ttl), "silent for five TTLs");
+    m.expire_nodes(now);
+    m.expire_nodes(now + 5 * ttl);
+    assert!(
+        live(now + 5 * ttl),
+        "a stalled master's pause held against the owner"
+    );
+    // Silent for a TTL of sweeps on time after that: lost.
+    let mut t = now + 5 * ttl;
+    for _ in 0..8 {
+        t += ttl / 4;
+        m.expire_nodes(t);
+    }
+    assert!(!live(t));
+}
