@@ -243,8 +243,6 @@ impl Cluster {
         Some(node)
     }
 
-    /// Registrations (id, incarnation) whose last heartbeat is more than
-    /// `ttl_ms` before `now_ms`.
     /// A sweep that comes late did not look at heartbeats meanwhile: this
     /// master was paused (SIGSTOP, a VM or GC stall) or starved, and the
     /// nodes' heartbeats may be waiting unread in its sockets. That time is
@@ -280,6 +278,8 @@ impl Cluster {
         self.last_stall_ms.load(Ordering::Acquire)
     }
 
+    /// Registrations (id, incarnation) whose last heartbeat is more than
+    /// `ttl_ms` before `now_ms`.
     fn silent(&self, ttl_ms: u64, now_ms: u64) -> Vec<(String, u64)> {
         self.nodes
             .read()
