@@ -268,6 +268,19 @@ pub async fn put_start_with_a_bad_first_replica(
     st
 }
 
+/// A raw gRPC client of the master at `addr` presenting the secret in
+/// `token_file` (connects lazily, on the runtime of its first call: a
+/// fleet host's runtime connects from that host).
+pub fn master_client_as(
+    addr: &str,
+    token_file: &std::path::Path,
+) -> strata_proto::master_client::MasterClient<strata_common::grpc::MasterChannel> {
+    let secret = strata_common::auth::Secret::from_file(token_file, "test").expect("a token file");
+    strata_proto::master_client::MasterClient::new(
+        strata_common::grpc::master_channel(addr, Some(&secret)).expect("a master channel"),
+    )
+}
+
 /// The master's UCX routes (`GetUcxRoutes`, asked with the client's own
 /// credentials) for a `UcxTransport` a test builds by hand, to see which
 /// path its transfers took (the client library builds its own).

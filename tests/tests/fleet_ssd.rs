@@ -18,20 +18,20 @@ const SIZE: usize = 300_000;
 const WITHIN: Duration = Duration::from_secs(30);
 
 /// `strata-ssd-agent` with `handle` on host `h` (data port 7200, admin
-/// 7201), its files in `dir`, `extra` flags; `failpoints` as `FAILPOINTS`
-/// (the test binaries' build has them).
-#[allow(clippy::too_many_arguments)]
+/// 7201) registering with the master on host 0, its files in `dir`,
+/// `extra` flags; `failpoints` as `FAILPOINTS` (the test binaries' build
+/// has them).
 fn spawn_agent(
     f: &Fleet,
     h: usize,
     handle: &str,
-    master: &str,
     dir: &std::path::Path,
     t: &TokenFiles,
     failpoints: Option<&str>,
     extra: &[&str],
 ) -> Proc {
     let host = f.host(h);
+    let master = f.host(MASTER).at(7000);
     let mut cmd = Command::new(
         strata_chaos::procs::bin_dir()
             .unwrap()
@@ -39,7 +39,7 @@ fn spawn_agent(
     );
     cmd.args([
         "--master",
-        master,
+        &master,
         "--handle",
         handle,
         "--capacity",
@@ -181,7 +181,7 @@ fn an_ssd_agent_cut_off_mid_offload_hands_its_tasks_on_and_nothing_half_adopted(
     // Stalled long enough for the second agent to start and the cut to
     // land while it is still mid-bucket.
     let fp = "ssd-agent::bucket-mid-write=sleep(8000)";
-    let _a = spawn_agent(&f, CUT, "rack/2", &master, &disk_a, &t, Some(fp), &[]);
+    let _a = spawn_agent(&f, CUT, "rack/2", &disk_a, &t, Some(fp), &[]);
     let rt = f.runtime(CLIENT).unwrap();
     rt.block_on(async {
         wait_ready(&f.host(MASTER).at(7001), WITHIN).await.unwrap();
@@ -196,7 +196,7 @@ fn an_ssd_agent_cut_off_mid_offload_hands_its_tasks_on_and_nothing_half_adopted(
         let cut_owner = offload_view(&f).await["tasks"][0]["owner_id"].clone();
         assert!(cut_owner.is_u64(), "{cut_owner}");
         // The second agent joins now, so the first holds every task.
-        let _b = spawn_agent(&f, 4, "rack/4", &master, &disk_b, &t, None, &[]);
+        let _b = spawn_agent(&f, 4, "rack/4", &disk_b, &t, None, &[]);
         wait_ready(&f.host(4).at(7201), WITHIN).await.unwrap();
 
         f.partition(CUT, MASTER).unwrap();
@@ -242,7 +242,7 @@ fn a_host_lost_and_back_with_the_same_handle_brings_back_its_ssd_copies_and_no_r
     let _m = spawn_master(&f, &t, &state, "1s");
     // Host 1 runs both; host 2 a second node, so writes go on meanwhile.
     let node = f.spawn_node(1, &master, "node-1", &t, &[]).unwrap();
-    let agent = spawn_agent(&f, 1, "rack/1", &master, &disk, &t, None, &[]);
+    let agent = spawn_agent(&f, 1, "rack/1", &disk, &t, None, &[]);
     let _n2 = f.spawn_node(2, &master, "node-2", &t, &[]).unwrap();
     let rt = f.runtime(CLIENT).unwrap();
     rt.block_on(async {
@@ -274,7 +274,7 @@ fn a_host_lost_and_back_with_the_same_handle_brings_back_its_ssd_copies_and_no_r
 
         f.heal().unwrap();
         let _node = f.spawn_node(1, &master, "node-1", &t, &[]).unwrap();
-        let _agent = spawn_agent(&f, 1, "rack/1", &master, &disk, &t, None, &[]);
+        let _agent = spawn_agent(&f, 1, "rack/1", &disk, &t, None, &[]);
         assert!(
             f.wait_live_nodes(MASTER, 2, WITHIN).await,
             "the host registers again"
@@ -337,10 +337,7 @@ async fn read_lent(
     want: &[u8],
 ) -> strata_transport::ucx::UcxTransport {
     use strata_transport::Transport;
-    let secret = Secret::from_file(token, "test").unwrap();
-    let mut m = pb::master_client::MasterClient::new(
-        strata_common::grpc::master_channel(&f.host(MASTER).at(7000), Some(&secret)).unwrap(),
-    );
+    let mut m = strata_tests::master_client_as(&f.host(MASTER).at(7000), token);
     let got = m
         .get_replicas(pb::GetReplicasRequest { key: key.into() })
         .await
@@ -383,7 +380,7 @@ fn ssd_reads_lent_across_hosts_never_take_the_same_host_path() {
     let _m = spawn_master(&f, &t, &state, "30s");
     let _n = f.spawn_node(AGENT, &master, "node-1", &t, &[]).unwrap();
     let ucx = ["--transport", "ucx", "--staging-bytes", "8MiB"];
-    let _a = spawn_agent(&f, AGENT, "rack/1", &master, &disk, &t, None, &ucx);
+    let _a = spawn_agent(&f, AGENT, "rack/1", &disk, &t, None, &ucx);
     let bytes = payload(7, SIZE);
     let far = f.runtime(FAR).unwrap();
     far.block_on(async {

@@ -10,7 +10,6 @@
 
 use std::time::Duration;
 use strata_client::{Client, ClientConfig, PutOptions, TransportKind};
-use strata_common::auth::Secret;
 use strata_common::grpc::MasterChannel;
 use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
@@ -35,10 +34,7 @@ async fn node_tcp_bytes(f: &Fleet) -> (f64, f64) {
 }
 
 fn master_client(f: &Fleet, token: &std::path::Path) -> MasterClient<MasterChannel> {
-    let secret = Secret::from_file(token, "test").unwrap();
-    MasterClient::new(
-        strata_common::grpc::master_channel(&f.host(MASTER).at(7000), Some(&secret)).unwrap(),
-    )
+    strata_tests::master_client_as(&f.host(MASTER).at(7000), token)
 }
 
 /// Puts `bytes` as `key` through `t` and returns where a reader finds it.

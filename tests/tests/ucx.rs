@@ -10,7 +10,6 @@ use std::time::Duration;
 use strata_client::{Client, ClientConfig, Code, PutOptions, TransportKind};
 use strata_common::auth::Secret;
 use strata_proto as pb;
-use strata_proto::master_client::MasterClient;
 use strata_tests::procs::{start_master, start_node_admin, token_files};
 use strata_tests::{http_get, metric, payload, MasterRoutes};
 
@@ -58,15 +57,7 @@ async fn a_mixed_cluster_serves_ucx_and_tcp_clients() {
     assert!(nodes_registered(m.admin, 2).await);
 
     // Routes go to the rdma role only.
-    let mc = |tok: &std::path::Path| {
-        MasterClient::new(
-            strata_common::grpc::master_channel(
-                &m.addr,
-                Some(&Secret::from_file(tok, "test").unwrap()),
-            )
-            .unwrap(),
-        )
-    };
+    let mc = |tok: &std::path::Path| strata_tests::master_client_as(&m.addr, tok);
     let ask = pb::GetUcxRoutesRequest {
         segment_ids: (0..16).collect(),
     };
@@ -249,13 +240,7 @@ async fn a_co_located_node_process_is_attached_to() {
     )
     .await;
     assert!(nodes_registered(m.admin, 1).await);
-    let mut master = MasterClient::new(
-        strata_common::grpc::master_channel(
-            &m.addr,
-            Some(&Secret::from_file(&t.rdma, "test").unwrap()),
-        )
-        .unwrap(),
-    );
+    let mut master = strata_tests::master_client_as(&m.addr, &t.rdma);
     let routes = master
         .get_ucx_routes(pb::GetUcxRoutesRequest {
             segment_ids: (0..16).collect(),
