@@ -1,5 +1,5 @@
-//! Quick calls (`strata_common::quick_wire`): a client's single lookups,
-//! PutStart and PutEnd, and store nodes' heartbeats, go on plain
+//! Quick calls (`strata_common::quick_wire`): a client's lookups, PutStart
+//! and PutEnd, single and batched, and store nodes' heartbeats, go on plain
 //! connections to the master's gRPC port, answered exactly as over gRPC,
 //! behind the same credentials; bad hellos and requests get a clear error;
 //! gRPC keeps working on the same port, and nodes use it with a master
@@ -104,6 +104,58 @@ async fn puts_and_first_reads_go_quickly_and_are_answered_as_over_grpc() {
     grpc.put("g", &v, &PutOptions::default()).await.unwrap();
     assert_eq!(grpc.get("g").await.unwrap(), v);
     assert_eq!(grpc.get("absent").await.unwrap_err().code, Code::NotFound);
+    c.shutdown().await;
+}
+
+/// A client's batch puts and gets go quickly too, one call per batch
+/// step, answered as over gRPC (a miss among hits is its own error); a
+/// batch too long for a quick request goes over gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_puts_and_gets_go_quickly_and_long_batches_over_grpc() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let cl = uncached(&c, true).await;
+    // The first call may go over gRPC (it learns the leader's address).
+    cl.put("warm", b"up", &PutOptions::default()).await.unwrap();
+    let batch_calls = || {
+        [
+            calls(&c, "batch_put_start", "ok"),
+            calls(&c, "batch_put_end", "ok"),
+            calls(&c, "batch_get_replicas", "ok"),
+        ]
+    };
+    for (n, key_len, quick) in [(8usize, 8usize, true), (300, 250, false)] {
+        let keys: Vec<String> = (0..n).map(|i| format!("{i:0key_len$}")).collect();
+        let values: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 100 + i]).collect();
+        let items: Vec<(&str, &[u8])> = keys
+            .iter()
+            .zip(&values)
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        let quick0 = cl.quick_calls();
+        let before = batch_calls();
+        let put = cl.batch_put(&items, &PutOptions::default()).await.unwrap();
+        assert_eq!(put.len(), n);
+        assert!(put.iter().all(Result::is_ok), "{put:?}");
+        let mut ask: Vec<&str> = keys.iter().map(String::as_str).collect();
+        ask.push("absent");
+        let got = cl.batch_get(&ask).await.unwrap();
+        assert_eq!(got.len(), n + 1);
+        for (g, v) in got.iter().zip(&values) {
+            assert_eq!(g.as_ref().unwrap(), v);
+        }
+        assert_eq!(got[n].as_ref().unwrap_err().code, Code::NotFound);
+        // One call per step, whichever way it went.
+        let after = batch_calls();
+        for (a, b) in after.iter().zip(&before) {
+            assert_eq!(a - b, 1, "{n} keys: {after:?} after {before:?}");
+        }
+        let quickly = cl.quick_calls() - quick0;
+        assert_eq!(
+            quickly,
+            if quick { 3 } else { 0 },
+            "{n} keys of {key_len} bytes"
+        );
+    }
     c.shutdown().await;
 }
 
@@ -527,6 +579,37 @@ async fn a_node_heartbeats_an_older_master_over_grpc() {
         node.wait().await;
         c.shutdown().await;
     }
+}
+
+/// A client of a master that takes no quick batch calls (an older one
+/// refuses the ops) makes them over gRPC, and asks quickly again only
+/// after a while: each op is refused once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_makes_batch_calls_to_an_older_master_over_grpc() {
+    let c = ClusterBuilder::new().store_nodes(1).build().await.unwrap();
+    let (front, refused) = older_master(c.master_addr, Older::LacksHeartbeats).await;
+    let mut cfg = c.client_config().with_location_cache(0);
+    cfg.master = front.to_string();
+    let cl = Client::connect(cfg).await.unwrap();
+    for round in 0..3 {
+        let keys: Vec<String> = (0..4).map(|i| format!("r{round}/k{i}")).collect();
+        let items: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &b"value"[..])).collect();
+        let put = cl.batch_put(&items, &PutOptions::default()).await.unwrap();
+        assert_eq!(put.len(), 4);
+        assert!(put.iter().all(Result::is_ok), "round {round}: {put:?}");
+        let ask: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let got = cl.batch_get(&ask).await.unwrap();
+        assert_eq!(got.len(), 4);
+        assert!(
+            got.iter().all(|g| g.as_deref() == Ok(&b"value"[..])),
+            "round {round}"
+        );
+    }
+    assert_eq!(cl.quick_calls(), 0, "none answered quickly");
+    // BatchPutStart, BatchPutEnd and BatchGetReplicas, once each.
+    let n = refused.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(n, 3, "{n} quick attempts refused");
+    c.shutdown().await;
 }
 
 /// A node made with `quick_heartbeats = false` heartbeats over gRPC only,

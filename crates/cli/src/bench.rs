@@ -776,7 +776,9 @@ async fn meta_path(
     let phase = Phase::new(&format!("metadata path x{batch}"), batches, quiet);
     let cpu0 = process_cpu();
     let el = drive(&phase, conns, |_, ph| {
-        let (mut m, run) = (c.master_client(), run.to_string());
+        // The calls as the client's batch puts and gets make them (quick
+        // where the master allows).
+        let (m, run) = (c.master_calls(), run.to_string());
         async move {
             while let Some(b) = ph.take() {
                 let ks: Vec<String> = (0..batch as u64)
@@ -795,35 +797,33 @@ async fn meta_path(
                             })
                             .collect(),
                     })
-                    .await?
-                    .into_inner();
-                anyhow::ensure!(
-                    st.results
-                        .iter()
-                        .all(|r| r.status.as_ref().is_none_or(|s| s.code == 0)),
-                    "metadata bench: PutStart failed"
-                );
-                m.batch_put_end(pb::BatchPutEndRequest {
-                    items: ks
-                        .iter()
-                        .map(|k| pb::PutEndRequest {
-                            key: k.clone(),
-                            crc32c: 0,
-                            ..Default::default()
-                        })
-                        .collect(),
-                })
-                .await?;
+                    .await?;
+                all_ok(
+                    "PutStart",
+                    batch,
+                    st.results.iter().map(|r| r.status.as_ref()),
+                )?;
+                let end = m
+                    .batch_put_end(pb::BatchPutEndRequest {
+                        items: ks
+                            .iter()
+                            .map(|k| pb::PutEndRequest {
+                                key: k.clone(),
+                                crc32c: 0,
+                                ..Default::default()
+                            })
+                            .collect(),
+                    })
+                    .await?;
+                all_ok("PutEnd", batch, end.results.iter().map(Some))?;
                 let g = m
                     .batch_get_replicas(pb::BatchGetReplicasRequest { keys: ks })
-                    .await?
-                    .into_inner();
-                anyhow::ensure!(
-                    g.results
-                        .iter()
-                        .all(|r| r.status.as_ref().is_none_or(|s| s.code == 0)),
-                    "metadata bench: GetReplicas failed"
-                );
+                    .await?;
+                all_ok(
+                    "GetReplicas",
+                    batch,
+                    g.results.iter().map(|r| r.status.as_ref()),
+                )?;
                 ph.record(t0);
             }
             Ok(())
@@ -841,6 +841,29 @@ async fn meta_path(
         "keys/s; PutStart+PutEnd+GetReplicas, batches of {batch}; process CPU {cpu_us:.1} us/key"
     );
     Ok(row)
+}
+
+/// Fails the metadata phase unless the master answered each of `n` items
+/// with success: a failed item is reported, never silently counted.
+fn all_ok<'a>(
+    call: &str,
+    n: usize,
+    statuses: impl ExactSizeIterator<Item = Option<&'a strata_proto::Status>>,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        statuses.len() == n,
+        "metadata bench: {call} answered {} items of {n}",
+        statuses.len()
+    );
+    for s in statuses.flatten() {
+        anyhow::ensure!(
+            s.code == 0,
+            "metadata bench: {call} failed (code {}): {}",
+            s.code,
+            s.message
+        );
+    }
+    Ok(())
 }
 
 /// User + system CPU time of this process so far.

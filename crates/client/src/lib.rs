@@ -16,6 +16,7 @@ mod engine_calls;
 mod lease_ends;
 mod locations;
 mod lookups;
+mod master_calls;
 mod placement;
 pub mod put_steps;
 mod quick;
@@ -25,6 +26,7 @@ mod ucx;
 pub mod up_token;
 
 pub use client::{remote_range, Client, ClientConfig, PutOptions, Tier};
+pub use master_calls::MasterCalls;
 pub use retry::Backoff;
 pub use strata_common::{Code, Error, Result};
 pub use strata_transport::TransportKind;

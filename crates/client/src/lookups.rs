@@ -43,7 +43,10 @@ impl Lookups {
         quick: Option<Arc<QuickCalls>>,
     ) -> Lookups {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch(master.clone(), rx));
+        tokio::spawn(dispatch(
+            crate::MasterCalls::new(master.clone(), quick.clone()),
+            rx,
+        ));
         Lookups {
             master,
             quick,
@@ -82,7 +85,7 @@ impl Lookups {
 
 /// Sends what queued, one request at a time: while one is out, the next
 /// batch gathers.
-async fn dispatch(mut master: MasterClient<MasterChannel>, mut rx: mpsc::UnboundedReceiver<Item>) {
+async fn dispatch(master: crate::MasterCalls, mut rx: mpsc::UnboundedReceiver<Item>) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_KEYS {
@@ -92,15 +95,16 @@ async fn dispatch(mut master: MasterClient<MasterChannel>, mut rx: mpsc::Unbound
             }
         }
         let span = batch[0].2.clone();
-        send(&mut master, batch).instrument(span).await;
+        send(&master, batch).instrument(span).await;
     }
 }
 
 /// One request for `batch`; every waiter gets its own answer.
-async fn send(m: &mut MasterClient<MasterChannel>, mut batch: Vec<Item>) {
+async fn send(m: &crate::MasterCalls, mut batch: Vec<Item>) {
     if batch.len() == 1 {
         let (key, reply, _) = batch.pop().expect("one");
         let r = m
+            .grpc()
             .get_replicas(pb::GetReplicasRequest { key })
             .await
             .map(tonic::Response::into_inner)
@@ -125,15 +129,13 @@ async fn send(m: &mut MasterClient<MasterChannel>, mut batch: Vec<Item>) {
 
 /// One `BatchGetReplicas`: each key's replicas or its own error, in order.
 pub(crate) async fn batch_get(
-    m: &mut MasterClient<MasterChannel>,
+    m: &crate::MasterCalls,
     keys: Vec<String>,
 ) -> Result<Vec<Result<pb::GetReplicasResponse>>> {
     let n = keys.len();
     let results = m
         .batch_get_replicas(pb::BatchGetReplicasRequest { keys })
-        .await
-        .map_err(Error::from)?
-        .into_inner()
+        .await?
         .results;
     if results.len() != n {
         return Err(Error::internal(

@@ -1,5 +1,5 @@
-//! Quick calls: a client's `GetReplicas`, `PutStart` and `PutEnd` on plain
-//! connections to the leader (`strata_common::quick_client`, which says
+//! Quick calls: a client's `GetReplicas`, `PutStart` and `PutEnd`, single
+//! and batched (`crate::master_calls`), on plain connections to the leader (`strata_common::quick_client`, which says
 //! when they fall back to gRPC).
 
 use strata_common::auth::Secret;
@@ -37,6 +37,27 @@ impl QuickCalls {
             Err(e) if e.code == Code::Unavailable => None,
             r => Some(r),
         }
+    }
+
+    /// Where each key's bytes are, or `None`: ask over gRPC instead.
+    pub(crate) async fn batch_get_replicas(
+        &self,
+        req: &pb::BatchGetReplicasRequest,
+    ) -> Option<Result<pb::BatchGetReplicasResponse>> {
+        match self.0.call(Op::BatchGetReplicas, req).await? {
+            // Lost on the way: nothing changed, gRPC asks again.
+            Err(e) if e.code == Code::Unavailable => None,
+            r => Some(r),
+        }
+    }
+
+    /// Any other call: its answer, or `None` if it was not sent.
+    pub(crate) async fn call<Req: prost::Message, Resp: prost::Message + Default>(
+        &self,
+        op: Op,
+        req: &Req,
+    ) -> Option<Result<Resp>> {
+        self.0.call(op, req).await
     }
 
     pub(crate) async fn put_start(

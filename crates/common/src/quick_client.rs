@@ -88,8 +88,13 @@ impl QuickClient {
         if crate::telemetry::TraceParent::current().is_some() {
             return None;
         }
+        let body = req.encode_to_vec();
+        // A large batch: gRPC carries it (the master reads no more here).
+        if body.len() > wire::MAX_REQUEST {
+            return None;
+        }
         let addr = self.route.current()?;
-        if self.is_refused(&addr) {
+        if self.is_refused(&addr) || self.is_refused(&unserved(&addr, op)) {
             return None;
         }
         let mut conn = match self.take(&addr) {
@@ -115,7 +120,6 @@ impl QuickClient {
                 }
             },
         };
-        let body = req.encode_to_vec();
         let asked = tokio::time::timeout(CALL_TIMEOUT, async {
             wire::write_request(&mut conn, op as u8, &body).await?;
             loop {
@@ -147,12 +151,22 @@ impl QuickClient {
                 ))))
             }
         };
-        self.give_back(addr, conn);
+        self.give_back(addr.clone(), conn);
         match answer {
             // A follower, or a master whose term is over, refused before
             // acting (after acting it answers `Unavailable`): gRPC follows
             // the leader.
             Err(e) if e.code == Code::NotLeader => None,
+            // An older master does not know this op (it refused before
+            // acting): gRPC for it, and for a while no quick attempt.
+            Err(e) if wire::is_unknown_op(&e) => {
+                tracing::info!(%addr, op = op.method(), error = %e, "the master does not take this call quickly; using gRPC");
+                self.refused
+                    .lock()
+                    .expect("refused lock")
+                    .insert(unserved(&addr, op), Instant::now() + RECHECK);
+                None
+            }
             Err(e) => {
                 self.answered.fetch_add(1, Ordering::Relaxed);
                 Some(Err(e))
@@ -225,4 +239,10 @@ impl QuickClient {
         };
         Ok(greeted.await.map(|_| conn))
     }
+}
+
+/// The `refused` entry of one op an address does not serve (the address
+/// itself stays usable for the others).
+fn unserved(addr: &str, op: Op) -> String {
+    format!("{addr}#op{}", op as u8)
 }

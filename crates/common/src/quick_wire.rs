@@ -39,7 +39,9 @@
 //! connection stays usable; new ops are added with new numbers (a caller
 //! that meets the refusal uses gRPC). `Heartbeat` (op 4) came after the
 //! first three: a master of that release refuses it that way, and also
-//! refuses a member's hello (it served clients only).
+//! refuses a member's hello (it served clients only). The batch calls
+//! (`BatchGetReplicas`, `BatchPutStart`, `BatchPutEnd`, ops 5 to 7) came
+//! next; a request longer than [`MAX_REQUEST`] goes over gRPC.
 //!
 //! Requests go one at a time per connection, in order.
 
@@ -57,6 +59,9 @@ pub enum Op {
     PutStart = 2,
     PutEnd = 3,
     Heartbeat = 4,
+    BatchGetReplicas = 5,
+    BatchPutStart = 6,
+    BatchPutEnd = 7,
 }
 
 impl Op {
@@ -66,6 +71,9 @@ impl Op {
             2 => Some(Op::PutStart),
             3 => Some(Op::PutEnd),
             4 => Some(Op::Heartbeat),
+            5 => Some(Op::BatchGetReplicas),
+            6 => Some(Op::BatchPutStart),
+            7 => Some(Op::BatchPutEnd),
             _ => None,
         }
     }
@@ -77,17 +85,43 @@ impl Op {
             Op::PutStart => "PutStart",
             Op::PutEnd => "PutEnd",
             Op::Heartbeat => "Heartbeat",
+            Op::BatchGetReplicas => "BatchGetReplicas",
+            Op::BatchPutStart => "BatchPutStart",
+            Op::BatchPutEnd => "BatchPutEnd",
         }
     }
 
     /// Longest answer a caller accepts to this op: a heartbeat brings a
-    /// page of the node's object log (as large as gRPC would carry).
+    /// page of the node's object log, a batch an answer per item (as large
+    /// as gRPC would carry).
     pub fn max_answer(self) -> usize {
         match self {
-            Op::Heartbeat => MAX_LOG_ANSWER,
+            Op::Heartbeat | Op::BatchGetReplicas | Op::BatchPutStart | Op::BatchPutEnd => {
+                MAX_LOG_ANSWER
+            }
             Op::GetReplicas | Op::PutStart | Op::PutEnd => MAX_ANSWER,
         }
     }
+
+    /// Every op, in number order.
+    pub const ALL: [Op; 7] = [
+        Op::GetReplicas,
+        Op::PutStart,
+        Op::PutEnd,
+        Op::Heartbeat,
+        Op::BatchGetReplicas,
+        Op::BatchPutStart,
+        Op::BatchPutEnd,
+    ];
+}
+
+/// Whether `e` is a master's refusal of an op it does not know (an older
+/// release): it refuses before acting, so the caller may send the call
+/// over gRPC instead.
+pub fn is_unknown_op(e: &Error) -> bool {
+    e.code == Code::InvalidArgument
+        && e.message.starts_with("quick call op ")
+        && e.message.contains("is not served here")
 }
 /// The code of a "still working" answer (never an error code).
 pub const BUSY: u32 = u32::MAX;

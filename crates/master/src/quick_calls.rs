@@ -1,6 +1,6 @@
 //! The master's port serves two protocols: gRPC, and quick calls
-//! (`strata_common::quick_wire`: clients' lookups and puts, nodes'
-//! heartbeats, on plain connections answered inline with no task
+//! (`strata_common::quick_wire`: clients' lookups and puts, single and
+//! batched, nodes' heartbeats, on plain connections answered inline with no task
 //! hand-off). Each accepted connection is
 //! told apart by its first bytes and either served here or handed to the
 //! gRPC server.
@@ -230,6 +230,17 @@ async fn call(
         wire::Op::PutStart => unary!(svc, roles, body, put_start, pb::PutStartRequest),
         wire::Op::PutEnd => unary!(svc, roles, body, put_end, pb::PutEndRequest),
         wire::Op::Heartbeat => unary!(svc, roles, body, heartbeat, pb::HeartbeatRequest),
+        wire::Op::BatchGetReplicas => unary!(
+            svc,
+            roles,
+            body,
+            batch_get_replicas,
+            pb::BatchGetReplicasRequest
+        ),
+        wire::Op::BatchPutStart => {
+            unary!(svc, roles, body, batch_put_start, pb::BatchPutStartRequest)
+        }
+        wire::Op::BatchPutEnd => unary!(svc, roles, body, batch_put_end, pb::BatchPutEndRequest),
     };
     if !leadership.is_valid() {
         // Not `NotLeader`: the call may have acted, and a client must not
@@ -297,12 +308,7 @@ mod tests {
         );
         let creds = Credentials::default();
         let body = pb::GetReplicasRequest { key: "k".into() }.encode_to_vec();
-        for op in [
-            wire::Op::GetReplicas,
-            wire::Op::PutStart,
-            wire::Op::PutEnd,
-            wire::Op::Heartbeat,
-        ] {
+        for op in wire::Op::ALL {
             let e = call(&s, &creds, Roles::ALL, op as u8, &body)
                 .await
                 .unwrap_err();

@@ -155,7 +155,6 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
         client: MasterClient::new(channel)
             .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE),
         quick,
-        quick_off_until: None,
         node_id: node_id.clone(),
         instance,
         proof: strata_common::auth::new_instance_proof(),

@@ -473,6 +473,12 @@ impl Client {
         self.m()
     }
 
+    /// The master's batch calls as this client makes them (quick where
+    /// the master allows), for tools and benchmarks.
+    pub fn master_calls(&self) -> crate::MasterCalls {
+        crate::MasterCalls::new(self.m(), self.quick.clone())
+    }
+
     pub fn transport(&self) -> Arc<dyn Transport> {
         self.transport.clone()
     }

@@ -530,7 +530,7 @@ impl Client {
         fail::fail_point!("client::batch-put-end-unsent", |_| Err(Error::unavailable(
             "BatchPutEnd lost on its way (failpoint)"
         )));
-        Ok(self.m().batch_put_end(req).await?.into_inner().results)
+        Ok(self.master_calls().batch_put_end(req).await?.results)
     }
 
     /// One attempt at a batch put: per item, its result, whether it got as
@@ -570,13 +570,7 @@ impl Client {
                 })
                 .collect(),
         };
-        let started = self
-            .m()
-            .batch_put_start(req)
-            .await
-            .map_err(Error::from)?
-            .into_inner()
-            .results;
+        let started = self.master_calls().batch_put_start(req).await?.results;
         if started.len() != items.len() {
             return Err(Error::internal(
                 "master answered a batch with the wrong count",

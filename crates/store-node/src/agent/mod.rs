@@ -26,8 +26,6 @@ pub(crate) struct Agent {
     /// a put waits for its node to apply an entry the heartbeat's long poll
     /// brings, and a gRPC round trip each way cost it ~0.1 ms.
     pub(crate) quick: Option<QuickClient>,
-    /// Quick heartbeats were refused (an older master): gRPC until then.
-    pub(crate) quick_off_until: Option<tokio::time::Instant>,
     pub(crate) node_id: String,
     /// Public id of this process (ping answer) and the secret it proves
     /// its registration with.
