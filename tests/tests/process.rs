@@ -384,3 +384,52 @@ async fn the_masters_state_is_private() {
         drop(m);
     }
 }
+
+/// `strata bench`'s metadata phase runs on a cluster with and without
+/// `--integrity blake3` (whose PutEnds need a digest) and counts every key
+/// it was asked for: a failed item stops the run instead of being left out.
+#[test]
+fn the_benchmark_times_the_metadata_path_with_and_without_integrity() {
+    let keys = 1024u64;
+    let (code, out, err) = run_cli(
+        &[
+            "bench",
+            "--local",
+            "--json",
+            "--node-capacity",
+            "64MiB",
+            "--sizes",
+            "4KiB",
+            "--bytes",
+            "64KiB",
+            "--min-ops",
+            "8",
+            "--max-ops",
+            "8",
+            "--offload-sizes",
+            "",
+            "--meta-keys",
+            &keys.to_string(),
+            "--compare-integrity",
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let rows: Vec<&serde_json::Value> = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["scenario"]
+                .as_str()
+                .unwrap()
+                .starts_with("master metadata path")
+        })
+        .collect();
+    assert_eq!(rows.len(), 2, "{report}");
+    for r in rows {
+        assert_eq!(r["ops"].as_u64(), Some(keys), "{r}");
+        assert!(r["ops_per_sec"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}

@@ -5,12 +5,10 @@
 //! concurrent single gets cost few round trips. Nothing ever waits to fill
 //! a batch: batches form only from what queued meanwhile.
 
-use crate::quick::QuickCalls;
+use crate::MasterCalls;
 use std::sync::Arc;
-use strata_common::grpc::MasterChannel;
 use strata_common::{Error, Result};
 use strata_proto as pb;
-use strata_proto::master_client::MasterClient;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tracing::Instrument;
 
@@ -31,25 +29,17 @@ type Item = (String, Reply, tracing::Span);
 /// The queue of lookups; the dispatcher ends when the last handle drops.
 #[derive(Clone)]
 pub(crate) struct Lookups {
-    master: MasterClient<MasterChannel>,
-    quick: Option<Arc<QuickCalls>>,
+    calls: MasterCalls,
     singles: Arc<Semaphore>,
     tx: mpsc::UnboundedSender<Item>,
 }
 
 impl Lookups {
-    pub(crate) fn start(
-        master: MasterClient<MasterChannel>,
-        quick: Option<Arc<QuickCalls>>,
-    ) -> Lookups {
+    pub(crate) fn start(calls: MasterCalls) -> Lookups {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch(
-            crate::MasterCalls::new(master.clone(), quick.clone()),
-            rx,
-        ));
+        tokio::spawn(dispatch(calls.clone(), rx));
         Lookups {
-            master,
-            quick,
+            calls,
             singles: Arc::new(Semaphore::new(IN_FLIGHT)),
             tx,
         }
@@ -58,20 +48,7 @@ impl Lookups {
     /// Where `key`'s bytes are (one attempt; callers retry with backoff).
     pub(crate) async fn get(&self, key: &str) -> Result<pb::GetReplicasResponse> {
         if let Ok(_single) = self.singles.try_acquire() {
-            if let Some(q) = &self.quick {
-                if let Some(r) = q.get_replicas(key).await {
-                    return r;
-                }
-            }
-            return self
-                .master
-                .clone()
-                .get_replicas(pb::GetReplicasRequest {
-                    key: key.to_string(),
-                })
-                .await
-                .map(tonic::Response::into_inner)
-                .map_err(Error::from);
+            return self.calls.get_replicas(key.to_string()).await;
         }
         let (reply, answer) = oneshot::channel();
         self.tx
@@ -85,7 +62,7 @@ impl Lookups {
 
 /// Sends what queued, one request at a time: while one is out, the next
 /// batch gathers.
-async fn dispatch(master: crate::MasterCalls, mut rx: mpsc::UnboundedReceiver<Item>) {
+async fn dispatch(master: MasterCalls, mut rx: mpsc::UnboundedReceiver<Item>) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_KEYS {
@@ -100,16 +77,10 @@ async fn dispatch(master: crate::MasterCalls, mut rx: mpsc::UnboundedReceiver<It
 }
 
 /// One request for `batch`; every waiter gets its own answer.
-async fn send(m: &crate::MasterCalls, mut batch: Vec<Item>) {
+async fn send(m: &MasterCalls, mut batch: Vec<Item>) {
     if batch.len() == 1 {
         let (key, reply, _) = batch.pop().expect("one");
-        let r = m
-            .grpc()
-            .get_replicas(pb::GetReplicasRequest { key })
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(Error::from);
-        let _ = reply.send(r);
+        let _ = reply.send(m.get_replicas(key).await);
         return;
     }
     let keys = batch.iter().map(|(k, _, _)| k.clone()).collect();
@@ -129,7 +100,7 @@ async fn send(m: &crate::MasterCalls, mut batch: Vec<Item>) {
 
 /// One `BatchGetReplicas`: each key's replicas or its own error, in order.
 pub(crate) async fn batch_get(
-    m: &crate::MasterCalls,
+    m: &MasterCalls,
     keys: Vec<String>,
 ) -> Result<Vec<Result<pb::GetReplicasResponse>>> {
     let n = keys.len();

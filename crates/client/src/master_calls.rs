@@ -23,9 +23,19 @@ impl MasterCalls {
         MasterCalls { grpc, quick }
     }
 
-    /// The gRPC client, for calls that have no quick form.
-    pub(crate) fn grpc(&self) -> MasterClient<MasterChannel> {
-        self.grpc.clone()
+    /// Where `key`'s bytes are (quick where the master allows).
+    pub(crate) async fn get_replicas(&self, key: String) -> Result<pb::GetReplicasResponse> {
+        if let Some(q) = &self.quick {
+            if let Some(r) = q.get_replicas(&key).await {
+                return r;
+            }
+        }
+        self.grpc
+            .clone()
+            .get_replicas(pb::GetReplicasRequest { key })
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(Error::from)
     }
 
     /// Where each key's bytes are. A quick call lost on the way changed

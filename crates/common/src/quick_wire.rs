@@ -277,11 +277,25 @@ mod tests {
     #[test]
     fn magic_cannot_start_an_http2_preface_and_ops_read_back() {
         assert!(!b"PRI * HTTP/2.0".starts_with(&MAGIC[..1]));
-        for op in [Op::GetReplicas, Op::PutStart, Op::PutEnd, Op::Heartbeat] {
+        assert_eq!(Op::ALL.len(), 7);
+        for (i, op) in Op::ALL.into_iter().enumerate() {
+            assert_eq!(op as usize, i + 1, "numbered in order");
             assert_eq!(Op::from_u8(op as u8), Some(op));
         }
         assert_eq!(Op::from_u8(0), None);
-        assert_eq!(Op::from_u8(5), None);
+        assert_eq!(Op::from_u8(8), None);
+        // Batches and log pages may be long; single answers are not.
+        for op in [
+            Op::Heartbeat,
+            Op::BatchGetReplicas,
+            Op::BatchPutStart,
+            Op::BatchPutEnd,
+        ] {
+            assert_eq!(op.max_answer(), MAX_LOG_ANSWER, "{op:?}");
+        }
+        for op in [Op::GetReplicas, Op::PutStart, Op::PutEnd] {
+            assert_eq!(op.max_answer(), MAX_ANSWER, "{op:?}");
+        }
     }
 
     #[tokio::test]

@@ -271,7 +271,7 @@ impl Client {
         Ok(Client {
             node_segments: Arc::default(),
             steps: cfg.put_steps.then(Arc::default),
-            lookups: Lookups::start(master.clone(), quick.clone()),
+            lookups: Lookups::start(crate::MasterCalls::new(master.clone(), quick.clone())),
             lease_ends,
             quick,
             master,
@@ -304,7 +304,7 @@ impl Client {
         Ok(Client {
             node_segments: self.node_segments.clone(),
             steps: self.steps.clone(),
-            lookups: Lookups::start(master.clone(), quick.clone()),
+            lookups: Lookups::start(crate::MasterCalls::new(master.clone(), quick.clone())),
             // Ends go from the first client's task: this one's runtime runs
             // only while its caller waits.
             lease_ends: self.lease_ends.clone(),
