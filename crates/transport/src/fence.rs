@@ -9,7 +9,13 @@
 //!
 //! Writes in flight are counted: a newer generation is refused (retryably)
 //! while an older writer is still copying into an overlapping range, so bytes
-//! of the old holder can never land after the new holder's.
+//! of the old holder can never land after the new holder's. That holds
+//! across registrations too: a node that registers again (its master dropped
+//! it, or a new master leads) serves the same memory under new segment ids
+//! and new generations, while a write admitted under the old registration
+//! may still be copying in (its client's bytes held up on a link that just
+//! healed). The new fences keep the old ones ([`SegmentFences::after`]) and
+//! refuse overlapping accesses until those writes are done.
 
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -32,6 +38,12 @@ struct Fence {
 #[derive(Default)]
 pub struct SegmentFences {
     ranges: Mutex<BTreeMap<u64, Fence>>,
+    /// The same memory's fences under the node's previous registration,
+    /// while writes admitted there may still be copying in. Their writer
+    /// counts only fall (nothing is admitted under a retired registration),
+    /// so a range found idle there stays idle. Never locked together with
+    /// `ranges`.
+    before: Mutex<Option<Arc<SegmentFences>>>,
 }
 
 /// A write admitted under a fence; the range is released when it drops.
@@ -67,6 +79,44 @@ impl SegmentFences {
         Arc::new(Self::default())
     }
 
+    /// Fences of memory that `before` fenced under the node's previous
+    /// registration: its writes still in flight keep overlapping accesses
+    /// out (whatever their generations: each registration numbers its own).
+    pub fn after(before: Arc<SegmentFences>) -> Arc<Self> {
+        let f = Self::default();
+        if before.writing(0, u64::MAX) {
+            *f.before.lock() = Some(before);
+        }
+        Arc::new(f)
+    }
+
+    /// Whether a write admitted here, or under an earlier registration of
+    /// the same memory, is still copying into `[start, end)`.
+    fn writing(&self, start: u64, end: u64) -> bool {
+        let here = self
+            .ranges
+            .lock()
+            .range(..end)
+            .rev()
+            .take_while(|(_, f)| f.end > start)
+            .any(|(_, f)| f.writers > 0);
+        here || self.earlier().is_some_and(|b| b.writing(start, end))
+    }
+
+    /// The previous registration's fences while any of its writes are in
+    /// flight; forgotten once none are.
+    fn earlier(&self) -> Option<Arc<SegmentFences>> {
+        let b = self.before.lock().clone()?;
+        if b.writing(0, u64::MAX) {
+            return Some(b);
+        }
+        let mut before = self.before.lock();
+        if before.as_ref().is_some_and(|x| Arc::ptr_eq(x, &b)) {
+            *before = None;
+        }
+        None
+    }
+
     /// Admits an access under a grant for `[start, end)` of `generation`.
     /// Writes get a lease that counts them in flight until dropped.
     pub fn admit(
@@ -78,6 +128,17 @@ impl SegmentFences {
     ) -> Result<Option<WriteLease>> {
         if end <= start {
             return Err(Error::invalid("a grant must cover at least one byte"));
+        }
+        // Checked before this registration's own lock is taken (the two are
+        // never held together); what is idle there stays idle.
+        if self.earlier().is_some_and(|b| b.writing(start, end)) {
+            return Err(Error::new(
+                Code::Unavailable,
+                format!(
+                    "range [{start}, {end}) is still being written under this node's previous \
+                     registration; retry shortly"
+                ),
+            ));
         }
         let mut g = self.ranges.lock();
         let mut stale = Vec::new();
@@ -272,6 +333,39 @@ mod tests {
         // Now the old holder is out for good.
         assert!(f.admit(0, 100, 1, true).is_err());
         drop(new);
+    }
+
+    /// A write admitted under the node's previous registration keeps the
+    /// same memory's overlapping ranges out of the next one (whatever its
+    /// generations), through a registration in between, until it is done.
+    #[test]
+    fn writes_of_a_previous_registration_keep_the_same_memory_fenced() {
+        let old = SegmentFences::new();
+        let w = old.admit(0, 100, 50, true).unwrap();
+        old.admit(200, 300, 51, false).unwrap();
+        let mid = SegmentFences::after(old.clone());
+        let new = SegmentFences::after(mid.clone());
+        for f in [&mid, &new] {
+            for write in [true, false] {
+                // A new registration numbers generations afresh: lower ones.
+                let e = f.admit(50, 150, 1, write).err().unwrap();
+                assert_eq!(e.code, Code::Unavailable, "{e}");
+                assert!(
+                    e.retryable() && e.message.contains("previous registration"),
+                    "{e}"
+                );
+            }
+        }
+        // Other ranges at once, also where the old registration only read.
+        drop(new.admit(100, 300, 2, true).unwrap());
+        drop(w);
+        drop(new.admit(0, 100, 3, true).unwrap());
+        assert!(new.before.lock().is_none(), "forgotten once idle");
+        // Nothing in flight: nothing kept.
+        let w = new.admit(0, 100, 3, true).unwrap();
+        assert!(SegmentFences::after(new.clone()).before.lock().is_some());
+        drop(w);
+        assert!(SegmentFences::after(new.clone()).before.lock().is_none());
     }
 
     #[test]

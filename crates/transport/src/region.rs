@@ -469,6 +469,10 @@ struct TableInner {
     segments: HashMap<u64, Arc<Segment>>,
     /// Per segment: the newest allocation generation seen on each range.
     fences: HashMap<u64, Arc<SegmentFences>>,
+    /// Segments served until the node lost its registration (`clear`), with
+    /// their fences: the next registration's fences keep those of the same
+    /// memory while their writes are in flight.
+    retired: Vec<(Arc<Segment>, Arc<SegmentFences>)>,
     /// Answer to pings: the serving process's public instance id.
     ping: Vec<u8>,
 }
@@ -491,9 +495,25 @@ impl SegmentTable {
             seg.published().serve(stamp);
         }
         g.key = Some(key);
+        // The same memory may come back under a new id while a write
+        // admitted under the old one is still copying in: its fences carry
+        // over until it is done (`fence.rs`), or its bytes could land on the
+        // next object the master places there.
+        let mut earlier = std::mem::take(&mut g.retired);
+        earlier.extend(
+            g.segments
+                .iter()
+                .filter_map(|(id, s)| Some((s.clone(), g.fences.get(id)?.clone()))),
+        );
         g.fences = segments
-            .keys()
-            .map(|id| (*id, SegmentFences::new()))
+            .iter()
+            .map(|(id, seg)| {
+                let f = match earlier.iter().find(|(s, _)| Arc::ptr_eq(s, seg)) {
+                    Some((_, before)) => SegmentFences::after(before.clone()),
+                    None => SegmentFences::new(),
+                };
+                (*id, f)
+            })
             .collect();
         g.segments = segments;
     }
@@ -536,8 +556,18 @@ impl SegmentTable {
         for seg in g.segments.values() {
             seg.published().serve(0);
         }
-        g.segments.clear();
-        g.fences.clear();
+        let TableInner {
+            segments,
+            fences,
+            retired,
+            ..
+        } = &mut *g;
+        for (id, seg) in segments.drain() {
+            if let Some(f) = fences.remove(&id) {
+                retired.push((seg, f));
+            }
+        }
+        fences.clear();
     }
 
     pub fn segment_ids(&self) -> Vec<u64> {
@@ -615,6 +645,54 @@ impl DataRegion for SegmentTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A write admitted under one registration keeps its range from the
+    /// next registration's grants of the same memory, whatever their ids and
+    /// generations, until it is done: its bytes must not land on the object
+    /// placed there next. Also across a lost registration (`clear`), and not
+    /// for other memory.
+    #[test]
+    fn a_write_in_flight_keeps_its_memory_from_the_next_registration() {
+        let seg = Arc::new(Segment::new(1 << 20).unwrap());
+        let other = Arc::new(Segment::new(1 << 20).unwrap());
+        let t = SegmentTable::new();
+        let access = |key: &GrantKey, id: u64, generation: u64, perm: u32| {
+            let g = GrantScope {
+                perm: PERM_READ | PERM_WRITE,
+                segment_id: id,
+                offset: 4096,
+                length: 4096,
+                expires_unix_ms: u64::MAX,
+                generation,
+            };
+            t.authorize(&g, &key.sign(&g), perm, 4096, 4096, 0)
+        };
+        for lost in [false, true] {
+            let k1 = GrantKey::random();
+            t.install(k1.clone(), HashMap::from([(1, seg.clone())]), 1);
+            let writing = access(&k1, 1, 100, PERM_WRITE).unwrap();
+            assert!(writing.lease.is_some());
+            if lost {
+                t.clear();
+            }
+            let k2 = GrantKey::random();
+            t.install(
+                k2.clone(),
+                HashMap::from([(2, seg.clone()), (3, other.clone())]),
+                2,
+            );
+            for perm in [PERM_WRITE, PERM_READ] {
+                let e = access(&k2, 2, 1, perm).err().unwrap();
+                assert_eq!(e.code, Code::Unavailable, "lost {lost}: {e}");
+            }
+            assert!(
+                access(&k2, 3, 1, PERM_WRITE).is_ok(),
+                "other memory waits for nothing"
+            );
+            drop(writing);
+            assert!(access(&k2, 2, 1, PERM_WRITE).is_ok(), "lost {lost}");
+        }
+    }
 
     /// More huge pages than any machine reserves: refused at once with what
     /// to do (no SIGBUS later); a size that is not whole huge pages is
