@@ -19,6 +19,7 @@
 
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_common::{Code, Error, Result};
 
@@ -44,6 +45,9 @@ pub struct SegmentFences {
     /// so a range found idle there stays idle. Never locked together with
     /// `ranges`.
     before: Mutex<Option<Arc<SegmentFences>>>,
+    /// Writes admitted here and not yet dropped (all ranges): whether a
+    /// later registration must still look here, without a scan.
+    in_flight: AtomicU64,
 }
 
 /// A write admitted under a fence; the range is released when it drops.
@@ -61,6 +65,7 @@ impl Drop for WriteLease {
                 f.writers = f.writers.saturating_sub(1);
             }
         }
+        self.fences.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -84,10 +89,16 @@ impl SegmentFences {
     /// out (whatever their generations: each registration numbers its own).
     pub fn after(before: Arc<SegmentFences>) -> Arc<Self> {
         let f = Self::default();
-        if before.writing(0, u64::MAX) {
+        if before.busy() {
             *f.before.lock() = Some(before);
         }
         Arc::new(f)
+    }
+
+    /// Whether any write admitted here, or under an earlier registration
+    /// of the same memory, is still in flight.
+    pub(crate) fn busy(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0 || self.earlier().is_some()
     }
 
     /// Whether a write admitted here, or under an earlier registration of
@@ -107,7 +118,7 @@ impl SegmentFences {
     /// flight; forgotten once none are.
     fn earlier(&self) -> Option<Arc<SegmentFences>> {
         let b = self.before.lock().clone()?;
-        if b.writing(0, u64::MAX) {
+        if b.busy() {
             return Some(b);
         }
         let mut before = self.before.lock();
@@ -201,6 +212,7 @@ impl SegmentFences {
             return Ok(None);
         }
         f.writers += 1;
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
         Ok(Some(WriteLease {
             fences: self.clone(),
             start,

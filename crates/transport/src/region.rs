@@ -508,13 +508,19 @@ impl SegmentTable {
         g.fences = segments
             .iter()
             .map(|(id, seg)| {
-                let f = match earlier.iter().find(|(s, _)| Arc::ptr_eq(s, seg)) {
+                // The newest registration's fences of this memory (they
+                // lead to older ones still in use).
+                let f = match earlier.iter().rfind(|(s, _)| Arc::ptr_eq(s, seg)) {
                     Some((_, before)) => SegmentFences::after(before.clone()),
                     None => SegmentFences::new(),
                 };
                 (*id, f)
             })
             .collect();
+        // Memory this registration does not serve keeps its fences, while
+        // written, for the next one that does.
+        earlier.retain(|(s, f)| f.busy() && !segments.values().any(|seg| Arc::ptr_eq(s, seg)));
+        g.retired = earlier;
         g.segments = segments;
     }
 
@@ -692,6 +698,19 @@ mod tests {
             drop(writing);
             assert!(access(&k2, 2, 1, PERM_WRITE).is_ok(), "lost {lost}");
         }
+        // A registration that leaves the memory out passes its fences on.
+        let k = GrantKey::random();
+        t.install(k.clone(), HashMap::from([(5, seg.clone())]), 3);
+        let writing = access(&k, 5, 100, PERM_WRITE).unwrap();
+        t.install(GrantKey::random(), HashMap::from([(6, other.clone())]), 4);
+        let k = GrantKey::random();
+        t.install(k.clone(), HashMap::from([(7, seg.clone())]), 5);
+        assert_eq!(
+            access(&k, 7, 1, PERM_READ).err().unwrap().code,
+            Code::Unavailable
+        );
+        drop(writing);
+        assert!(access(&k, 7, 1, PERM_READ).is_ok());
     }
 
     /// More huge pages than any machine reserves: refused at once with what
