@@ -302,6 +302,16 @@ fn a_host_lost_and_back_with_the_same_handle_brings_back_its_ssd_copies_and_no_r
             Code::NotFound,
             "the removed key stays removed"
         );
+        // A key whose DRAM copy lived on host 2 read back before the
+        // agent's inventory was in: wait for each copy to be attached
+        // again (not a moment's grace) before the DRAM copies go.
+        for (k, _) in kept {
+            let t0 = Instant::now();
+            while ssd_owners(&f, &t, k).await.is_empty() {
+                assert!(t0.elapsed() < WITHIN, "{k}: its SSD copy never came back");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         read_from_ssd(&cl, kept).await;
     });
 }
