@@ -19,7 +19,6 @@ mod lookups;
 mod master_calls;
 mod placement;
 pub mod put_steps;
-mod quick;
 mod retry;
 mod status;
 mod ucx;

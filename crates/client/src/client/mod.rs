@@ -187,13 +187,13 @@ impl Default for PutOptions {
 /// A handle to a Strata cluster. Cheap to clone; share one per process.
 #[derive(Clone)]
 pub struct Client {
-    master: MasterClient<MasterChannel>,
     transport: Arc<dyn Transport>,
     cfg: Arc<ClientConfig>,
     locations: Option<Arc<Locations>>,
     lookups: Lookups,
     lease_ends: LeaseEnds,
-    quick: Option<Arc<crate::quick::QuickCalls>>,
+    /// The master, quickly where it allows (`crate::master_calls`).
+    calls: crate::MasterCalls,
     steps: Option<Arc<PutSteps>>,
     pub(crate) node_segments: Arc<crate::placement::NodeSegments>,
 }
@@ -213,25 +213,18 @@ pub(super) fn placement_gone_stale(e: Error) -> Error {
     }
 }
 
-/// The master's gRPC client and, where enabled, its quick-call connection
+/// The master's gRPC client and, where enabled, its quick-call connections
 /// (both connect lazily, on the runtime of their first call).
-fn master_connections(
-    cfg: &ClientConfig,
-) -> Result<(
-    MasterClient<MasterChannel>,
-    Option<Arc<crate::quick::QuickCalls>>,
-)> {
+fn master_connections(cfg: &ClientConfig) -> Result<crate::MasterCalls> {
     let (channel, route) =
         strata_common::grpc::master_channel_routed(&cfg.master, cfg.token.as_ref())?;
-    let quick = cfg
-        .quick_calls
-        .then(|| crate::quick::QuickCalls::new(route, cfg.token.as_ref()))
-        .transpose()?
-        .map(Arc::new);
     let master = MasterClient::new(channel)
         .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE)
         .max_encoding_message_size(strata_common::grpc::MAX_MESSAGE);
-    Ok((master, quick))
+    crate::MasterCalls::new(
+        master,
+        cfg.quick_calls.then_some((route, cfg.token.as_ref())),
+    )
 }
 
 /// An object's bytes and the tier that served them.
@@ -248,7 +241,8 @@ impl Client {
     /// Creates a client. The master connection is made lazily and re-made
     /// after failures, so this succeeds even while the master restarts.
     pub async fn connect(cfg: ClientConfig) -> Result<Client> {
-        let (master, quick) = master_connections(&cfg)?;
+        let calls = master_connections(&cfg)?;
+        let master = calls.grpc();
         let tcp = Arc::new(TcpTransport::new(cfg.transport.clone()));
         let transport: Arc<dyn Transport> = match cfg.data_transport {
             TransportKind::Tcp => tcp,
@@ -271,10 +265,9 @@ impl Client {
         Ok(Client {
             node_segments: Arc::default(),
             steps: cfg.put_steps.then(Arc::default),
-            lookups: Lookups::start(crate::MasterCalls::new(master.clone(), quick.clone())),
+            lookups: Lookups::start(calls.clone()),
             lease_ends,
-            quick,
-            master,
+            calls,
             transport,
             cfg: Arc::new(cfg),
             locations,
@@ -299,17 +292,15 @@ impl Client {
                 "only clients of the TCP transport have siblings",
             ));
         }
-        let master = self.master.clone();
-        let quick = self.quick.as_ref().map(|q| Arc::new(q.sibling()));
+        let calls = self.calls.sibling();
         Ok(Client {
             node_segments: self.node_segments.clone(),
             steps: self.steps.clone(),
-            lookups: Lookups::start(crate::MasterCalls::new(master.clone(), quick.clone())),
+            lookups: Lookups::start(calls.clone()),
             // Ends go from the first client's task: this one's runtime runs
             // only while its caller waits.
             lease_ends: self.lease_ends.clone(),
-            quick,
-            master,
+            calls,
             transport: Arc::new(TcpTransport::new(self.cfg.transport.clone())),
             cfg: self.cfg.clone(),
             locations: self.locations.clone(),
@@ -320,7 +311,7 @@ impl Client {
     /// connection instead of gRPC since this client was made: for engines'
     /// own metrics.
     pub fn quick_calls(&self) -> u64 {
-        self.quick.as_ref().map_or(0, |q| q.answered())
+        self.calls.answered()
     }
 
     /// Reads served from the location cache (no master round trip) since
@@ -341,7 +332,7 @@ impl Client {
     }
 
     fn m(&self) -> MasterClient<MasterChannel> {
-        self.master.clone()
+        self.calls.grpc()
     }
 
     #[tracing::instrument(name = "strata.exists", skip_all, fields(key = key))]
@@ -476,7 +467,7 @@ impl Client {
     /// The master's batch calls as this client makes them (quick where
     /// the master allows), for tools and benchmarks.
     pub fn master_calls(&self) -> crate::MasterCalls {
-        crate::MasterCalls::new(self.m(), self.quick.clone())
+        self.calls.clone()
     }
 
     pub fn transport(&self) -> Arc<dyn Transport> {

@@ -551,7 +551,7 @@ impl Client {
         if !missing.is_empty() {
             let asked = std::time::Instant::now();
             let ask = missing.iter().map(|k| k.to_string()).collect();
-            let mut res = crate::lookups::batch_get(&self.master_calls(), ask)
+            let mut res = crate::lookups::batch_get(&self.calls, ask)
                 .await?
                 .into_iter();
             for (slot, key) in infos.iter_mut().zip(keys).filter(|(s, _)| s.is_none()) {

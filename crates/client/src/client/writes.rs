@@ -35,30 +35,12 @@ impl Client {
     }
 
     async fn put_start_once(&self, req: pb::PutStartRequest) -> Result<pb::PutStartResponse> {
-        if let Some(q) = &self.quick {
-            if let Some(r) = q.put_start(&req).await {
-                return r;
-            }
-        }
-        self.m()
-            .put_start(req)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(Error::from)
+        self.calls.put_start(req).await
     }
 
     /// PutEnd, quickly where the master allows.
     async fn put_end(&self, req: pb::PutEndRequest) -> Result<pb::PutEndResponse> {
-        if let Some(q) = &self.quick {
-            if let Some(r) = q.put_end(&req).await {
-                return r;
-            }
-        }
-        self.m()
-            .put_end(req)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(Error::from)
+        self.calls.put_end(req).await
     }
 
     /// Stores `data` under `key`. Fails with `AlreadyExists` if the key is
@@ -530,7 +512,7 @@ impl Client {
         fail::fail_point!("client::batch-put-end-unsent", |_| Err(Error::unavailable(
             "BatchPutEnd lost on its way (failpoint)"
         )));
-        Ok(self.master_calls().batch_put_end(req).await?.results)
+        Ok(self.calls.batch_put_end(req).await?.results)
     }
 
     /// One attempt at a batch put: per item, its result, whether it got as
@@ -570,7 +552,7 @@ impl Client {
                 })
                 .collect(),
         };
-        let started = self.master_calls().batch_put_start(req).await?.results;
+        let started = self.calls.batch_put_start(req).await?.results;
         if started.len() != items.len() {
             return Err(Error::internal(
                 "master answered a batch with the wrong count",
