@@ -18,6 +18,7 @@ pub mod quick_wire;
 pub mod service;
 pub mod shutdown;
 pub mod slices;
+pub mod spin;
 pub mod telemetry;
 pub mod term;
 #[cfg(feature = "testing")]

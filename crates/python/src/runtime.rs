@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
+use strata_common::spin::Spin;
 use tokio::runtime::Runtime;
 
 /// The runtime and the process it was made in. A child of `os.fork()`
@@ -75,12 +76,12 @@ where
 {
     // Only the main thread runs signal handlers; others wait in one go.
     if !is_main_thread(py) {
-        return Ok(py.detach(|| rt.block_on(async { make().await })));
+        return Ok(py.detach(|| rt.block_on(async { Spin::from_env().run(make()).await })));
     }
     // The main thread waits in slices and runs pending signal handlers
     // between them, with the GIL held and outside the runtime (a handler may
     // itself call the store: a nested block_on would panic).
-    let mut fut = Box::pin(make());
+    let mut fut = Box::pin(Spin::from_env().run(make()));
     loop {
         let slot = SameThread(&mut fut);
         let r = py.detach(move || {
