@@ -303,13 +303,13 @@ def bench_driver(driver: Driver, sizes: Sequence[int], threads_list: Sequence[in
 
 
 def rust_rows(strata_bin: Path, master: str, sizes: Sequence[int], threads_list: Sequence[int], batch: int,
-              bytes_per_phase: int, progress: Progress) -> List[Row]:
+              bytes_per_phase: int, progress: Progress, transport: str = "tcp") -> List[Row]:
     rows: List[Row] = []
     names = {"strata put": "put", "strata get": "get", "strata batch_put": "batch_put",
              "strata batch_get": "batch_get"}
     for threads in threads_list:
         progress.phase(f"rust client ({strata_bin.name} bench): {threads} client(s) ...")
-        cmd = [str(strata_bin), "--master", master, "bench", "--json",
+        cmd = [str(strata_bin), "--master", master, "--transport", transport, "bench", "--json",
                "--sizes", ",".join(str(s) for s in sizes), "--clients", str(threads),
                "--batch", str(batch), "--bytes", str(bytes_per_phase), "--meta-keys", "0"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -423,6 +423,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--bytes", default="512MiB", help="bytes moved per phase (at most 20000 objects)")
     ap.add_argument("--parts", type=int, default=32,
                     help="also move each object as this many parts (vLLM's one slice per layer); 0: skip")
+    ap.add_argument("--transport", choices=["tcp", "ucx"], default="tcp",
+                    help="the data plane of the started nodes and of every Strata client (ucx: the same-host "
+                         "path; needs binaries and a wheel built with the `ucx` feature)")
     ap.add_argument("--no-rust", action="store_true", help="skip the Rust client's rows")
     ap.add_argument("--seed", action="store_true", help="also run the seed system (its wheel must be installed)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -438,21 +441,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     bin_dir = Path(a.bin_dir)
     rows: List[Row] = []
     with contextlib.ExitStack() as stack:
-        master = a.master or stack.enter_context(strata_cluster(bin_dir, a.node_capacity))
-        store = stack.enter_context(strata.Store.connect(master, token_file=a.token_file))
+        master = a.master or stack.enter_context(strata_cluster(bin_dir, a.node_capacity, a.transport))
+        store = stack.enter_context(strata.Store.connect(master, token_file=a.token_file, transport=a.transport))
         rows += bench_driver(Native(store), sizes, threads, a.batch, per_phase, progress)
         if a.parts > 0:
             rows += bench_driver(Parts(store, a.parts), sizes, threads, a.batch, per_phase, progress)
         if a.token_file:
             os.environ["STRATA_TOKEN_FILE"] = a.token_file
         mc = MooncakeDistributedStore()
-        rc = mc.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master)
+        rc = mc.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, a.transport, "", master)
         if rc != 0:
             raise SystemExit(f"drop-in setup failed: {rc}")
         rows += bench_driver(Mooncake("python mooncake", mc), sizes, threads, a.batch, per_phase, progress)
         mc.close()
         if not a.no_rust:
-            rows += rust_rows(bin_dir / "strata", master, sizes, threads, a.batch, per_phase, progress)
+            rows += rust_rows(bin_dir / "strata", master, sizes, threads, a.batch, per_phase, progress, a.transport)
     if a.seed:
         with seed_cluster(parse_size(a.node_capacity)) as seed:
             rows += bench_driver(Mooncake("seed system", seed), sizes, threads, a.batch, per_phase, progress)

@@ -22,9 +22,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, timeout: float = 60.0) -> None:
+def wait_http(url: str, timeout: float = 60.0, proc: Optional[subprocess.Popen] = None,
+              log: Optional[Path] = None) -> None:
+    """Waits for ``url`` to answer 200; fails at once if ``proc`` exits
+    meanwhile (a bad flag, a taken port), with the end of its ``log``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before {url} answered:\n{tail}")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -59,19 +65,20 @@ class Procs:
 
 
 @contextlib.contextmanager
-def strata_cluster(bin_dir: Path, node_capacity: str) -> Iterator[str]:
+def strata_cluster(bin_dir: Path, node_capacity: str, transport: str = "tcp") -> Iterator[str]:
     procs = Procs()
     try:
         port, admin = free_port(), free_port()
-        procs.spawn([str(bin_dir / "strata-master"), "--listen", f"127.0.0.1:{port}",
-                     "--admin-addr", f"127.0.0.1:{admin}"], "master", {"RUST_LOG": "warn"})
-        wait_http(f"http://127.0.0.1:{admin}/ready")
+        p = procs.spawn([str(bin_dir / "strata-master"), "--listen", f"127.0.0.1:{port}",
+                         "--admin-addr", f"127.0.0.1:{admin}"], "master", {"RUST_LOG": "warn"})
+        wait_http(f"http://127.0.0.1:{admin}/ready", proc=p, log=procs.dir / "master.log")
         for i in range(2):
             a = free_port()
-            procs.spawn([str(bin_dir / "strata-store-node"), "--master", f"127.0.0.1:{port}",
-                         "--listen", f"127.0.0.1:{free_port()}", "--admin-addr", f"127.0.0.1:{a}",
-                         "--capacity", node_capacity, "--node-id", f"bench-{i}"], f"node-{i}", {"RUST_LOG": "warn"})
-            wait_http(f"http://127.0.0.1:{a}/ready")
+            p = procs.spawn([str(bin_dir / "strata-store-node"), "--master", f"127.0.0.1:{port}",
+                             "--listen", f"127.0.0.1:{free_port()}", "--admin-addr", f"127.0.0.1:{a}",
+                             "--capacity", node_capacity, "--node-id", f"bench-{i}", "--transport", transport],
+                            f"node-{i}", {"RUST_LOG": "warn"})
+            wait_http(f"http://127.0.0.1:{a}/ready", proc=p, log=procs.dir / f"node-{i}.log")
         yield f"127.0.0.1:{port}"
     finally:
         procs.stop()
