@@ -1260,10 +1260,6 @@ mod tests {
             let l = tokio::net::TcpListener::from_std(l).unwrap();
             loop {
                 let (mut s, _) = l.accept().await.unwrap();
-                // As a node's: an answer written just before a close goes
-                // out at once, not held back by Nagle and then dropped by
-                // the reset a close with unread bytes sends.
-                s.set_nodelay(true).unwrap();
                 let conn = {
                     let mut seen = noted.lock();
                     seen.push(Vec::new());
