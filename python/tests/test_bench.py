@@ -20,7 +20,7 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_the_benchmark_runs_every_driver_and_the_rust_client_through_its_transport() -> None:
+def test_the_benchmark_runs_every_driver_and_the_rust_client() -> None:
     out = run_bench("--node-capacity", "64MiB", "--sizes", "4KiB", "--threads", "1", "--batch", "4",
                     "--bytes", "64KiB", "--parts", "2", "--transport", "tcp", "--json")
     assert out.returncode == 0, out.stderr[-3000:]

@@ -188,9 +188,8 @@ mod tests {
             spinners: many,
         };
         let t0 = Instant::now();
-        let polls = polls_of_a_call(short, Duration::from_millis(300));
+        let spun_then_slept = polls_of_a_call(short, Duration::from_millis(300));
         assert!(t0.elapsed() >= Duration::from_millis(300));
-        let spun_then_slept = polls;
         let off = Spin {
             window: Duration::ZERO,
             spinners: many,

@@ -46,8 +46,12 @@ class Procs:
         self.procs: List[subprocess.Popen] = []
         self.dir = Path(tempfile.mkdtemp(prefix="strata-pybench-"))
 
+    def log_of(self, name: str) -> Path:
+        """Where the process spawned as ``name`` writes its output."""
+        return self.dir / f"{name}.log"
+
     def spawn(self, args: List[str], name: str, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
-        log = open(self.dir / f"{name}.log", "wb")
+        log = open(self.log_of(name), "wb")
         p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.procs.append(p)
         return p
@@ -71,14 +75,14 @@ def strata_cluster(bin_dir: Path, node_capacity: str, transport: str = "tcp") ->
         port, admin = free_port(), free_port()
         p = procs.spawn([str(bin_dir / "strata-master"), "--listen", f"127.0.0.1:{port}",
                          "--admin-addr", f"127.0.0.1:{admin}"], "master", {"RUST_LOG": "warn"})
-        wait_http(f"http://127.0.0.1:{admin}/ready", proc=p, log=procs.dir / "master.log")
+        wait_http(f"http://127.0.0.1:{admin}/ready", proc=p, log=procs.log_of("master"))
         for i in range(2):
             a = free_port()
             p = procs.spawn([str(bin_dir / "strata-store-node"), "--master", f"127.0.0.1:{port}",
                              "--listen", f"127.0.0.1:{free_port()}", "--admin-addr", f"127.0.0.1:{a}",
                              "--capacity", node_capacity, "--node-id", f"bench-{i}", "--transport", transport],
                             f"node-{i}", {"RUST_LOG": "warn"})
-            wait_http(f"http://127.0.0.1:{a}/ready", proc=p, log=procs.dir / f"node-{i}.log")
+            wait_http(f"http://127.0.0.1:{a}/ready", proc=p, log=procs.log_of(f"node-{i}"))
         yield f"127.0.0.1:{port}"
     finally:
         procs.stop()
