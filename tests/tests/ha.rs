@@ -16,6 +16,8 @@ use strata_transport::Transport;
 /// The election TTL of these tests (a dead leader is replaced within it).
 const TTL: Duration = Duration::from_secs(3);
 const HA_FLAGS: &[&str] = &["--election-ttl", "3s", "--node-ttl", "2s"];
+/// Their `--node-ttl`: how long a new leader waits for its members.
+const NODE_TTL: Duration = Duration::from_secs(2);
 
 struct Ha {
     etcd: EtcdServer,
@@ -287,6 +289,93 @@ async fn a_paused_leader_that_wakes_up_cannot_act() {
         quick_after + 3,
         "every later lookup went quickly to the new leader"
     );
+}
+
+/// Members given both masters (two store nodes, an SSD agent) heartbeat
+/// the leader when it is paused (SIGSTOP), and it stays paused: they find
+/// its successor within the successor's rebuild bound (`--node-ttl`) and
+/// report what they hold, so no acknowledged key (in DRAM or only on SSD)
+/// reads as missing, then or later. Seen failing without a heartbeat
+/// deadline (`leader::heartbeat_deadline`) in the store node's agent, and
+/// in the SSD agent's: the members waited on the paused leader for seconds
+/// (a quick call's silence, then gRPC's keep-alive), the successor gave up
+/// on them and answered their keys NotFound (the HA nemesis's seed
+/// 5258620981834010071 found it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_of_a_paused_leader_report_to_its_successor_in_time() {
+    let ha = Ha::start_with(2, "paused-members", &["--offload-policy", "eager"]).await;
+    let leader = ha.leader(Duration::from_secs(30)).await.expect("a leader");
+    let (_n1, _, _) = start_node_admin(&ha.list(), "n1", &[]).await;
+    let (_n2, _, _) = start_node_admin(&ha.list(), "n2", &[]).await;
+    let ssd = tempfile::tempdir().unwrap();
+    let (_agent, _) = start_agent(&ha.list(), "paused/0", ssd.path(), &[], true).await;
+    let cl = Client::connect(ClientConfig::new(ha.list()).with_location_cache(0))
+        .await
+        .unwrap();
+    let two = PutOptions {
+        replicas: 2,
+        ..Default::default()
+    };
+    let mut keys: Vec<String> = (0..16).map(|i| format!("k{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        cl.put(k, &payload(i as u64, 4096), &two).await.unwrap();
+    }
+    // And one only the SSD tier holds.
+    keys.push("on-ssd".into());
+    let on_ssd = payload(keys.len() as u64 - 1, 4096);
+    cl.put("on-ssd", &on_ssd, &PutOptions::default())
+        .await
+        .unwrap();
+    strata_tests::make_ssd_only(&cl, "on-ssd").await;
+    ha.proc(leader).signal(libc::SIGSTOP);
+    let next = 1 - leader;
+    // It leads, then is ready once every member reported (or once it gave
+    // up on them, after --node-ttl: not so here).
+    let t0 = Instant::now();
+    let leads = loop {
+        let v = ha.masters[next].leader_view().await;
+        if v.is_some_and(|v| v["is_leader"] == true) {
+            break Instant::now();
+        }
+        assert!(t0.elapsed() < TTL * 4, "no new leader");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        wait_leader(&[&ha.masters[next]], TTL * 4).await.is_some(),
+        "a new leader"
+    );
+    let waited = leads.elapsed();
+    assert!(
+        waited < NODE_TTL,
+        "the successor waited {waited:?} for its members: it gave up on them"
+    );
+    // Right away (through the successor alone: this client waits on no
+    // paused master), and past the successor's report window (twice
+    // --node-ttl), while the old leader stays paused: every read finds
+    // every key.
+    let succ = Client::connect(ClientConfig::new(&ha.masters[next].addr).with_location_cache(0))
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut rounds = 0;
+    while Instant::now() < until {
+        for (i, k) in keys.iter().enumerate() {
+            match succ.get(k).await {
+                Ok(v) => assert!(v == payload(i as u64, 4096), "{k} read wrong bytes"),
+                Err(e) => panic!("{k}, round {rounds}: {e}"),
+            }
+        }
+        rounds += 1;
+    }
+    assert!(rounds >= 2, "only {rounds} rounds of reads");
+    // The client that put them knows the paused leader: its first lookup
+    // waits out that master's silence (3 s), then moves on; it does not
+    // wait on it again over gRPC (gRPC's keep-alive: 3 s more).
+    let t = Instant::now();
+    assert!(cl.get("k0").await.unwrap() == payload(0, 4096));
+    let took = t.elapsed();
+    assert!(took < Duration::from_millis(4500), "the read took {took:?}");
+    ha.proc(leader).signal(libc::SIGCONT);
 }
 
 /// etcd stalls (SIGSTOP) past the TTL: the leader stops serving; once etcd

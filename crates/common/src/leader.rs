@@ -183,6 +183,19 @@ struct Route {
     home: Option<tokio::runtime::Handle>,
 }
 
+/// Longest a member's heartbeat (a store node's, an SSD owner's) may
+/// take: the master's long poll (at most an interval), then as long again.
+/// A master that holds it longer hangs (paused, cut off), and the member
+/// must try the next one well within `--node-ttl` (at least four
+/// intervals): a new leader waits that long for its members' reports, then
+/// answers for their keys without them. Left to the connections' own
+/// timeouts (3 s of silence on a quick one, then gRPC's keep-alive on the
+/// same master), a node stayed with a paused leader for seconds, and its
+/// successor, having given up on it, answered its keys NotFound.
+pub fn heartbeat_deadline(interval: Duration) -> Duration {
+    interval * 2
+}
+
 /// Spawns a channel's tasks on one runtime.
 #[derive(Clone)]
 struct OnRuntime(tokio::runtime::Handle);
@@ -218,6 +231,13 @@ impl LeaderChannel {
     /// The address calls go to now, if one is known.
     pub fn current(&self) -> Option<String> {
         self.route.current.lock().clone()
+    }
+
+    /// `addr` did not answer in time (a caller's own deadline ran out):
+    /// the next call picks again, as after a failed one, instead of
+    /// waiting on a master that hangs (paused, cut off).
+    pub fn forget(&self, addr: &str) {
+        self.route.forget(addr);
     }
 }
 
@@ -292,11 +312,20 @@ impl Route {
         Ok(ch)
     }
 
-    /// `addr` failed or does not lead: pick again on the next call.
+    /// `addr` failed or does not lead: pick again on the next call, and
+    /// from a list, another address first (a master that hangs would
+    /// otherwise be picked again every other time by turns).
     fn forget(&self, addr: &str) {
         let mut cur = self.current.lock();
         if cur.as_deref() == Some(addr) {
             *cur = None;
+        }
+        drop(cur);
+        if let MasterTarget::Addrs(list) = &self.target {
+            let mut n = self.next.lock();
+            if list.len() > 1 && list[*n % list.len()] == addr {
+                *n = n.wrapping_add(1);
+            }
         }
     }
 
@@ -482,7 +511,13 @@ mod tests {
         assert_eq!(ch.current().as_deref(), Some("b:2"), "forgetting another");
         r.forget("b:2");
         assert_eq!(ch.current(), None);
+        // The forgotten one is not picked again first (by turns it would
+        // have been: a hung master, again and again).
+        assert_eq!(futures::executor::block_on(r.pick()).unwrap(), "a:1");
+        ch.forget("a:1");
         assert_eq!(futures::executor::block_on(r.pick()).unwrap(), "b:2");
+        ch.forget("b:2");
+        assert_eq!(futures::executor::block_on(r.pick()).unwrap(), "a:1");
     }
 
     /// A master's redirect is followed only to a plain HOST:PORT, and never

@@ -130,10 +130,13 @@ impl QuickClient {
                     Ok(Ok(None)) => continue,
                     Ok(Err(e)) => return Err(e),
                     Err(_) => {
+                        // Hung (paused, cut off): the route picks another
+                        // master next, and so does this call's gRPC retry.
+                        self.route.forget(&addr);
                         return Err(Error::unavailable(format!(
                             "master {addr} went silent during {} for {SILENCE:?}",
                             op.method()
-                        )))
+                        )));
                     }
                 }
             }

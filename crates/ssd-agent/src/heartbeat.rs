@@ -29,6 +29,9 @@ pub(crate) struct Member {
     pub(crate) max_tasks: u32,
     /// At most one heartbeat per `poll`.
     pub(crate) poll: Duration,
+    /// Longest a heartbeat may take before the next master is tried
+    /// (`leader::heartbeat_deadline` of the registration's interval).
+    pub(crate) deadline: Duration,
     /// Drops applied: (the master's term, its sequence number), confirmed
     /// with the next heartbeat.
     pub(crate) drops_applied: (u64, u64),
@@ -54,7 +57,7 @@ impl Member {
             // brought expire on the master and go to the next registration).
             let reply = tokio::select! {
                 _ = shutdown.cancelled() => break,
-                r = self.session.client.owner_heartbeat(req.clone()) => r.map_err(Error::from).and_then(|r| {
+                r = self.session.client.owner_heartbeat(self.with_deadline(req.clone())) => r.map_err(Error::from).and_then(|r| {
                     let r = r.into_inner();
                     self.session.fence.admit(r.term).map(|()| r)
                 }),
@@ -96,6 +99,17 @@ impl Member {
         let store = self.worker.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.flush()).await;
         Ok(())
+    }
+
+    /// A heartbeat the channel gives up on after `deadline` (a master
+    /// that hangs), which then sends the next one to the next master.
+    fn with_deadline(
+        &self,
+        req: pb::OwnerHeartbeatRequest,
+    ) -> tonic::Request<pb::OwnerHeartbeatRequest> {
+        let mut r = tonic::Request::new(req);
+        r.set_timeout(self.deadline);
+        r
     }
 
     /// This heartbeat's report: usage, room for tasks, drops applied.

@@ -231,6 +231,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
             who,
             max_tasks,
             poll,
+            deadline: strata_common::leader::heartbeat_deadline(interval),
             drops_applied: (0, 0),
         };
         let r = member.run(&sd).await;

@@ -149,12 +149,13 @@ pub async fn start(cfg: StoreNodeConfig, shutdown: CancellationToken) -> Result<
         strata_common::grpc::master_channel_routed(&cfg.master, cfg.token.as_ref())?;
     let quick = cfg
         .quick_heartbeats
-        .then(|| QuickClient::new(route, cfg.token.as_ref()))
+        .then(|| QuickClient::new(route.clone(), cfg.token.as_ref()))
         .transpose()?;
     let agent = Agent {
         client: MasterClient::new(channel)
             .max_decoding_message_size(strata_common::grpc::MAX_MESSAGE),
         quick,
+        route,
         node_id: node_id.clone(),
         instance,
         proof: strata_common::auth::new_instance_proof(),

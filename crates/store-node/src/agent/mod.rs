@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use strata_common::grpc::MasterChannel;
+use strata_common::leader::LeaderChannel;
 use strata_common::quick_client::QuickClient;
 use strata_proto as pb;
 use strata_proto::master_client::MasterClient;
@@ -26,6 +27,9 @@ pub(crate) struct Agent {
     /// a put waits for its node to apply an entry the heartbeat's long poll
     /// brings, and a gRPC round trip each way cost it ~0.1 ms.
     pub(crate) quick: Option<QuickClient>,
+    /// Where both send their calls: a heartbeat that runs past its
+    /// deadline makes it pick again (`leader::heartbeat_deadline`).
+    pub(crate) route: LeaderChannel,
     pub(crate) node_id: String,
     /// Public id of this process (ping answer) and the secret it proves
     /// its registration with.
@@ -49,6 +53,20 @@ pub(crate) struct Agent {
 }
 
 impl Agent {
+    /// The error of a heartbeat that ran past `deadline`: its master is
+    /// forgotten, so the next call goes to the next one (or the leader
+    /// etcd names).
+    fn hung_master(&self, deadline: Duration) -> strata_common::Error {
+        let addr = self.route.current();
+        if let Some(a) = &addr {
+            self.route.forget(a);
+        }
+        strata_common::Error::unavailable(format!(
+            "master {} did not answer a heartbeat within {deadline:?}; trying the next one",
+            addr.as_deref().unwrap_or("(none picked)")
+        ))
+    }
+
     /// Registers, then heartbeats and applies the object log until
     /// shutdown (registering again whenever the master forgets this node).
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
@@ -85,11 +103,13 @@ impl Agent {
                 };
                 let t0 = tokio::time::Instant::now();
                 let mut wait = interval;
+                let deadline = strata_common::leader::heartbeat_deadline(interval);
                 let call = tokio::select! {
                     // The master may hold the call for an interval.
                     _ = shutdown.cancelled() => break 'outer,
-                    r = self.heartbeat(req) => r,
+                    r = tokio::time::timeout(deadline, self.heartbeat(req)) => r,
                 };
+                let call = call.unwrap_or_else(|_| Err(self.hung_master(deadline)));
                 let answer = call.and_then(|r| self.fence.admit(r.term).map(|()| r));
                 match answer {
                     Ok(r) => {
