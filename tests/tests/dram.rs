@@ -340,6 +340,11 @@ async fn batch_put_and_get_report_per_item() {
         .zip(&data)
         .map(|(k, d)| (k.as_str(), d.as_slice()))
         .collect();
+    let receipts = |body: &str, outcome: &str| {
+        let name = format!("strata_master_put_receipts_total{{outcome=\"{outcome}\"}}");
+        strata_tests::metric(body, &name)
+    };
+    let (_, before) = http_get(c.master_admin, "/metrics").await;
     let res = cl
         .batch_put(
             &items,
@@ -350,6 +355,7 @@ async fn batch_put_and_get_report_per_item() {
         )
         .await
         .unwrap();
+    assert_eq!(res.len(), 40);
     for (i, r) in res.iter().enumerate() {
         if i == 7 {
             assert_eq!(r.as_ref().unwrap_err().code, Code::AlreadyExists);
@@ -357,6 +363,13 @@ async fn batch_put_and_get_report_per_item() {
             r.as_ref().unwrap();
         }
     }
+    // Each started object's PutEnd brought its own nodes' receipts for its
+    // own bytes (a receipt handed to another object would not verify),
+    // around the one that did not start.
+    let (_, after) = http_get(c.master_admin, "/metrics").await;
+    let accepted = receipts(&after, "accepted") - receipts(&before, "accepted");
+    let refused = receipts(&after, "refused") - receipts(&before, "refused");
+    assert_eq!((accepted, refused), (78.0, 0.0), "{after}");
     let mut ks: Vec<&str> = keys.iter().map(String::as_str).collect();
     ks.push("missing");
     let got = cl.batch_get(&ks).await.unwrap();

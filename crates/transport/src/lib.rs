@@ -61,6 +61,19 @@ impl RemoteRange {
     }
 }
 
+/// Writes [`Transport::write_many_parts`]' default has in flight at once.
+const WRITES_AT_ONCE: usize = 16;
+
+/// One object of [`Transport::write_many_parts`]: its bytes (the
+/// concatenation of `parts`) for the whole of `dst`, and the put's record
+/// when the master gave one.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteItem<'a> {
+    pub dst: &'a RemoteRange,
+    pub parts: &'a [&'a [u8]],
+    pub record: Option<&'a frame::WriteRecord>,
+}
+
 /// What a read found of the bytes it read: their crc32c and, when asked,
 /// their BLAKE3 digest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +174,28 @@ pub trait Transport: Send + Sync + 'static {
                 Some(r) => self.write_recorded(dst, data, r).await,
                 None => self.write(dst, 0, data).await.map(|()| None),
             }
+        })
+    }
+
+    /// Writes several whole objects, each from its parts and with its record
+    /// when given (as [`Transport::write_parts`] does), and returns each
+    /// write's receipt or error in order, once every write has settled.
+    /// Transports that can send the writes bound for one node back to back
+    /// on one connection do; the default writes them side by side.
+    fn write_many_parts<'a>(
+        &'a self,
+        items: Vec<WriteItem<'a>>,
+    ) -> BoxFuture<'a, Vec<Result<Option<[u8; strata_common::grant::MAC_LEN]>>>> {
+        Box::pin(async move {
+            use futures::StreamExt;
+            let mut writes = Vec::with_capacity(items.len());
+            for w in items {
+                writes.push(self.write_parts(w.dst, w.parts, w.record));
+            }
+            futures::stream::iter(writes)
+                .buffered(WRITES_AT_ONCE)
+                .collect()
+                .await
         })
     }
 

@@ -15,7 +15,7 @@ use strata_common::{Code, Result};
 use strata_transport::frame::{Request, Staged, WriteRecord};
 use strata_transport::lend::{LendMetrics, Lender};
 use strata_transport::region::{DataRegion, ReadSource, Segment, SegmentTable, WriteTarget};
-use strata_transport::{RemoteRange, Transport};
+use strata_transport::{RemoteRange, Transport, WriteItem};
 
 const SEGMENT: u64 = 7;
 const SEGMENT_LEN: usize = 64 << 20;
@@ -707,6 +707,102 @@ async fn recorded_writes(f: Fixture) {
     (f.kill)();
 }
 
+/// A batch of writes (`write_many_parts`): objects of one part and of
+/// several, of many sizes (one larger than TCP's chunk), most with their
+/// put's record. Each lands whole and in place; a recorded one brings back
+/// its node's receipt for exactly its bytes where the transport records
+/// writes (none where it cannot); and a write that is refused — a grant or
+/// a record the master did not sign, bytes past the grant — fails alone,
+/// the ones around it (on the same connection, for TCP) still land.
+async fn batches_of_writes(f: Fixture) {
+    let sizes = [4096usize, 1, 65536, 100_000, 9 << 20, 4096, 12345, 65536];
+    let mut ranges = Vec::new();
+    let mut bytes = Vec::new();
+    let mut off = 0u64;
+    for (i, &n) in sizes.iter().enumerate() {
+        ranges.push(f.range(off, n as u64, PERM_WRITE | PERM_READ, 1));
+        bytes.push(data(40 + i as u64, n));
+        off += (n as u64).next_multiple_of(4096);
+    }
+    // Past its grant: 5,000 bytes for 4,096.
+    ranges.push(f.range(off, 4096, PERM_WRITE | PERM_READ, 1));
+    bytes.push(data(99, 5000));
+    let keys: Vec<String> = (0..bytes.len()).map(|i| format!("batch/{i}")).collect();
+    const BAD_MAC: usize = 2;
+    const UNRECORDED: usize = 6;
+    const FORGED: usize = 5;
+    let records: Vec<(PutRecord<'_>, WriteRecord)> = keys
+        .iter()
+        .zip(&ranges)
+        .zip(&bytes)
+        .map(|((k, w), b)| f.record(k, w, b))
+        .collect();
+    let forged = WriteRecord {
+        key: "victim".into(),
+        ..records[FORGED].1.clone()
+    };
+    // A grant the node's key did not sign, refused on the wire before its
+    // bytes are read (by nodes that check grants at all).
+    ranges[BAD_MAC].mac = [0x5a; MAC_LEN];
+    let parts: Vec<Vec<&[u8]>> = bytes
+        .iter()
+        .enumerate()
+        .map(|(i, b)| match i {
+            3 => cut(b, &[10, 5000, 77_777]),
+            4 => cut(b, &[1 << 20, 3 << 20, (4 << 20) + 3]),
+            _ => vec![b.as_slice()],
+        })
+        .collect();
+    let items: Vec<WriteItem<'_>> = ranges
+        .iter()
+        .zip(&parts)
+        .zip(&records)
+        .enumerate()
+        .map(|(i, ((dst, p), (_, rec)))| WriteItem {
+            dst,
+            parts: p,
+            record: match i {
+                UNRECORDED => None,
+                FORGED => Some(&forged),
+                _ => Some(rec),
+            },
+        })
+        .collect();
+    let res = f.transport.write_many_parts(items).await;
+    assert_eq!(res.len(), bytes.len());
+    let past = bytes.len() - 1;
+    for (i, r) in res.iter().enumerate() {
+        let recorded = f.transport.records_writes(bytes[i].len());
+        match i {
+            _ if i == past => {
+                let e = r.as_ref().unwrap_err();
+                assert_eq!(e.code, Code::InvalidArgument, "{e}");
+                continue;
+            }
+            BAD_MAC if f.checks_signatures => {
+                let e = r.as_ref().unwrap_err();
+                assert_eq!(e.code, Code::PermissionDenied, "{e}");
+                continue;
+            }
+            FORGED if recorded => {
+                let e = r.as_ref().unwrap_err();
+                assert_eq!(e.code, Code::PermissionDenied, "{e}");
+                continue;
+            }
+            UNRECORDED => assert_eq!(r.as_ref().unwrap(), &None, "object {i}"),
+            _ if recorded => {
+                let receipt = r.as_ref().unwrap().expect("a receipt");
+                assert!(f.key.verify_receipt(&records[i].0, &receipt), "object {i}");
+            }
+            _ => assert_eq!(r.as_ref().unwrap(), &None, "object {i}"),
+        }
+        let mut back = vec![0u8; bytes[i].len()];
+        f.transport.read(&ranges[i], 0, &mut back).await.unwrap();
+        assert!(back == bytes[i], "object {i} read back other bytes");
+    }
+    (f.kill)();
+}
+
 macro_rules! conformance_suite {
     ($name:ident, $fixture:expr) => {
         mod $name {
@@ -751,6 +847,10 @@ macro_rules! conformance_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn recorded_writes() {
                 super::recorded_writes($fixture.await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batches_of_writes() {
+                super::batches_of_writes($fixture.await).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_dead_node_fails_transfers() {

@@ -4,16 +4,33 @@
 
 use super::{Client, PutOptions};
 use crate::status::from_status;
-use futures::StreamExt;
 use strata_common::{Code, Error, Result};
 use strata_proto as pb;
 use strata_transport::frame::WriteRecord;
-use strata_transport::{parts, remote_range, RemoteRange};
+use strata_transport::{parts, remote_range, RemoteRange, WriteItem};
 
 /// The version a PutStart granted (its first replica's generation), which
 /// an overwrite's PutEnd and revoke name.
 fn version_of(replicas: &[pb::Replica]) -> Option<u64> {
     replicas.first()?.grant.as_ref().map(|g| g.generation)
+}
+
+/// An object a put writes: its key, declared checksum (0 when none),
+/// where the master placed it, its bytes, and whether its PutStart started.
+struct Object<'a> {
+    key: &'a str,
+    crc32c: u32,
+    replicas: &'a [pb::Replica],
+    data: &'a [&'a [u8]],
+    ok: bool,
+}
+
+/// Where an object's replicas go, and the record each carries.
+type Plan = (Vec<RemoteRange>, Vec<Option<WriteRecord>>);
+
+/// Whether a PutStart item's status says it started.
+fn started_ok(status: &Option<pb::Status>) -> bool {
+    status.as_ref().is_none_or(|s| s.code == 0)
 }
 
 /// Whether a PutStart's answer asks PutEnd for the object's BLAKE3 digest.
@@ -308,42 +325,91 @@ impl Client {
         replicas: &[pb::Replica],
         data: &[&[u8]],
     ) -> Result<Vec<pb::PutReceipt>> {
-        let ranges: Vec<RemoteRange> = replicas.iter().map(remote_range).collect::<Result<_>>()?;
-        if ranges.is_empty() {
-            return Err(Error::internal("master granted no replica"));
+        let one = Object {
+            key,
+            crc32c,
+            replicas,
+            data,
+            ok: true,
+        };
+        let mut r = self.write_objects(std::slice::from_ref(&one)).await;
+        r.pop()
+            .unwrap_or_else(|| Err(Error::internal("write lost its object")))
+    }
+
+    /// [`Client::write_replicas`] for each object that started (`ok`), in
+    /// one call to the transport: one result per such object, in order.
+    async fn write_objects(&self, objects: &[Object<'_>]) -> Vec<Result<Vec<pb::PutReceipt>>> {
+        // Per started object, its ranges and records, or why it has none.
+        let mut plans: Vec<Result<Plan>> = Vec::new();
+        for o in objects.iter().filter(|o| o.ok) {
+            let ranges = o
+                .replicas
+                .iter()
+                .map(remote_range)
+                .collect::<Result<Vec<_>>>()
+                .and_then(|r| match r.is_empty() {
+                    true => Err(Error::internal("master granted no replica")),
+                    false => Ok(r),
+                });
+            let records = o
+                .replicas
+                .iter()
+                .map(|r| {
+                    let mac = r.record.as_slice().try_into().ok()?;
+                    Some(WriteRecord {
+                        key: o.key.to_string(),
+                        crc32c: o.crc32c,
+                        mac,
+                    })
+                })
+                .collect();
+            plans.push(ranges.map(|r| (r, records)));
         }
-        let records: Vec<Option<WriteRecord>> = replicas
+        let started: Vec<&Object<'_>> = objects.iter().filter(|o| o.ok).collect();
+        let items: Vec<WriteItem<'_>> = plans
             .iter()
-            .map(|r| {
-                let mac = r.record.as_slice().try_into().ok()?;
-                Some(WriteRecord {
-                    key: key.to_string(),
-                    crc32c,
-                    mac,
+            .zip(&started)
+            .filter_map(|(p, o)| Some((p.as_ref().ok()?, o)))
+            .flat_map(|((ranges, records), o)| {
+                ranges.iter().zip(records).map(|(dst, rec)| WriteItem {
+                    dst,
+                    parts: o.data,
+                    record: rec.as_ref(),
                 })
             })
             .collect();
-        // Every write settles before the first error is returned: the
-        // caller then revokes the put, freeing its ranges, and a one-sided
+        // Every write settles before any result is returned: the caller
+        // then revokes a failed put, freeing its ranges, and a one-sided
         // write still in flight could land in their next allocation.
-        let writes = ranges
-            .iter()
-            .zip(&records)
-            .map(|(r, rec)| self.transport.write_parts(r, data, rec.as_ref()));
-        let receipts = futures::future::join_all(writes)
-            .await
+        let mut receipts = self.transport.write_many_parts(items).await.into_iter();
+        plans
             .into_iter()
-            .collect::<Result<Vec<_>>>()?;
-        Ok(ranges
-            .iter()
-            .zip(receipts)
-            .filter_map(|(r, receipt)| {
-                Some(pb::PutReceipt {
-                    segment_id: r.scope.segment_id,
-                    mac: receipt?.to_vec(),
-                })
+            .map(|p| {
+                let (ranges, _) = p?;
+                let mut out = Vec::with_capacity(ranges.len());
+                let mut first_err = None;
+                for r in &ranges {
+                    match receipts.next() {
+                        Some(Ok(Some(mac))) => out.push(pb::PutReceipt {
+                            segment_id: r.scope.segment_id,
+                            mac: mac.to_vec(),
+                        }),
+                        Some(Ok(None)) => {}
+                        Some(Err(e)) => {
+                            first_err.get_or_insert(e);
+                        }
+                        None => {
+                            first_err.get_or_insert(Error::internal("batch write lost a replica"));
+                        }
+                    }
+                }
+                match first_err {
+                    Some(e) => Err(e),
+                    None => Ok(out),
+                }
             })
-            .collect())
+            .collect()
     }
 
     /// Puts many objects with one PutStart and one PutEnd round trip.
@@ -558,24 +624,39 @@ impl Client {
                 "master answered a batch with the wrong count",
             ));
         }
-        let mut futs = Vec::with_capacity(items.len());
-        for (((key, data), st), crc) in items.iter().zip(started).zip(&crcs) {
-            futs.push(async move {
-                // Whether this put started: only ours may be revoked (a
-                // refused PutStart may be another writer's key in flight).
-                if let Err(e) = from_status(st.status) {
-                    return (Err(e), false, None, Vec::new(), Vec::new());
-                }
-                let generation = version_of(&st.replicas);
+        // Every object's writes go to the transport at once, which sends
+        // those bound for one node back to back (`write_many_parts`).
+        let objects: Vec<Object<'_>> = items
+            .iter()
+            .zip(&started)
+            .zip(&crcs)
+            .map(|(((key, data), st), crc)| Object {
+                key,
                 // Records come only with a declared checksum.
-                let crc = crc.unwrap_or_default();
-                let hash = wants_digest(st.integrity);
-                let (w, digest) = self.write_hashing(key, crc, &st.replicas, data, hash).await;
-                let digest = digest.map_or_else(Vec::new, Vec::from);
-                let w = w.map_err(super::placement_gone_stale);
-                (w, true, generation, st.put_token, digest)
-            });
-        }
+                crc32c: crc.unwrap_or_default(),
+                replicas: &st.replicas,
+                data,
+                ok: started_ok(&st.status),
+            })
+            .collect();
+        // Digests are worked out while the writes are on their way (the
+        // first poll sends what the sockets take), for started puts only.
+        let digests = async {
+            started
+                .iter()
+                .zip(items)
+                .map(|(st, (_, data))| {
+                    if started_ok(&st.status) && wants_digest(st.integrity) {
+                        parts::blake3(data).to_vec()
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+        let (written, digests) = tokio::join!(self.write_objects(&objects), digests);
+        drop(objects);
+        let mut written = written.into_iter();
         type Written = (
             Result<Vec<pb::PutReceipt>>,
             bool,
@@ -583,10 +664,20 @@ impl Client {
             Vec<u8>,
             Vec<u8>,
         );
-        let mut writes: Vec<Written> = futures::stream::iter(futs)
-            .buffered(self.cfg.batch_concurrency.max(1))
-            .collect()
-            .await;
+        let mut writes: Vec<Written> = Vec::with_capacity(items.len());
+        for (st, digest) in started.into_iter().zip(digests) {
+            // Whether this put started: only ours may be revoked (a
+            // refused PutStart may be another writer's key in flight).
+            if let Err(e) = from_status(st.status) {
+                writes.push((Err(e), false, None, Vec::new(), Vec::new()));
+                continue;
+            }
+            let w = written
+                .next()
+                .unwrap_or_else(|| Err(Error::internal("batch write lost an object")));
+            let w = w.map_err(super::placement_gone_stale);
+            writes.push((w, true, version_of(&st.replicas), st.put_token, digest));
+        }
         let mut ends = Vec::new();
         let mut revokes = pb::BatchPutRevokeRequest::default();
         for (i, (w, started, generation, token, digest)) in writes.iter_mut().enumerate() {

@@ -3,7 +3,7 @@ use crate::frame::{
     Op, Request, Response, Staged, WriteRecord, FLAG_HELD, MAX_READV_ITEMS, MAX_STAGED_LEN,
     RESP_LEN,
 };
-use crate::{check_sub_range, parts, RemoteRange, Transport, Verified};
+use crate::{check_sub_range, parts, RemoteRange, Transport, Verified, WriteItem};
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
@@ -14,7 +14,7 @@ use std::time::Duration;
 use strata_common::grant::MAC_LEN;
 use strata_common::telemetry::TraceParent;
 use strata_common::{Code, Error, Result};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::Instrument;
 
@@ -130,6 +130,14 @@ impl TcpTransport {
     }
 }
 
+/// A batch's results in the caller's order: each slot filled, or an
+/// internal error for one that was lost (never expected).
+fn every_item<T>(out: Vec<Option<Result<T>>>, batch: &str) -> Vec<Result<T>> {
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::internal(format!("{batch} lost an item")))))
+        .collect()
+}
+
 /// One range of a batch read: its index in the caller's list, the range and
 /// the buffer it lands in.
 type BatchItem<'a> = (usize, &'a RemoteRange, Vec<&'a mut [u8]>);
@@ -184,29 +192,37 @@ async fn exchange(s: &mut TcpStream, req: &Request, io: Io<'_>) -> Result<u32, E
             read_response(s, req, &mut bufs, with_crc, hasher).await
         }
         Io::Recorded(_, _, receipt) => {
-            // A node that keeps no records answers with no body.
-            let resp = read_head(s, req).await?;
-            match resp.length {
-                0 => {}
-                n if n == MAC_LEN as u64 => {
-                    let mut mac = [0u8; MAC_LEN];
-                    s.read_exact(&mut mac).await?;
-                    *receipt = Some(mac);
-                }
-                n => {
-                    return Err(Exchange::Io(std::io::Error::other(format!(
-                        "data-plane node answered a write with {n} bytes"
-                    ))))
-                }
-            }
+            *receipt = read_written(s, req, true).await?;
             Ok(0)
         }
     }
 }
 
+/// Reads the answer to a write: the node's receipt when the write carried
+/// a record (`recorded`) and the node keeps records (a node that keeps
+/// none answers with no body), else nothing.
+async fn read_written<R: AsyncRead + Unpin>(
+    s: &mut R,
+    req: &Request,
+    recorded: bool,
+) -> Result<Option<[u8; MAC_LEN]>, Exchange> {
+    let resp = read_head(s, req).await?;
+    match resp.length {
+        0 => Ok(None),
+        n if recorded && n == MAC_LEN as u64 => {
+            let mut mac = [0u8; MAC_LEN];
+            s.read_exact(&mut mac).await?;
+            Ok(Some(mac))
+        }
+        n => Err(Exchange::Io(std::io::Error::other(format!(
+            "data-plane node answered a write with {n} bytes"
+        )))),
+    }
+}
+
 /// Reads a response header to `req`; an error answer (with its message)
 /// is `Exchange::Remote`.
-async fn read_head(s: &mut TcpStream, req: &Request) -> Result<Response, Exchange> {
+async fn read_head<R: AsyncRead + Unpin>(s: &mut R, req: &Request) -> Result<Response, Exchange> {
     let mut rh = [0u8; RESP_LEN];
     s.read_exact(&mut rh).await?;
     let resp = Response::decode(&rh).map_err(|e| Exchange::Io(std::io::Error::other(e)))?;
@@ -675,9 +691,7 @@ impl TcpTransport {
         for (i, r) in futures::future::join_all(futs).await.into_iter().flatten() {
             out[i] = Some(r);
         }
-        out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::internal("batch read lost an item"))))
-            .collect()
+        every_item(out, "batch read")
     }
 
     async fn readv(
@@ -828,6 +842,225 @@ impl TcpTransport {
     }
 }
 
+/// A write's receipt from its node, when it keeps records.
+type Receipt = Option<[u8; MAC_LEN]>;
+
+/// One write of a pipeline: its index in the caller's list, and the write.
+type Piped<'a> = (usize, WriteItem<'a>);
+
+/// Writes' outcomes, by their index in the caller's list.
+type Answered = Vec<(usize, Result<Receipt>)>;
+
+/// Refusals of a grant or record one pipeline takes before it sends no
+/// more (well under the node's `max_refusals`, after which it would hang up
+/// and count this client as hostile): a master that changed keys makes
+/// every grant of the batch fail alike.
+const REFUSALS_PER_PIPELINE: usize = 8;
+
+impl TcpTransport {
+    /// Writes the objects bound for each node back to back on pooled
+    /// connections, reading the answers as they come: one connection and
+    /// one wake-up of the node's connection task for many small writes,
+    /// where each write took a connection and a round trip of its own.
+    /// Nodes serve a connection's requests in order, so this needs nothing
+    /// of them. A pipeline carries at most a chunk's bytes (its time bound
+    /// is one request's), and up to `parallel` run per node at once.
+    /// Objects larger than a chunk are written on their own, chunked, up
+    /// to `parallel` per node at once.
+    async fn write_batch(&self, items: Vec<WriteItem<'_>>) -> Vec<Result<Receipt>> {
+        let mut out: Vec<Option<Result<Receipt>>> = (0..items.len()).map(|_| None).collect();
+        let mut by_node: HashMap<&str, (Vec<Piped<'_>>, Vec<Piped<'_>>)> = HashMap::new();
+        for (i, w) in items.into_iter().enumerate() {
+            let len = parts::total_len(w.parts);
+            if let Err(e) = check_sub_range(w.dst.len(), 0, len) {
+                out[i] = Some(Err(e));
+                continue;
+            }
+            let (piped, alone) = by_node.entry(w.dst.addr.as_str()).or_default();
+            match len == 0 || len > self.cfg.chunk_bytes {
+                true => alone.push((i, w)),
+                false => piped.push((i, w)),
+            }
+        }
+        let at_once = self.cfg.parallel.max(1);
+        let mut nodes = Vec::with_capacity(by_node.len());
+        for (addr, (piped, alone)) in by_node {
+            let mut work: Vec<BoxFuture<'_, Answered>> = Vec::new();
+            let mut lane: Vec<Piped<'_>> = Vec::new();
+            let mut bytes = 0;
+            for item in piped {
+                let len = parts::total_len(item.1.parts);
+                if !lane.is_empty() && bytes + len > self.cfg.chunk_bytes {
+                    work.push(Box::pin(
+                        self.traced_pipeline(addr, std::mem::take(&mut lane)),
+                    ));
+                    bytes = 0;
+                }
+                bytes += len;
+                lane.push(item);
+            }
+            if !lane.is_empty() {
+                work.push(Box::pin(self.traced_pipeline(addr, lane)));
+            }
+            for (i, w) in alone {
+                let write = self.write_in(w.dst, 0, w.parts, w.record);
+                work.push(Box::pin(async move { vec![(i, write.await)] }));
+            }
+            nodes.push(
+                futures::stream::iter(work)
+                    .buffer_unordered(at_once)
+                    .collect::<Vec<_>>(),
+            );
+        }
+        for (i, r) in futures::future::join_all(nodes)
+            .await
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            out[i] = Some(r);
+        }
+        every_item(out, "batch write")
+    }
+
+    /// [`TcpTransport::pipeline`] in a client span when the caller traces.
+    async fn traced_pipeline(&self, addr: &str, lane: Vec<Piped<'_>>) -> Answered {
+        let span = TraceParent::current().is_some().then(|| {
+            tracing::info_span!(
+                "data",
+                otel.name = "data.write",
+                otel.kind = "client",
+                server.address = %addr,
+                items = lane.len(),
+                length = lane.iter().map(|(_, w)| parts::total_len(w.parts)).sum::<usize>(),
+            )
+        });
+        self.pipeline(addr, lane)
+            .instrument(span.unwrap_or_else(tracing::Span::none))
+            .await
+    }
+
+    /// One connection's writes, sent back to back while their answers are
+    /// read. An answer the node gives as an error fails that write alone;
+    /// a broken connection or the time running out fails every write not
+    /// answered yet, whose outcome the caller then treats as unknown, as
+    /// for a single write. The connection is pooled again only when every
+    /// request went out whole and every answer came back.
+    async fn pipeline(&self, addr: &str, lane: Vec<Piped<'_>>) -> Answered {
+        let mut conn = match self.pooled(addr).await {
+            Ok(c) => c,
+            Err(e) => return lane.into_iter().map(|(i, _)| (i, Err(e.clone()))).collect(),
+        };
+        let trace = TraceParent::current();
+        let reqs: Vec<Request> = lane
+            .iter()
+            .map(|(_, w)| {
+                let len = parts::total_len(w.parts);
+                let whole = len as u64 == w.dst.len() && self.records_writes(len);
+                Request {
+                    op: Op::Write,
+                    req_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                    grant: w.dst.scope,
+                    mac: w.dst.mac,
+                    offset: w.dst.scope.offset,
+                    length: len as u64,
+                    flags: 0,
+                    trace,
+                    record: w.record.filter(|_| whole).cloned(),
+                }
+            })
+            .collect();
+        let mut answers: Vec<Option<Result<Receipt>>> = (0..lane.len()).map(|_| None).collect();
+        // Requests sent whole, and refusals of grants or records so far.
+        let sent = std::sync::atomic::AtomicUsize::new(0);
+        let refused = std::sync::atomic::AtomicUsize::new(0);
+        let mut in_step = true;
+        let ran = {
+            let (mut rd, mut wr) = conn.split();
+            let (sent, refused) = (&sent, &refused);
+            let send = async {
+                for (req, (_, w)) in reqs.iter().zip(&lane) {
+                    if refused.load(Ordering::Relaxed) >= REFUSALS_PER_PIPELINE {
+                        break;
+                    }
+                    write_all_gather(&mut wr, &req.encode(), w.parts).await?;
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, std::io::Error>(())
+            };
+            let (answers, reqs, in_step) = (&mut answers, &reqs, &mut in_step);
+            let recv = async move {
+                for (k, (req, slot)) in reqs.iter().zip(answers.iter_mut()).enumerate() {
+                    if k >= sent.load(Ordering::Relaxed)
+                        && refused.load(Ordering::Relaxed) >= REFUSALS_PER_PIPELINE
+                    {
+                        // Not sent, and will not be.
+                        break;
+                    }
+                    match read_written(&mut rd, req, req.record.is_some()).await {
+                        Ok(receipt) => *slot = Some(Ok(receipt)),
+                        Err(Exchange::Remote(e)) => {
+                            if e.code == Code::PermissionDenied {
+                                refused.fetch_add(1, Ordering::Relaxed);
+                            }
+                            // A node refusing the request as such hangs up
+                            // after saying why (as for unknown ops).
+                            if e.code == Code::InvalidArgument {
+                                *in_step = false;
+                            }
+                            *slot = Some(Err(e));
+                        }
+                        Err(Exchange::Io(e)) => return Err(e),
+                    }
+                }
+                Ok(())
+            };
+            let both = async {
+                futures::pin_mut!(send, recv);
+                match futures::future::select(send, recv).await {
+                    // All sent (or sending stopped): answers still coming.
+                    futures::future::Either::Left((Ok(()), recv)) => recv.await,
+                    // The node stopped reading, perhaps after answering
+                    // why: keep what it answered.
+                    futures::future::Either::Left((Err(e), recv)) => {
+                        let _ = recv.await;
+                        Err(e)
+                    }
+                    // Every answer read, or a broken connection.
+                    futures::future::Either::Right((r, _)) => r,
+                }
+            };
+            tokio::time::timeout(self.cfg.io_timeout, both).await
+        };
+        let unanswered = match ran {
+            Ok(Ok(())) => {
+                // A node may answer before it reads a request's bytes, and
+                // then hang up: only a connection that sent everything and
+                // heard back about everything is in step.
+                let whole = sent.load(Ordering::Relaxed) == lane.len();
+                if whole && in_step {
+                    self.repool(addr, Some(conn));
+                }
+                Error::unavailable(format!(
+                    "no answer from {addr}: it refused {REFUSALS_PER_PIPELINE} earlier \
+                     writes' grants on the same connection, so the rest were not sent"
+                ))
+            }
+            Ok(Err(e)) => {
+                Error::unavailable(format!("data-plane connection to {addr} failed: {e}"))
+            }
+            Err(_) => Error::new(
+                Code::Timeout,
+                format!("data-plane request to {addr} timed out"),
+            ),
+        };
+        lane.into_iter()
+            .zip(answers)
+            .map(|((i, _), a)| (i, a.unwrap_or_else(|| Err(unanswered.clone()))))
+            .collect()
+    }
+}
+
 impl Transport for TcpTransport {
     fn write<'a>(
         &'a self,
@@ -854,6 +1087,13 @@ impl Transport for TcpTransport {
         record: Option<&'a WriteRecord>,
     ) -> BoxFuture<'a, Result<Option<[u8; MAC_LEN]>>> {
         Box::pin(self.write_in(dst, 0, parts, record))
+    }
+
+    fn write_many_parts<'a>(
+        &'a self,
+        items: Vec<WriteItem<'a>>,
+    ) -> BoxFuture<'a, Vec<Result<Receipt>>> {
+        Box::pin(self.write_batch(items))
     }
 
     fn read_parts<'a>(
@@ -991,6 +1231,247 @@ mod tests {
         // A request outside the range is refused before anything is sent.
         let e = t.stage(&range(addr), 4000, 97).await.unwrap_err();
         assert_eq!(e.code, Code::InvalidArgument, "{e}");
+    }
+
+    /// How a fake node answers the n-th write of a connection.
+    #[derive(Clone, Copy)]
+    enum Answer {
+        Ok,
+        Refuse,
+        /// Refuses the write's grant.
+        Deny,
+        /// Answers, then hangs up.
+        OkAndClose,
+    }
+
+    /// Per connection, each write's offset and bytes.
+    type Seen = Vec<Vec<(u64, Vec<u8>)>>;
+
+    /// A node that serves writes in order on each connection it accepts,
+    /// as store nodes do, and notes each connection's writes (offset and
+    /// bytes).
+    fn fake_writes_node(answer: fn(usize) -> Answer) -> (String, Arc<Mutex<Seen>>) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let noted = seen.clone();
+        tokio::spawn(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                // As a node's: an answer written just before a close goes
+                // out at once, not held back by Nagle and then dropped by
+                // the reset a close with unread bytes sends.
+                s.set_nodelay(true).unwrap();
+                let conn = {
+                    let mut seen = noted.lock();
+                    seen.push(Vec::new());
+                    seen.len() - 1
+                };
+                let noted = noted.clone();
+                tokio::spawn(async move {
+                    for n in 0.. {
+                        let mut hdr = [0u8; REQ_LEN];
+                        if s.read_exact(&mut hdr).await.is_err() {
+                            return;
+                        }
+                        let (req, ext) = Request::decode(&hdr).unwrap();
+                        let mut block = vec![0u8; ext];
+                        s.read_exact(&mut block).await.unwrap();
+                        let req = req.unwrap();
+                        assert_eq!(req.op, Op::Write);
+                        let mut body = vec![0u8; req.length as usize];
+                        s.read_exact(&mut body).await.unwrap();
+                        noted.lock()[conn].push((req.offset, body));
+                        let a = answer(n);
+                        let (status, msg): (Code, &[u8]) = match a {
+                            Answer::Refuse => (Code::Unavailable, b"fenced; retry shortly"),
+                            Answer::Deny => (Code::PermissionDenied, b"grant does not verify"),
+                            _ => (Code::Ok, b""),
+                        };
+                        let h = Response {
+                            status,
+                            req_id: req.req_id,
+                            length: msg.len() as u64,
+                        }
+                        .encode();
+                        s.write_all(&h).await.unwrap();
+                        s.write_all(msg).await.unwrap();
+                        if matches!(a, Answer::OkAndClose) {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    /// `n` ranges of `len` bytes of one node, and their bytes.
+    fn writes(addr: &str, n: u64, len: usize) -> (Vec<RemoteRange>, Vec<Vec<u8>>) {
+        let ranges = (0..n)
+            .map(|i| {
+                let mut r = range(addr.to_string());
+                r.scope.offset = i * len as u64;
+                r.scope.length = len as u64;
+                r
+            })
+            .collect();
+        let bytes = (0..n).map(|i| vec![i as u8 + 1; len]).collect();
+        (ranges, bytes)
+    }
+
+    /// The writes of `bytes` into `ranges`, through `t`.
+    async fn write_all(
+        t: &TcpTransport,
+        ranges: &[RemoteRange],
+        bytes: &[Vec<u8>],
+    ) -> Vec<Result<Receipt>> {
+        let parts: Vec<[&[u8]; 1]> = bytes.iter().map(|b| [b.as_slice()]).collect();
+        let items = ranges
+            .iter()
+            .zip(&parts)
+            .map(|(dst, p)| WriteItem {
+                dst,
+                parts: p,
+                record: None,
+            })
+            .collect();
+        t.write_many_parts(items).await
+    }
+
+    /// A batch's writes to one node go back to back on one connection, in
+    /// order, and the connection is reused; a write the node refuses fails
+    /// alone.
+    #[tokio::test]
+    async fn a_batch_of_writes_to_one_node_shares_one_connection() {
+        let (addr, seen) = fake_writes_node(|n| match n {
+            2 => Answer::Refuse,
+            _ => Answer::Ok,
+        });
+        let (ranges, bytes) = writes(&addr, 8, 4096);
+        let t = TcpTransport::new(TcpTransportConfig::default());
+        let res = write_all(&t, &ranges, &bytes).await;
+        assert_eq!(res.len(), 8);
+        for (i, r) in res.iter().enumerate() {
+            match i {
+                2 => assert_eq!(r.as_ref().unwrap_err().code, Code::Unavailable, "{r:?}"),
+                _ => assert_eq!(r.as_ref().unwrap(), &None, "write {i}"),
+            }
+        }
+        let seen = seen.lock().clone();
+        assert_eq!(seen.len(), 1, "one connection for the batch");
+        assert_eq!(seen[0].len(), 8);
+        for (i, (offset, body)) in seen[0].iter().enumerate() {
+            assert_eq!((*offset, body), (i as u64 * 4096, &bytes[i]), "write {i}");
+        }
+        assert_eq!(t.pool(&addr).lock().len(), 1, "the connection is reused");
+    }
+
+    /// A node that hangs up mid-batch, while the client is still sending
+    /// (the batch is larger than the sockets' buffers): the writes it
+    /// answered stand, every other one fails retryably, and the connection
+    /// is not reused.
+    #[tokio::test]
+    async fn writes_a_node_never_answered_fail_and_the_connection_goes() {
+        let (addr, seen) = fake_writes_node(|n| match n {
+            2 => Answer::OkAndClose,
+            _ => Answer::Ok,
+        });
+        let (ranges, bytes) = writes(&addr, 16, 1 << 20);
+        let t = TcpTransport::new(TcpTransportConfig {
+            chunk_bytes: 32 << 20,
+            ..Default::default()
+        });
+        let res = write_all(&t, &ranges, &bytes).await;
+        assert_eq!(res.len(), 16);
+        for (i, r) in res.iter().enumerate() {
+            match i {
+                0..=2 => assert_eq!(r.as_ref().unwrap(), &None, "write {i}"),
+                _ => {
+                    let e = r.as_ref().unwrap_err();
+                    assert!(e.retryable(), "write {i}: {e}");
+                }
+            }
+        }
+        assert_eq!(seen.lock()[0].len(), 3);
+        assert!(
+            t.pool(&addr).lock().is_empty(),
+            "a hung-up connection is not reused"
+        );
+    }
+
+    /// A pipeline carries at most a chunk's bytes, and up to `parallel` of
+    /// them run at once: with one at a time, they follow each other on the
+    /// one connection; with four, each has its own, every write in order.
+    #[tokio::test]
+    async fn a_pipeline_carries_a_chunk_and_up_to_parallel_run_at_once() {
+        for (parallel, conns) in [(1, 1), (4, 4)] {
+            let (addr, seen) = fake_writes_node(|_| Answer::Ok);
+            let (ranges, bytes) = writes(&addr, 8, 4096);
+            let t = TcpTransport::new(TcpTransportConfig {
+                chunk_bytes: 8192,
+                parallel,
+                ..Default::default()
+            });
+            let res = write_all(&t, &ranges, &bytes).await;
+            assert_eq!(res.len(), 8);
+            assert!(
+                res.iter().all(|r| r.as_ref().is_ok_and(|r| r.is_none())),
+                "{res:?}"
+            );
+            let mut seen = seen.lock().clone();
+            assert_eq!(seen.len(), conns, "connections with parallel {parallel}");
+            for c in &seen {
+                assert!(
+                    c.windows(2).all(|w| w[0].0 < w[1].0),
+                    "in order on a connection"
+                );
+                assert!(c.len() % 2 == 0, "two writes of 4 KiB a chunk of 8 KiB");
+            }
+            let mut all: Vec<(u64, Vec<u8>)> = seen.drain(..).flatten().collect();
+            all.sort();
+            assert_eq!(all.len(), 8);
+            for (i, (offset, body)) in all.iter().enumerate() {
+                assert_eq!((*offset, body), (i as u64 * 4096, &bytes[i]));
+            }
+        }
+    }
+
+    /// A node that refuses every grant (a master that changed keys): the
+    /// pipeline stops sending after a few refusals, well before the node
+    /// would count the client as hostile; what it did not send fails
+    /// retryably.
+    #[tokio::test]
+    async fn a_pipeline_stops_sending_when_its_grants_are_refused() {
+        let (addr, seen) = fake_writes_node(|_| Answer::Deny);
+        let n = 32;
+        let (ranges, bytes) = writes(&addr, n, 1 << 20);
+        let t = TcpTransport::new(TcpTransportConfig {
+            chunk_bytes: 64 << 20,
+            ..Default::default()
+        });
+        let res = write_all(&t, &ranges, &bytes).await;
+        assert_eq!(res.len(), n as usize);
+        let denied = res
+            .iter()
+            .filter(|r| r.as_ref().is_err_and(|e| e.code == Code::PermissionDenied))
+            .count();
+        let unsent = res
+            .iter()
+            .filter(|r| {
+                r.as_ref()
+                    .is_err_and(|e| e.retryable() && e.message.contains("not sent"))
+            })
+            .count();
+        assert_eq!(denied + unsent, n as usize, "{res:?}");
+        assert!(denied >= REFUSALS_PER_PIPELINE, "{denied} refused");
+        let received = seen.lock()[0].len();
+        assert!(
+            received < n as usize,
+            "the node received all {received} writes"
+        );
     }
 
     /// Any other refusal leaves the connection in step: it is reused.
