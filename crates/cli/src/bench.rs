@@ -11,6 +11,7 @@ mod rebuild;
 mod replay;
 mod report;
 mod scan;
+mod sink;
 mod tiering;
 
 use crate::local::ClusterBuilder;
@@ -43,6 +44,10 @@ pub enum BenchMode {
     /// Clients checked while a nemesis partitions, pauses, kills and slows
     /// hosts of a fleet of network namespaces (root needed)
     Chaos(chaos::ChaosArgs),
+    /// A raw loopback TCP peer that puts land in and gets come from, and
+    /// nothing else: the floor `python -m strata.bench` measures beside
+    /// Strata (prints the address it listens on)
+    Sink(sink::SinkArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -257,6 +262,7 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
         Some(BenchMode::Rebuild(a)) => return rebuild::run(a).await,
         Some(BenchMode::Failover(a)) => return failover::run(a).await,
         Some(BenchMode::Chaos(a)) => return chaos::run(a).await,
+        Some(BenchMode::Sink(a)) => return sink::run(a).await,
         None => {}
     }
     anyhow::ensure!(

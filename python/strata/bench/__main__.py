@@ -9,6 +9,9 @@ the Rust client (``strata bench`` with the same sizes, clients and batch),
 and, when the seed system's wheel is installed (``--seed``), the seed system
 itself: its ``mooncake_master`` and two store processes contributing the same
 DRAM, driven by this script through its own ``MooncakeDistributedStore``.
+Beside them, the floor: the same threads and buffers moving the same bytes
+over raw loopback TCP to ``strata bench sink`` (``raw tcp`` rows, the ``VS
+RAW`` column; ``--no-raw`` skips them).
 
 Without ``--master`` it starts a cluster from the built binaries
 (``--bin-dir``, default ``$STRATA_BIN_DIR`` or ``target/release``): one master
@@ -23,6 +26,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -232,6 +236,85 @@ class Mooncake(Driver):
         self.s.remove_by_regex("^" + prefix.replace(".", r"\."), True)
 
 
+class RawTcp(Driver):
+    """Raw loopback TCP to ``strata bench sink``, from the same threads and
+    buffers: a put sends the bytes and waits for an 8-byte answer, a get asks
+    and reads them; a batch sends its requests back to back on one
+    connection, then reads the answers. No metadata, no placement, no
+    checksum: the floor any store has on this machine's loopback."""
+
+    name = "raw tcp"
+
+    def __init__(self, addr: str) -> None:
+        host, port = addr.rsplit(":", 1)
+        self.addr = (host, int(port))
+        self.local = threading.local()
+
+    def conn(self) -> socket.socket:
+        c = getattr(self.local, "c", None)
+        if c is None:
+            c = socket.create_connection(self.addr)
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.local.c = c
+        return c
+
+    @staticmethod
+    def head(op: int, n: int) -> bytes:
+        return struct.pack("<IIQ", op, 0, n)
+
+    @staticmethod
+    def recv_into(c: socket.socket, mv: memoryview) -> None:
+        while mv.nbytes:
+            n = c.recv_into(mv, mv.nbytes, socket.MSG_WAITALL)
+            if n == 0:
+                raise ConnectionError("the sink hung up")
+            mv = mv[n:]
+
+    def put(self, keys, bufs):
+        c = self.conn()
+        for b in bufs:
+            parts = [memoryview(self.head(1, b.nbytes)), memoryview(b).cast("B")]
+            sent = c.sendmsg(parts)
+            # What one sendmsg did not take goes after it.
+            for p in parts:
+                if sent >= p.nbytes:
+                    sent -= p.nbytes
+                    continue
+                c.sendall(p[sent:])
+                sent = 0
+        acks = memoryview(bytearray(8 * len(bufs)))
+        self.recv_into(c, acks)
+
+    def get(self, keys, bufs):
+        c = self.conn()
+        c.sendall(b"".join(self.head(2, b.nbytes) for b in bufs))
+        for b in bufs:
+            self.recv_into(c, memoryview(b).cast("B"))
+
+    def clear(self, prefix):
+        pass
+
+
+@contextlib.contextmanager
+def raw_sink(strata_bin: Path) -> Iterator[str]:
+    """``strata bench sink`` in a process of its own; yields its address."""
+    procs = Procs()
+    try:
+        p = procs.spawn([str(strata_bin), "bench", "sink"], "sink")
+        log = procs.log_of("sink")
+        deadline = time.monotonic() + 30
+        while True:
+            text = log.read_text(errors="replace")
+            if "listening " in text:
+                yield text.split("listening ", 1)[1].split()[0]
+                return
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"strata bench sink did not start: {text[-2000:]}")
+            time.sleep(0.05)
+    finally:
+        procs.stop()
+
+
 def run_phase(
     driver: Driver,
     op: str,
@@ -390,16 +473,19 @@ def seed_cluster(capacity: int) -> Iterator[Any]:
 def report(rows: List[Row], out: Any) -> None:
     by = {(r.system, r.op, r.size, r.threads): r for r in rows}
     out.write(f"{'SYSTEM':<16} {'OP':<10} {'SIZE':>8} {'THR':>3} {'OPS/S':>10} {'GB/S':>7} "
-              f"{'P50 ms':>8} {'P99 ms':>8}  VS RUST  VS SEED\n")
+              f"{'P50 ms':>8} {'P99 ms':>8}  VS RUST  VS SEED   VS RAW\n")
+
+    def vs(r: Row, system: str) -> str:
+        other = by.get((system, r.op, r.size, r.threads))
+        if other is None or r.system == system or not other.ops_per_s:
+            return ""
+        return f"{r.ops_per_s / other.ops_per_s:6.2f}x"
+
     for r in rows:
-        rust = by.get(("rust client", r.op, r.size, r.threads))
-        seed = by.get(("seed system", r.op, r.size, r.threads))
-        vr = f"{r.ops_per_s / rust.ops_per_s:6.2f}x" if rust and r.system != "rust client" and rust.ops_per_s else ""
-        vs = (f"{r.ops_per_s / seed.ops_per_s:6.2f}x"
-              if seed and r.system != "seed system" and seed.ops_per_s else "")
         p99 = r.pct(0.99)
         out.write(f"{r.system:<16} {r.op:<10} {fmt_size(r.size):>8} {r.threads:>3} {r.ops_per_s:>10.0f} "
-                  f"{r.gbps:>7.3f} {r.pct(0.5):>8.3f} {p99:>8.3f}  {vr:>7}  {vs:>7}\n")
+                  f"{r.gbps:>7.3f} {r.pct(0.5):>8.3f} {p99:>8.3f}  {vs(r, 'rust client'):>7}  "
+                  f"{vs(r, 'seed system'):>7}  {vs(r, 'raw tcp'):>7}\n")
     parts = [r for r in rows if r.system == "python parts"]
     if parts:
         out.write("objects of parts against the same objects in one buffer (python parts / python native):\n")
@@ -427,6 +513,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="the data plane of the started nodes and of every Strata client (ucx: the same-host "
                          "path; needs binaries and a wheel built with the `ucx` feature)")
     ap.add_argument("--no-rust", action="store_true", help="skip the Rust client's rows")
+    ap.add_argument("--no-raw", action="store_true",
+                    help="skip the raw loopback TCP rows (`strata bench sink` from --bin-dir)")
     ap.add_argument("--seed", action="store_true", help="also run the seed system (its wheel must be installed)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     a = ap.parse_args(argv)
@@ -456,6 +544,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         mc.close()
         if not a.no_rust:
             rows += rust_rows(bin_dir / "strata", master, sizes, threads, a.batch, per_phase, progress, a.transport)
+    if not a.no_raw:
+        with raw_sink(bin_dir / "strata") as addr:
+            rows += bench_driver(RawTcp(addr), sizes, threads, a.batch, per_phase, progress)
     if a.seed:
         with seed_cluster(parse_size(a.node_capacity)) as seed:
             rows += bench_driver(Mooncake("seed system", seed), sizes, threads, a.batch, per_phase, progress)
