@@ -323,3 +323,20 @@ pub fn ucx_transport(
     strata_transport::ucx::UcxTransport::new(cfg, tcp, std::sync::Arc::new(MasterRoutes(m)))
         .expect("a UCX transport")
 }
+
+/// A single-threaded runtime and a sibling of `base` made on it, as each
+/// Python thread's blocking calls get them (`crates/python/src/thread_io.rs`):
+/// drive it from the thread that made it.
+pub fn sibling_on_own_runtime(
+    base: &strata_client::Client,
+) -> (tokio::runtime::Runtime, strata_client::Client) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let sib = {
+        let _in = rt.enter();
+        base.sibling().expect("a sibling client")
+    };
+    (rt, sib)
+}

@@ -242,14 +242,7 @@ async fn a_siblings_grpc_calls_survive_its_thread_idling_past_the_keep_alive() {
     let base = c.client().await.unwrap();
     let sibling_base = base.clone();
     let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let sib = {
-            let _in = rt.enter();
-            sibling_base.sibling().unwrap()
-        };
+        let (rt, sib) = strata_tests::sibling_on_own_runtime(&sibling_base);
         let stat = |sib: &strata_client::Client| {
             rt.block_on(async {
                 tokio::time::timeout(

@@ -103,6 +103,57 @@ async fn a_mixed_cluster_serves_ucx_and_tcp_clients() {
     let (w, r) = node_bytes(tcp_admin).await;
     assert!(w > 0.0 && r > 0.0, "the TCP node served its share over TCP");
 
+    // Siblings (Python threads' clients, each on a runtime its thread
+    // drives only while it waits) share the UCX engines and routes and
+    // have TCP connections of their own: two threads read every object,
+    // one-sided from the UCX node (whose TCP data plane still moves
+    // nothing) and over TCP from the other, the second while the first
+    // waits on something else with its runtime undriven.
+    let tcp_read_before = node_bytes(tcp_admin).await.1;
+    let sibling_reads = |base: Client, objs: Vec<(String, Vec<u8>)>| {
+        move |done: std::sync::mpsc::Sender<()>, hold: std::sync::mpsc::Receiver<()>| {
+            let (rt, sib) = strata_tests::sibling_on_own_runtime(&base);
+            rt.block_on(async {
+                for (k, v) in &objs {
+                    let got = tokio::time::timeout(Duration::from_secs(5), sib.get(k)).await;
+                    assert_eq!(&got.expect("a sibling's read ends").unwrap(), v, "{k}");
+                }
+            });
+            done.send(()).unwrap();
+            let _ = hold.recv();
+        }
+    };
+    let (first_done, first_read) = std::sync::mpsc::channel();
+    let (release, first_hold) = std::sync::mpsc::channel();
+    let first = std::thread::spawn({
+        let f = sibling_reads(rdma.clone(), objs.clone());
+        move || f(first_done, first_hold)
+    });
+    first_read
+        .recv()
+        .expect("the first sibling read every object");
+    let (second_done, second_read) = std::sync::mpsc::channel();
+    let (_keep, second_hold) = std::sync::mpsc::channel();
+    let second = std::thread::spawn({
+        let f = sibling_reads(rdma.clone(), objs.clone());
+        move || f(second_done, second_hold)
+    });
+    let second_ok = second_read.recv().is_ok();
+    release.send(()).unwrap();
+    first.join().unwrap();
+    drop(_keep);
+    let joined = second.join();
+    assert!(
+        second_ok && joined.is_ok(),
+        "the second sibling read every object"
+    );
+    assert_eq!(node_bytes(ucx_admin).await, (0.0, 0.0));
+    assert!(node_bytes(tcp_admin).await.1 > tcp_read_before);
+    for (k, v) in &objs {
+        let got = tokio::time::timeout(Duration::from_secs(10), rdma.get(k)).await;
+        assert_eq!(&got.expect("the base's read ends").unwrap(), v, "{k}");
+    }
+
     // A TCP client, and a UCX client without the rdma role, read the same
     // objects; the UCX node serves them over TCP, checking their grants.
     for cfg in [
@@ -302,6 +353,22 @@ async fn a_co_located_node_process_is_attached_to() {
     assert_eq!((ucx.attached_reads(), ucx.one_sided_transfers()), (1, 2));
     assert_eq!(ucx.mapped_reads(), 1);
     assert_eq!(node_bytes(admin).await, (0.0, 0.0), "no byte over TCP");
+    // A sibling, from a thread driving a runtime of its own, reads through
+    // the same route and mapping, counted with this transport's.
+    let sib = ucx.sibling().expect("UCX makes siblings");
+    let (r2, want) = (r.clone(), bytes.clone());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut back = vec![0u8; want.len()];
+        rt.block_on(sib.read(&r2, 0, &mut back)).unwrap();
+        assert!(back == want, "the sibling read it back intact");
+    })
+    .join()
+    .unwrap();
+    assert_eq!((ucx.attached_reads(), ucx.mapped_reads()), (2, 2));
 
     // The mapping outlives the node (its memory file stays while mapped),
     // but the node's words, read from its process after the bytes, do
@@ -312,5 +379,5 @@ async fn a_co_located_node_process_is_attached_to() {
         .expect("a read from a killed node ends");
     let e = res.unwrap_err();
     assert!(e.retryable(), "{e:?}");
-    assert_eq!(ucx.attached_reads(), 1);
+    assert_eq!(ucx.attached_reads(), 2);
 }

@@ -268,7 +268,8 @@ pub async fn connect(s: Settings) -> Result<Shared> {
     } else {
         None
     };
-    let locals = (transport == TransportKind::Tcp && crate::thread_io::enabled()).then(Locals::new);
+    // Every transport makes siblings (`Client::sibling`), UCX too.
+    let locals = crate::thread_io::enabled().then(Locals::new);
     Ok(Shared {
         client: RwLock::new(Some(client)),
         pid: std::process::id(),

@@ -5,11 +5,12 @@
 //! thread switches per network round trip, where a task on the runtime pays
 //! one. On this 2-core machine that was ~35 µs of a 64 KiB get's ~175 µs
 //! (measured against the Rust client's own tasks). So each thread that makes
-//! blocking calls on a TCP `Store` gets a single-threaded runtime and a
+//! blocking calls on a `Store` gets a single-threaded runtime and a
 //! sibling client (its own connections, the location cache and placement
-//! view shared) and drives them itself while it waits: its sockets wake it
-//! directly. Async stores, UCX stores and the embedded segment stay on the
-//! shared runtime. `STRATA_THREAD_IO=0` turns this off.
+//! view shared; over UCX the engines and routes too) and drives them itself
+//! while it waits: its sockets wake it directly. Async stores and the
+//! embedded segment stay on the shared runtime. `STRATA_THREAD_IO=0` turns
+//! this off.
 //!
 //! Lifetimes: a thread's runtime and client end when the thread exits (a
 //! thread-local guard removes them), when the store closes, or when it is

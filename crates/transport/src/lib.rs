@@ -279,6 +279,15 @@ pub trait Transport: Send + Sync + 'static {
 
     fn name(&self) -> &'static str;
 
+    /// A transport of the same configuration with connections of its own,
+    /// sharing what any caller may use (UCX engines, routes), for a caller
+    /// that drives a runtime of its own (the Python client's per-thread
+    /// I/O: a pooled socket belongs to the runtime that made it, driven only
+    /// while its thread waits). `None` where a transport cannot make one.
+    fn sibling(&self) -> Option<std::sync::Arc<dyn Transport>> {
+        None
+    }
+
     /// Whether a read of `r` is refused once the master has freed its range
     /// (a forced remove, a new leader), so a client may keep `r` past its
     /// lookup (the location cache). TCP nodes check every read against

@@ -284,14 +284,16 @@ impl Client {
     /// channel: HTTP/2 connections must answer the master's keep-alive
     /// pings between calls too, and the master drops one left unanswered
     /// for 30 s (an idle thread's next call then failed on a dead
-    /// connection, or waited out the call timeout). TCP only: a UCX
-    /// transport is one per process.
+    /// connection, or waited out the call timeout). A UCX client's sibling
+    /// shares its engines and routes and has TCP connections of its own
+    /// (`Transport::sibling`).
     pub fn sibling(&self) -> Result<Client> {
-        if self.cfg.data_transport != TransportKind::Tcp {
-            return Err(Error::invalid(
-                "only clients of the TCP transport have siblings",
-            ));
-        }
+        let transport = self.transport.sibling().ok_or_else(|| {
+            Error::invalid(format!(
+                "clients of the {} transport have no siblings",
+                self.transport.name()
+            ))
+        })?;
         let calls = self.calls.sibling();
         Ok(Client {
             node_segments: self.node_segments.clone(),
@@ -301,7 +303,7 @@ impl Client {
             // only while its caller waits.
             lease_ends: self.lease_ends.clone(),
             calls,
-            transport: Arc::new(TcpTransport::new(self.cfg.transport.clone())),
+            transport,
             cfg: self.cfg.clone(),
             locations: self.locations.clone(),
         })

@@ -60,6 +60,11 @@ impl TcpTransport {
         }
     }
 
+    /// The configuration it was made with.
+    pub fn config(&self) -> &TcpTransportConfig {
+        &self.cfg
+    }
+
     fn pool(&self, addr: &str) -> Arc<Mutex<Vec<TcpStream>>> {
         self.pools
             .lock()
@@ -1171,6 +1176,10 @@ impl Transport for TcpTransport {
 
     fn name(&self) -> &'static str {
         "tcp"
+    }
+
+    fn sibling(&self) -> Option<Arc<dyn Transport>> {
+        Some(Arc::new(TcpTransport::new(self.cfg.clone())))
     }
 }
 
