@@ -184,17 +184,22 @@ struct Route {
 }
 
 /// Longest a member's heartbeat (a store node's, an SSD owner's) may
-/// take: the master's long poll (at most an interval), then as long again.
-/// A master that holds it longer hangs (paused, cut off), and the member
-/// must try the next one well within `--node-ttl` (at least four
-/// intervals): a new leader waits that long for its members' reports, then
-/// answers for their keys without them. Left to the connections' own
+/// take: the master's long poll (at most an interval), then as long again,
+/// and never less than [`HEARTBEAT_SLACK`] more (a loaded master answering
+/// a little late, or a long log page, is not a hung one). A master that
+/// holds it longer hangs (paused, cut off), and the member must try the
+/// next one well within `--node-ttl` (four intervals from 80 ms on): a
+/// new leader waits that long for its members' reports, then answers for
+/// their keys without them. Left to the connections' own
 /// timeouts (3 s of silence on a quick one, then gRPC's keep-alive on the
 /// same master), a node stayed with a paused leader for seconds, and its
 /// successor, having given up on it, answered its keys NotFound.
 pub fn heartbeat_deadline(interval: Duration) -> Duration {
-    interval * 2
+    interval + interval.max(HEARTBEAT_SLACK)
 }
+
+/// The least time a heartbeat's answer may take beyond the long poll.
+pub const HEARTBEAT_SLACK: Duration = Duration::from_millis(200);
 
 /// Spawns a channel's tasks on one runtime.
 #[derive(Clone)]
@@ -316,11 +321,12 @@ impl Route {
     /// from a list, another address first (a master that hangs would
     /// otherwise be picked again every other time by turns).
     fn forget(&self, addr: &str) {
+        // Lock order: `current`, then `next` (so no pick slips between
+        // forgetting and moving on).
         let mut cur = self.current.lock();
         if cur.as_deref() == Some(addr) {
             *cur = None;
         }
-        drop(cur);
         if let MasterTarget::Addrs(list) = &self.target {
             let mut n = self.next.lock();
             if list.len() > 1 && list[*n % list.len()] == addr {

@@ -242,10 +242,12 @@ mod tests {
             assert_eq!(got, msgs, "every message arrives");
             polls
         };
-        // A window shorter than the gaps but longer than the time to
-        // handle a message: spinning goes on from message to message.
+        // A window longer than a gap (so a busy machine's late wake-up
+        // does not end it: 5 ms did once in a full CI run) but far shorter
+        // than the call (40 gaps): only a window that each message starts
+        // again spins through the second half.
         let late = |p: &[u64]| p[msgs / 2..msgs - 1].iter().copied().min().unwrap();
-        let spun = run(Duration::from_millis(5));
+        let spun = run(Duration::from_millis(30));
         assert!(
             late(&spun) > 20,
             "polls between late messages: {:?}",

@@ -179,7 +179,12 @@ impl Member {
                 drops_applied: through,
                 ..confirm.clone()
             };
-            match self.session.client.owner_heartbeat(ack).await {
+            match self
+                .session
+                .client
+                .owner_heartbeat(self.with_deadline(ack))
+                .await
+            {
                 Ok(c) => {
                     let c = c.into_inner();
                     if self.session.fence.admit(c.term).is_err() {

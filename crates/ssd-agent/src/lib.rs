@@ -211,7 +211,7 @@ pub async fn start(cfg: SsdAgentConfig, shutdown: CancellationToken) -> Result<S
         sparse_below: cfg.sparse_below,
         metrics: metrics.eviction.clone(),
     };
-    let interval = Duration::from_millis(reg.heartbeat_interval_ms);
+    let interval = Duration::from_millis(reg.heartbeat_interval_ms.max(10));
     let m2 = metrics.clone();
     let region2 = region.clone();
     let sd = shutdown.clone();

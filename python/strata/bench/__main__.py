@@ -248,15 +248,25 @@ class RawTcp(Driver):
     def __init__(self, addr: str) -> None:
         host, port = addr.rsplit(":", 1)
         self.addr = (host, int(port))
-        self.local = threading.local()
+        # Connections not in use: as many as threads at once, reused by the
+        # next phase's threads (each costs the sink an arena).
+        self.idle: List[socket.socket] = []
+        self.lock = threading.Lock()
 
-    def conn(self) -> socket.socket:
-        c = getattr(self.local, "c", None)
+    @contextlib.contextmanager
+    def conn(self) -> Iterator[socket.socket]:
+        with self.lock:
+            c = self.idle.pop() if self.idle else None
         if c is None:
             c = socket.create_connection(self.addr)
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.local.c = c
-        return c
+        try:
+            yield c
+        except BaseException:
+            c.close()  # out of step with the sink
+            raise
+        with self.lock:
+            self.idle.append(c)
 
     @staticmethod
     def head(op: int, n: int) -> bytes:
@@ -271,36 +281,44 @@ class RawTcp(Driver):
             mv = mv[n:]
 
     def put(self, keys, bufs):
-        c = self.conn()
-        for b in bufs:
-            parts = [memoryview(self.head(1, b.nbytes)), memoryview(b).cast("B")]
-            sent = c.sendmsg(parts)
-            # What one sendmsg did not take goes after it.
-            for p in parts:
-                if sent >= p.nbytes:
-                    sent -= p.nbytes
-                    continue
-                c.sendall(p[sent:])
-                sent = 0
-        acks = memoryview(bytearray(8 * len(bufs)))
-        self.recv_into(c, acks)
+        with self.conn() as c:
+            for b in bufs:
+                parts = [memoryview(self.head(1, b.nbytes)), memoryview(b).cast("B")]
+                sent = c.sendmsg(parts)
+                # What one sendmsg did not take goes after it.
+                for p in parts:
+                    if sent >= p.nbytes:
+                        sent -= p.nbytes
+                        continue
+                    c.sendall(p[sent:])
+                    sent = 0
+            acks = memoryview(bytearray(8 * len(bufs)))
+            self.recv_into(c, acks)
 
     def get(self, keys, bufs):
-        c = self.conn()
-        c.sendall(b"".join(self.head(2, b.nbytes) for b in bufs))
-        for b in bufs:
-            self.recv_into(c, memoryview(b).cast("B"))
+        with self.conn() as c:
+            c.sendall(b"".join(self.head(2, b.nbytes) for b in bufs))
+            for b in bufs:
+                self.recv_into(c, memoryview(b).cast("B"))
 
     def clear(self, prefix):
         pass
 
+    def close(self) -> None:
+        with self.lock:
+            for c in self.idle:
+                c.close()
+            self.idle.clear()
+
 
 @contextlib.contextmanager
-def raw_sink(strata_bin: Path) -> Iterator[str]:
-    """``strata bench sink`` in a process of its own; yields its address."""
+def raw_sink(strata_bin: Path, arena: int, arenas: int) -> Iterator[str]:
+    """``strata bench sink`` in a process of its own, with ``arenas`` arenas
+    of ``arena`` bytes made before it listens; yields its address."""
     procs = Procs()
     try:
-        p = procs.spawn([str(strata_bin), "bench", "sink"], "sink")
+        p = procs.spawn([str(strata_bin), "bench", "sink", "--arena", str(arena), "--arenas", str(arenas)],
+                        "sink")
         log = procs.log_of("sink")
         deadline = time.monotonic() + 30
         while True:
@@ -545,8 +563,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not a.no_rust:
             rows += rust_rows(bin_dir / "strata", master, sizes, threads, a.batch, per_phase, progress, a.transport)
     if not a.no_raw:
-        with raw_sink(bin_dir / "strata") as addr:
-            rows += bench_driver(RawTcp(addr), sizes, threads, a.batch, per_phase, progress)
+        # An arena per thread, larger than the caches and than 16 of the
+        # largest batches.
+        arena = max(64 << 20, 16 * max(sizes) * a.batch)
+        with raw_sink(bin_dir / "strata", arena, max(threads)) as addr:
+            raw = RawTcp(addr)
+            rows += bench_driver(raw, sizes, threads, a.batch, per_phase, progress)
+            raw.close()
     if a.seed:
         with seed_cluster(parse_size(a.node_capacity)) as seed:
             rows += bench_driver(Mooncake("seed system", seed), sizes, threads, a.batch, per_phase, progress)

@@ -8,7 +8,7 @@
 //! boundary, the kernel's copies, a wake-up each way, and no metadata.
 //!
 //! Wire (little-endian): a request is `op: u32` (1 put, 2 get), 4 bytes
-//! of zeros, `len: u64` (at most [`MAX_LEN`]). A put's `len` bytes follow
+//! of zeros, `len: u64` (at most the arena). A put's `len` bytes follow
 //! and are answered with `len` as 8 bytes; a get is answered with `len`
 //! bytes. Anything else closes the connection.
 
@@ -16,8 +16,6 @@ use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Largest object one request moves.
-const MAX_LEN: u64 = 64 << 20;
 const PUT: u32 = 1;
 const GET: u32 = 2;
 
@@ -28,7 +26,8 @@ pub struct SinkArgs {
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
     /// DRAM per connection that puts land in and gets come from, cycled
-    /// through (larger than the caches)
+    /// through (larger than the caches); also the largest object a request
+    /// may move
     #[arg(long, default_value = "256MiB")]
     pub arena: strata_common::units::ByteSize,
     /// Arenas made before listening (connections at once without making
@@ -52,8 +51,8 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
         a.listen
     );
     anyhow::ensure!(
-        a.arena.0 >= MAX_LEN,
-        "--arena must hold the largest object ({MAX_LEN} bytes)"
+        (1..=1 << 40).contains(&a.arena.0),
+        "--arena must be between 1 byte and 1 TiB"
     );
     let len = a.arena.0 as usize;
     let pool: Pool = Default::default();
@@ -64,8 +63,20 @@ pub async fn run(a: SinkArgs) -> anyhow::Result<()> {
     // The benchmark reads the address it was given from here.
     println!("listening {}", listener.local_addr()?);
     loop {
-        let (s, _) = listener.accept().await?;
-        s.set_nodelay(true)?;
+        // A peer that reset, or no file descriptor left: that connection
+        // fails, not the sink.
+        let s = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "sink: accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if let Err(e) = s.set_nodelay(true) {
+            tracing::warn!(error = %e, "sink: cannot set TCP_NODELAY");
+            continue;
+        }
         let pool = pool.clone();
         tokio::spawn(async move {
             let taken = pool.lock().expect("pool lock").pop();
@@ -89,7 +100,7 @@ async fn serve(mut s: TcpStream, mem: &mut [u8]) -> std::io::Result<()> {
         }
         let op = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
         let len = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
-        if len > MAX_LEN || head[4..8] != [0; 4] {
+        if len > mem.len() as u64 || head[4..8] != [0; 4] {
             return Err(std::io::Error::other(format!(
                 "bad request: op {op}, {len} bytes"
             )));
@@ -116,18 +127,27 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    async fn sink() -> std::net::SocketAddr {
+    /// A sink of one arena of `ARENA` bytes; each connection's end
+    /// (`serve`'s result, or its panic) comes back on the channel.
+    const ARENA: usize = 1 << 20;
+
+    async fn sink() -> (
+        std::net::SocketAddr,
+        tokio::sync::mpsc::UnboundedReceiver<Result<std::io::Result<()>, tokio::task::JoinError>>,
+    ) {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Ok((s, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let mut mem = arena(MAX_LEN as usize);
-                    let _ = serve(s, &mut mem).await;
+                let served = tokio::spawn(async move {
+                    let mut mem = arena(ARENA);
+                    serve(s, &mut mem).await
                 });
+                let _ = tx.send(served.await);
             }
         });
-        addr
+        (addr, rx)
     }
 
     fn head(op: u32, len: u64) -> Vec<u8> {
@@ -139,7 +159,7 @@ mod tests {
     /// reserved field closes the connection.
     #[tokio::test]
     async fn puts_and_gets_are_answered_and_bad_requests_close() {
-        let addr = sink().await;
+        let (addr, mut ended) = sink().await;
         let mut s = TcpStream::connect(addr).await.unwrap();
         s.write_all(&[head(PUT, 5), b"hello".to_vec(), head(GET, 3)].concat())
             .await
@@ -149,7 +169,10 @@ mod tests {
         assert_eq!(u64::from_le_bytes(ack), 5);
         let mut got = [0u8; 3];
         s.read_exact(&mut got).await.unwrap();
-        for bad in [head(PUT, MAX_LEN + 1), head(7, 1), {
+        drop(s);
+        let first = ended.recv().await.unwrap();
+        assert!(matches!(first, Ok(Ok(()))), "{first:?}");
+        for bad in [head(PUT, ARENA as u64 + 1), head(7, 1), {
             let mut h = head(GET, 1);
             h[5] = 1;
             h
@@ -160,6 +183,9 @@ mod tests {
             let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest));
             let n = read.await.expect("the sink hung up").unwrap_or(0);
             assert_eq!(n, 0, "answered a bad request: {bad:?}");
+            // Refused with an error, not a panic.
+            let end = ended.recv().await.unwrap();
+            assert!(matches!(end, Ok(Err(_))), "{bad:?}: {end:?}");
         }
     }
 }

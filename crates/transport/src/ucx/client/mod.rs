@@ -192,6 +192,11 @@ const FETCH_RETRY: Duration = Duration::from_secs(1);
 pub struct UcxTransport {
     shared: Arc<UcxShared>,
     tcp: Arc<TcpTransport>,
+    /// A sibling, on a runtime its thread drives only while it waits: a
+    /// task spawned there (a lent piece's give-back) would wait for the
+    /// thread's next call, so its lent pieces close their connection
+    /// instead (the agent takes the slot back then).
+    own_thread: bool,
 }
 
 /// A UCX client's engines, routes and counters, shared by its siblings
@@ -286,6 +291,7 @@ impl UcxTransport {
         Ok(UcxTransport {
             shared: Arc::new(shared),
             tcp,
+            own_thread: false,
         })
     }
 
@@ -756,6 +762,7 @@ impl Transport for UcxTransport {
         Some(Arc::new(UcxTransport {
             shared: self.shared.clone(),
             tcp,
+            own_thread: true,
         }))
     }
 

@@ -77,12 +77,13 @@ impl UcxTransport {
         // answers, the answer (and the guard made from it) is dropped there,
         // and the piece given back.
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let (tcp, range) = (self.tcp.clone(), src.clone());
+        let (tcp, range, close) = (self.tcp.clone(), src.clone(), self.own_thread);
         let ask = async move {
             let r = tcp.stage_held(&range, at, want).await.map(|(st, held)| {
                 let lent = LentPiece {
                     tcp: tcp.clone(),
                     held: Some(held),
+                    close,
                 };
                 (st, lent)
             });
@@ -223,15 +224,19 @@ impl UcxTransport {
 /// latency nor its cancellation keeps the slot. If the give-back cannot be
 /// sent, the connection closes and the agent takes the slot back then
 /// (agents that predate held leases: after its TTL).
+/// A sibling's pieces (`UcxTransport::own_thread`) close their connection
+/// instead: a task on its thread's runtime would run only at its next call.
 struct LentPiece {
     tcp: Arc<TcpTransport>,
     held: Option<crate::tcp::HeldLease>,
+    close: bool,
 }
 
 impl Drop for LentPiece {
     fn drop(&mut self) {
-        if let Some(held) = self.held.take() {
-            crate::tcp::spawn_give_back_held(self.tcp.clone(), held);
+        match self.held.take() {
+            Some(held) if !self.close => crate::tcp::spawn_give_back_held(self.tcp.clone(), held),
+            _ => {}
         }
     }
 }
