@@ -133,7 +133,7 @@ async fn a_mixed_cluster_serves_ucx_and_tcp_clients() {
         .recv()
         .expect("the first sibling read every object");
     let (second_done, second_read) = std::sync::mpsc::channel();
-    let (_keep, second_hold) = std::sync::mpsc::channel();
+    let (keep_second, second_hold) = std::sync::mpsc::channel();
     let second = std::thread::spawn({
         let f = sibling_reads(rdma.clone(), objs.clone());
         move || f(second_done, second_hold)
@@ -141,7 +141,7 @@ async fn a_mixed_cluster_serves_ucx_and_tcp_clients() {
     let second_ok = second_read.recv().is_ok();
     release.send(()).unwrap();
     first.join().unwrap();
-    drop(_keep);
+    drop(keep_second);
     let joined = second.join();
     assert!(
         second_ok && joined.is_ok(),

@@ -185,7 +185,7 @@ struct Route {
 
 /// Longest a member's heartbeat (a store node's, an SSD owner's) may
 /// take: the master's long poll (at most an interval), then as long again,
-/// and never less than [`HEARTBEAT_SLACK`] more (a loaded master answering
+/// and never less than `HEARTBEAT_SLACK` more (a loaded master answering
 /// a little late, or a long log page, is not a hung one). A master that
 /// holds it longer hangs (paused, cut off), and the member must try the
 /// next one well within `--node-ttl` (four intervals from 80 ms on): a
@@ -199,7 +199,7 @@ pub fn heartbeat_deadline(interval: Duration) -> Duration {
 }
 
 /// The least time a heartbeat's answer may take beyond the long poll.
-pub const HEARTBEAT_SLACK: Duration = Duration::from_millis(200);
+const HEARTBEAT_SLACK: Duration = Duration::from_millis(200);
 
 /// Spawns a channel's tasks on one runtime.
 #[derive(Clone)]

@@ -319,16 +319,8 @@ def raw_sink(strata_bin: Path, arena: int, arenas: int) -> Iterator[str]:
     try:
         p = procs.spawn([str(strata_bin), "bench", "sink", "--arena", str(arena), "--arenas", str(arenas)],
                         "sink")
-        log = procs.log_of("sink")
-        deadline = time.monotonic() + 30
-        while True:
-            text = log.read_text(errors="replace")
-            if "listening " in text:
-                yield text.split("listening ", 1)[1].split()[0]
-                return
-            if p.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"strata bench sink did not start: {text[-2000:]}")
-            time.sleep(0.05)
+        text = procs.wait_for("sink", p, "listening ", 30)
+        yield text.split("listening ", 1)[1].split()[0]
     finally:
         procs.stop()
 
@@ -465,12 +457,7 @@ def seed_cluster(capacity: int) -> Iterator[Any]:
         for i in range(2):
             p = procs.spawn([sys.executable, "-c", SEED_STORE, meta, str(capacity), f"127.0.0.1:{rpc}"],
                             f"mooncake-store-{i}")
-            deadline = time.monotonic() + 60
-            log = procs.dir / f"mooncake-store-{i}.log"
-            while b"ready" not in log.read_bytes():
-                if p.poll() is not None or b"failed" in log.read_bytes() or time.monotonic() > deadline:
-                    raise RuntimeError(f"seed store process: {log.read_text(errors='replace')[-2000:]}")
-                time.sleep(0.1)
+            procs.wait_for(f"mooncake-store-{i}", p, "ready", 60, fail="failed")
         from mooncake.store import MooncakeDistributedStore as Seed
 
         s = Seed()

@@ -50,6 +50,20 @@ class Procs:
         """Where the process spawned as ``name`` writes its output."""
         return self.dir / f"{name}.log"
 
+    def wait_for(self, name: str, proc: subprocess.Popen, marker: str, timeout: float,
+                 fail: Optional[str] = None) -> str:
+        """Waits until the output of ``proc`` (spawned as ``name``) holds
+        ``marker`` and returns it; fails at once if the process exits or
+        writes ``fail``, or after ``timeout`` seconds, with the end of it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log_of(name).read_text(errors="replace")
+            if marker in text:
+                return text
+            if proc.poll() is not None or (fail is not None and fail in text) or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start: {text[-2000:]}")
+            time.sleep(0.05)
+
     def spawn(self, args: List[str], name: str, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
         log = open(self.log_of(name), "wb")
         p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})

@@ -60,9 +60,10 @@ impl TcpTransport {
         }
     }
 
-    /// The configuration it was made with.
-    pub fn config(&self) -> &TcpTransportConfig {
-        &self.cfg
+    /// A transport of the same configuration with no connections yet (a
+    /// sibling's: `Transport::sibling`, UCX's too).
+    pub fn fresh(&self) -> TcpTransport {
+        TcpTransport::new(self.cfg.clone())
     }
 
     fn pool(&self, addr: &str) -> Arc<Mutex<Vec<TcpStream>>> {
@@ -1179,7 +1180,7 @@ impl Transport for TcpTransport {
     }
 
     fn sibling(&self) -> Option<Arc<dyn Transport>> {
-        Some(Arc::new(TcpTransport::new(self.cfg.clone())))
+        Some(Arc::new(self.fresh()))
     }
 }
 

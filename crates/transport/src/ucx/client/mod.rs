@@ -758,10 +758,9 @@ impl Transport for UcxTransport {
     /// Shares the engines, routes and counters; its TCP connections (for
     /// nodes without UCX, and fallbacks) are its own.
     fn sibling(&self) -> Option<Arc<dyn Transport>> {
-        let tcp = Arc::new(TcpTransport::new(self.tcp.config().clone()));
         Some(Arc::new(UcxTransport {
             shared: self.shared.clone(),
-            tcp,
+            tcp: Arc::new(self.tcp.fresh()),
             own_thread: true,
         }))
     }
