@@ -104,9 +104,10 @@ fn ucx_between_hosts_never_takes_the_same_host_path() {
             (
                 ucx.attached_reads(),
                 ucx.mapped_reads(),
+                ucx.mapped_writes(),
                 ucx.shared_memory_transfers()
             ),
-            (0, 0, 0),
+            (0, 0, 0, 0),
             "the same-host path taken across hosts"
         );
         assert_eq!(node_tcp_bytes(&f).await, (0.0, 0.0), "no byte over TCP");
@@ -114,7 +115,7 @@ fn ucx_between_hosts_never_takes_the_same_host_path() {
     });
 
     // On the node's own host: the same object is read by attach, and a
-    // write goes through the shared-memory engine.
+    // write copies into the node's segment mapped here.
     near.block_on(async {
         let mut m = master_client(&f, &t.rdma);
         let ucx = ucx_transport(m.clone());
@@ -124,12 +125,13 @@ fn ucx_between_hosts_never_takes_the_same_host_path() {
         assert_eq!((ucx.attached_reads(), ucx.mapped_reads()), (1, 1));
         let near_bytes = payload(3, 1 << 20);
         let w = put_through(&mut m, &ucx, "near", &near_bytes).await;
-        // One-sided (the attached read and the write), the write given to
-        // the shared-memory engine (its fence probe may be too).
+        // One-sided (the attached read and the write), the write into the
+        // mapping, not through the shared-memory engine.
         assert_eq!(ucx.one_sided_transfers(), 2);
-        assert!(
-            ucx.shared_memory_transfers() >= 1,
-            "the write over shared memory"
+        assert_eq!(
+            (ucx.mapped_writes(), ucx.shared_memory_transfers()),
+            (1, 0),
+            "the write into the mapped segment"
         );
         ucx.read(&w, 0, &mut back[..near_bytes.len()])
             .await

@@ -348,10 +348,10 @@ async fn a_co_located_node_process_is_attached_to() {
     let crc = ucx.read_crc32c(&r, 0, &mut back).await.unwrap();
     assert!(back == bytes, "read back intact");
     assert_eq!(crc, got.crc32c);
-    // The write went through UCX shared memory, the read by attach,
-    // copied from the node's shared segment mapped into this process.
+    // The write copied into the node's shared segment mapped into this
+    // process, the read by attach, copied from the same mapping.
     assert_eq!((ucx.attached_reads(), ucx.one_sided_transfers()), (1, 2));
-    assert_eq!(ucx.mapped_reads(), 1);
+    assert_eq!((ucx.mapped_reads(), ucx.mapped_writes()), (1, 1));
     assert_eq!(node_bytes(admin).await, (0.0, 0.0), "no byte over TCP");
     // A sibling, from a thread driving a runtime of its own, reads through
     // the same route and mapping, counted with this transport's.
@@ -380,4 +380,10 @@ async fn a_co_located_node_process_is_attached_to() {
     let e = res.unwrap_err();
     assert!(e.retryable(), "{e:?}");
     assert_eq!(ucx.attached_reads(), 2);
+    // Nor is a write taken into the dead node's mapping.
+    let res = tokio::time::timeout(Duration::from_secs(60), ucx.write(&w, 0, &bytes))
+        .await
+        .expect("a write to a killed node ends");
+    assert!(res.unwrap_err().retryable());
+    assert_eq!(ucx.mapped_writes(), 1);
 }

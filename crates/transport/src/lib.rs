@@ -162,17 +162,10 @@ pub trait Transport: Send + Sync + 'static {
         record: Option<&'a frame::WriteRecord>,
     ) -> BoxFuture<'a, Result<Option<[u8; strata_common::grant::MAC_LEN]>>> {
         Box::pin(async move {
-            let joined;
-            let data: &[u8] = match parts {
-                [one] => one,
-                _ => {
-                    joined = parts.concat();
-                    &joined
-                }
-            };
+            let data = parts::joined(parts);
             match record {
-                Some(r) => self.write_recorded(dst, data, r).await,
-                None => self.write(dst, 0, data).await.map(|()| None),
+                Some(r) => self.write_recorded(dst, &data, r).await,
+                None => self.write(dst, 0, &data).await.map(|()| None),
             }
         })
     }

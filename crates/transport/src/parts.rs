@@ -7,6 +7,15 @@ pub fn total_len<B: AsRef<[u8]>>(parts: &[B]) -> usize {
     parts.iter().map(|p| p.as_ref().len()).sum()
 }
 
+/// The parts' concatenation, borrowed when there is one part (transports
+/// that send from one buffer only).
+pub fn joined<'a>(parts: &[&'a [u8]]) -> std::borrow::Cow<'a, [u8]> {
+    match parts {
+        [one] => std::borrow::Cow::Borrowed(one),
+        _ => std::borrow::Cow::Owned(parts.concat()),
+    }
+}
+
 /// The crc32c of the parts' concatenation.
 pub fn crc32c<B: AsRef<[u8]>>(parts: &[B]) -> u32 {
     parts

@@ -43,8 +43,9 @@ struct Fixture {
     attached: Box<dyn Fn() -> u64 + Send + Sync>,
     attaches: bool,
     /// Of those, reads copied from the node's shared segment mapped into
-    /// the client, and whether the fixture's client should do them.
-    mapped: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// the client, and writes copied into it; whether the fixture's client
+    /// should do them.
+    mapped: Box<dyn Fn() -> (u64, u64) + Send + Sync>,
     maps: bool,
     /// The node lends staged reads (its transport can read them
     /// one-sided): bytes lent so far, slots lent now, and slots taken back
@@ -136,7 +137,8 @@ async fn ranges_and_bounds(f: Fixture) {
     // node does not check grants, by cross-memory attach where it should.
     assert_eq!((f.one_sided)() > 0, !f.checks_signatures);
     assert_eq!((f.attached)() > 0, f.attaches);
-    assert_eq!((f.mapped)() > 0, f.maps);
+    let (reads, writes) = (f.mapped)();
+    assert_eq!((reads > 0, writes > 0), (f.maps, f.maps));
     (f.kill)();
 }
 
@@ -965,7 +967,7 @@ async fn tcp() -> Fixture {
         unconfirmed: Box::new(|| 0),
         attached: Box::new(|| 0),
         attaches: false,
-        mapped: Box::new(|| 0),
+        mapped: Box::new(|| (0, 0)),
         maps: false,
         lent: Box::new(|| (0, 0, 0)),
         stages: false,
@@ -1339,7 +1341,7 @@ mod ucx {
             unconfirmed: Box::new(move || refused.unconfirmed_reads()),
             attached: Box::new(move || attached.attached_reads()),
             attaches: false,
-            mapped: Box::new(move || mapped.mapped_reads()),
+            mapped: Box::new(move || (mapped.mapped_reads(), mapped.mapped_writes())),
             maps: false,
             lent: Box::new(move || {
                 (
@@ -1556,19 +1558,26 @@ async fn a_refused_attach_goes_through_the_engine() {
     (f.kill)();
 }
 
-/// Writes to a node this client attaches to go through the engine (the
-/// node names its process itself; only reads, whose bytes must pass their
-/// checks, are attached); reads are attached.
+/// Writes to a node this client attaches to copy into its mapped segment
+/// file, and go through the engine when there is none: never through the
+/// kernel into the node's process, which names itself (only reads, whose
+/// bytes must pass their checks, are). Reads are attached either way.
 #[cfg(feature = "ucx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_reads_are_attached() {
-    let f = ucx::attached().await;
-    let w = f.range(0, 8192, PERM_WRITE | PERM_READ, 1);
-    f.transport.write(&w, 0, &data(1, 8192)).await.unwrap();
-    assert_eq!(((f.one_sided)(), (f.attached)()), (1, 0));
-    let mut back = vec![0u8; 8192];
-    f.transport.read(&w, 0, &mut back).await.unwrap();
-    assert_eq!(back, data(1, 8192));
-    assert_eq!(((f.one_sided)(), (f.attached)()), (2, 1));
-    (f.kill)();
+async fn writes_go_into_a_mapped_segment_or_through_the_engine() {
+    for shared in [true, false] {
+        let f = match shared {
+            true => ucx::attached().await,
+            false => ucx::attached_unshared().await,
+        };
+        let w = f.range(0, 8192, PERM_WRITE | PERM_READ, 1);
+        f.transport.write(&w, 0, &data(1, 8192)).await.unwrap();
+        assert_eq!(((f.one_sided)(), (f.attached)()), (1, 0), "{shared}");
+        assert_eq!((f.mapped)(), (0, u64::from(shared)), "{shared}");
+        let mut back = vec![0u8; 8192];
+        f.transport.read(&w, 0, &mut back).await.unwrap();
+        assert_eq!(back, data(1, 8192));
+        assert_eq!(((f.one_sided)(), (f.attached)()), (2, 1), "{shared}");
+        (f.kill)();
+    }
 }

@@ -16,11 +16,14 @@
 //! else is as for any one-sided read of the route: the client checks
 //! bounds, permission and expiry first, and the node's published
 //! revocations after the bytes (a pid another process took fails them, and
-//! so does a node that stopped serving). Only reads: the node names its
-//! process itself, so a node that lied could aim a client's writes at
-//! another process of the client's user, where a read only brings bytes
-//! that must pass the object's checksum. When the kernel refuses, the
-//! route's reads go through the UCX engine instead.
+//! so does a node that stopped serving). The kernel only ever reads: the
+//! node names its process itself, so a node that lied could aim a
+//! client's `process_vm_writev` at any memory of another process of the
+//! client's user, where a read only brings bytes that must pass the
+//! object's checksum. Writes copy into the node's segment file mapped into
+//! this process ([`Mapping`]), which only a Strata segment can be, or go
+//! through the engine. When the kernel refuses, the route's transfers go
+//! through the UCX engine instead.
 
 use parking_lot::Mutex;
 use std::io;
@@ -239,19 +242,27 @@ impl Attached {
     }
 }
 
-/// A co-located node's shared segment (`Segment::new_shared`), mapped
-/// read-only into this process: reads copy (and checksum) straight from
-/// it, with no system call and no kernel copy. It may be written by the
-/// node while read, as RDMA memory is: what a reader copies passes the
-/// object's checksum and the published revocations (read from the node's
-/// process after the bytes, which also fails once the node is gone), or is
-/// not used. The file is sealed against shrinking, so no read of it faults.
+/// A co-located node's shared segment (`Segment::new_shared`), mapped into
+/// this process: reads copy (and checksum) straight from it, and writes
+/// copy straight into it, with no system call and no kernel copy. It may be
+/// written by the node while read, as RDMA memory is: what a reader copies
+/// passes the object's checksum and the published revocations (read from
+/// the node's process after the bytes, which also fails once the node is
+/// gone), or is not used. The file is sealed against shrinking, so no
+/// access to it faults.
+///
+/// Writable where the file may be opened for writing (the node's user):
+/// a write lands only in a sealed memory file named for the route's
+/// segment, bounds-checked against it, never at an address of the node's
+/// process, so a lying node can aim it no further than one-sided writes
+/// under a remote key already reach (see docs/transports.md).
 pub(crate) struct Mapping {
-    ptr: *const u8,
+    ptr: *mut u8,
     len: usize,
+    writable: bool,
 }
 
-// SAFETY: a read-only mapping owned by this value; it is only read, by
+// SAFETY: a shared mapping owned by this value, accessed only by
 // bounds-checked copies.
 unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
@@ -260,7 +271,9 @@ impl Mapping {
     /// Finds the memory file the node `pid` shares for its segment at
     /// `base` (by its name in `/proc/<pid>/fd`, which only a process that
     /// may inspect the node can read), checks that it is sealed against
-    /// shrinking and holds `len` bytes, and maps it read-only.
+    /// shrinking and holds `len` bytes, and maps it: read-write when the
+    /// file opens for writing, else read-only (writes then go through the
+    /// engine).
     fn find(pid: libc::pid_t, base: u64, len: u64) -> io::Result<Mapping> {
         use std::os::fd::AsRawFd;
         let want = format!(
@@ -279,7 +292,14 @@ impl Mapping {
             {
                 continue;
             }
-            let file = std::fs::File::open(&path)?;
+            let (file, writable) = match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+            {
+                Ok(f) => (f, true),
+                Err(_) => (std::fs::File::open(&path)?, false),
+            };
             let fd = file.as_raw_fd();
             // SAFETY: plain queries of a descriptor owned by `file`.
             let (seals, size) = unsafe {
@@ -300,27 +320,42 @@ impl Mapping {
                     "the segment's file holds {size} bytes, not {len}"
                 )));
             }
-            // SAFETY: a read-only shared mapping of `len` bytes of a file
-            // that cannot shrink, at an address the kernel picks.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
+            let prot = match writable {
+                true => libc::PROT_READ | libc::PROT_WRITE,
+                false => libc::PROT_READ,
             };
+            // SAFETY: a shared mapping of `len` bytes of a file that cannot
+            // shrink, at an address the kernel picks.
+            let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
             if p == libc::MAP_FAILED {
                 return Err(io::Error::last_os_error());
             }
-            return Ok(Mapping { ptr: p.cast(), len });
+            return Ok(Mapping {
+                ptr: p.cast(),
+                len,
+                writable,
+            });
         }
         Err(io::Error::new(
             io::ErrorKind::NotFound,
             format!("no {want} in {dir}"),
         ))
+    }
+
+    /// Whether writes may copy into the mapping.
+    pub(crate) fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// The offset in the mapping of `len` bytes at the node's address
+    /// `addr`, where the segment starts at `base`, if they are inside it.
+    fn offset(&self, base: u64, addr: u64, len: usize) -> io::Result<usize> {
+        addr.checked_sub(base)
+            .and_then(|o| usize::try_from(o).ok())
+            .filter(|o| o.checked_add(len).is_some_and(|end| end <= self.len))
+            .ok_or_else(|| {
+                io::Error::other(format!("[{addr:#x}, +{len}) is outside the mapped segment"))
+            })
     }
 
     /// Copies `to.len()` bytes at the node's address `addr` into `to`, and
@@ -332,16 +367,7 @@ impl Mapping {
         to: &mut [u8],
         crc: Option<u32>,
     ) -> io::Result<u32> {
-        let off = addr
-            .checked_sub(base)
-            .and_then(|o| usize::try_from(o).ok())
-            .filter(|o| o.checked_add(to.len()).is_some_and(|end| end <= self.len))
-            .ok_or_else(|| {
-                io::Error::other(format!(
-                    "[{addr:#x}, +{}) is outside the mapped segment",
-                    to.len()
-                ))
-            })?;
+        let off = self.offset(base, addr, to.len())?;
         // SAFETY: in bounds (checked above) of a mapping alive while `self`
         // is; another process may write it meanwhile, which the reader's
         // checks catch (see the type docs).
@@ -354,12 +380,29 @@ impl Mapping {
             }
         })
     }
+
+    /// Copies `from` to the node's address `addr`, inside the mapping.
+    pub(crate) fn write(&self, base: u64, addr: u64, from: &[u8]) -> io::Result<()> {
+        if !self.writable {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "the segment is mapped read-only",
+            ));
+        }
+        let off = self.offset(base, addr, from.len())?;
+        // SAFETY: in bounds (checked above) of a writable mapping alive
+        // while `self` is; raw copies, since others may access the bytes
+        // meanwhile (the grant and the object's checksum decide what
+        // counts, as for a one-sided write).
+        unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), self.ptr.add(off), from.len()) };
+        Ok(())
+    }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: exactly the mapping made in `find`.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 
@@ -503,6 +546,28 @@ mod tests {
         unsafe { seg.slice_mut(0, 1) }.unwrap()[0] = 42;
         m.read(base, base, &mut one, None).unwrap();
         assert_eq!(one, [42]);
+        // And writes through the mapping land in the node's segment, in
+        // bounds only; a read-only mapping takes none.
+        assert!(m.writable(), "the node's user may write its file");
+        m.write(base, base + 8192, &bytes[..5000]).unwrap();
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { seg.slice_mut(8192, 5000) }.unwrap(),
+            &bytes[..5000]
+        );
+        m.write(base, base + (1 << 20) - 1, &[7]).unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { seg.slice_mut((1 << 20) - 1, 1) }.unwrap(), &[7]);
+        m.write(base, base + (1 << 20) - 1, &[7, 7]).unwrap_err();
+        m.write(base, base - 1, &[7]).unwrap_err();
+        let ro = Mapping {
+            writable: false,
+            ..Mapping::find(me.pid as i32, base, 1 << 20).unwrap()
+        };
+        let e = ro.write(base, base, &[9]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        m.read(base, base, &mut one, None).unwrap();
+        assert_eq!(one, [42], "the refused write changed nothing");
         // A route larger than the file is not mapped.
         assert!(Attached::of(me, base, 2 << 20).unwrap().mapped().is_none());
         // No shared file at another address (a heap segment).

@@ -24,7 +24,7 @@ use super::cross_memory::Attached;
 use super::engine::{Engine, Peer};
 use crate::frame::Staged;
 use crate::tcp::TcpTransport;
-use crate::{check_sub_range, RemoteRange, Transport};
+use crate::{check_sub_range, RemoteRange, Transport, WriteItem};
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -76,9 +76,11 @@ struct Route {
     /// A co-located node's process, attached for cross-memory reads
     /// (`cross_memory.rs`) on the caller's thread instead of through the
     /// shared-memory engine. Only with published revocations, which every
-    /// such read checks. Writes go through the engine: the node names its
-    /// process itself, and a write aimed by a lying node at another process
-    /// would be the client's doing, where a read is only checked bytes.
+    /// such read checks. Writes copy into the node's segment file when it
+    /// is mapped writable, else go through the engine, never through the
+    /// kernel: the node names its process itself, and a write aimed by a
+    /// lying node at another process's memory would be the client's doing,
+    /// where a read is only checked bytes.
     attached: Option<Attached>,
 }
 
@@ -226,6 +228,8 @@ pub struct UcxShared {
     attached: std::sync::atomic::AtomicU64,
     /// Of those, copied from a mapped shared segment.
     mapped: std::sync::atomic::AtomicU64,
+    /// Writes copied into a mapped shared segment.
+    mapped_writes: std::sync::atomic::AtomicU64,
     /// Transfers given to the shared-memory engine (co-located peers).
     shared_memory: std::sync::atomic::AtomicU64,
     /// One route fetch at a time: transfers that miss together (a burst
@@ -281,6 +285,7 @@ impl UcxTransport {
             unconfirmed_writes: Default::default(),
             attached: Default::default(),
             mapped: Default::default(),
+            mapped_writes: Default::default(),
             shared_memory: Default::default(),
             fetching: tokio::sync::Mutex::new(()),
             demotions: Default::default(),
@@ -463,6 +468,93 @@ impl UcxTransport {
             [w] => fence.stands(dst, &[header, w]),
             _ => false,
         })
+    }
+
+    /// Writes the concatenation of `parts` at `at` of `dst` one-sided when
+    /// its route allows: `Ok(true)` when written, `Ok(false)` when TCP
+    /// must (no route, a revoked or nearly expired grant, a failed
+    /// transfer), an error for a transfer the grant does not allow.
+    async fn write_one_sided(&self, dst: &RemoteRange, at: u64, parts: &[&[u8]]) -> Result<bool> {
+        let len = crate::parts::total_len(parts);
+        let Path::Ucx(route, deadline) = self.path(dst, at, len, PERM_WRITE).await? else {
+            return Ok(false);
+        };
+        match self.may_write(&route, dst, deadline).await {
+            Ok(true) => {}
+            // Revoked (or spuriously so): the node's fences decide.
+            Ok(false) => {
+                self.unconfirmed_writes.fetch_add(1, Ordering::Relaxed);
+                return Ok(false);
+            }
+            Err(e) => {
+                self.demote(dst, &e);
+                return Ok(false);
+            }
+        }
+        let addr = Self::addr(&route, dst, at);
+        let written = match self.write_mapped(&route, addr, parts, deadline).await {
+            Some(r) => r,
+            None => {
+                let data = crate::parts::joined(parts);
+                let (engine, deadline) = self.engine_for(&route, len, deadline);
+                engine.put_slice(&route.peer, addr, &data, deadline).await
+            }
+        };
+        match written {
+            Ok(()) => {
+                self.one_sided.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Err(e) => {
+                self.demote(dst, &e);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Copies `parts` one after another to `addr` of a co-located node's
+    /// segment mapped writable into this process (no system call, no other
+    /// thread): `None` when the route has none (the engine writes). Large
+    /// writes go a piece at a time, letting other tasks run between
+    /// pieces, and stop once past `deadline`, after which a late piece
+    /// could land in the range's next allocation (TCP writes it then,
+    /// under the node's fences).
+    async fn write_mapped(
+        &self,
+        route: &Route,
+        addr: u64,
+        parts: &[&[u8]],
+        deadline: Instant,
+    ) -> Option<Result<()>> {
+        let a = route.attached.as_ref().filter(|a| a.usable())?;
+        let m = a.mapped().filter(|m| m.writable())?;
+        let mut at = addr;
+        let pieces = parts.iter().flat_map(|p| p.chunks(ATTACHED_PIECE));
+        for (i, piece) in pieces.enumerate() {
+            if i > 0 && i % PIECES_PER_YIELD == 0 {
+                tokio::task::yield_now().await;
+            }
+            if Instant::now() >= deadline {
+                return Some(Err(Error::new(
+                    Code::Unavailable,
+                    "a write to a mapped segment ran past its grant's margin",
+                )));
+            }
+            if let Err(e) = m.write(route.base, at, piece) {
+                return Some(Err(Error::internal(format!("mapped write: {e}"))));
+            }
+            at += piece.len() as u64;
+        }
+        // The bytes are in place before anything (the PutEnd) says so.
+        std::sync::atomic::fence(Ordering::Release);
+        self.mapped_writes.fetch_add(1, Ordering::Relaxed);
+        Some(Ok(()))
+    }
+
+    /// Writes copied into a co-located node's mapped segment (also counted
+    /// in [`UcxTransport::one_sided_transfers`]).
+    pub fn mapped_writes(&self) -> u64 {
+        self.mapped_writes.load(Ordering::Relaxed)
     }
 
     /// One-sided reads done by cross-memory attach (also counted in
@@ -661,27 +753,69 @@ impl Transport for UcxTransport {
         data: &'a [u8],
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            if let Path::Ucx(route, deadline) = self.path(dst, at, data.len(), PERM_WRITE).await? {
-                match self.may_write(&route, dst, deadline).await {
-                    Ok(true) => {
-                        let addr = Self::addr(&route, dst, at);
-                        let (engine, deadline) = self.engine_for(&route, data.len(), deadline);
-                        match engine.put_slice(&route.peer, addr, data, deadline).await {
-                            Ok(()) => {
-                                self.one_sided.fetch_add(1, Ordering::Relaxed);
-                                return Ok(());
-                            }
-                            Err(e) => self.demote(dst, &e),
-                        }
-                    }
-                    // Revoked (or spuriously so): the node's fences decide.
+            if !self.write_one_sided(dst, at, &[data]).await? {
+                self.tcp.write(dst, at, data).await?;
+            }
+            Ok(())
+        })
+    }
+
+    /// One-sided from the parts themselves (into a mapped co-located
+    /// segment, or joined for the engine); else over TCP, which sends
+    /// from several buffers. No record goes with it: whether a write
+    /// reaches the node's CPU is not known before its route is, so this
+    /// transport never records writes (`records_writes`).
+    fn write_parts<'a>(
+        &'a self,
+        dst: &'a RemoteRange,
+        parts: &'a [&'a [u8]],
+        _record: Option<&'a crate::frame::WriteRecord>,
+    ) -> BoxFuture<'a, Result<Option<[u8; strata_common::grant::MAC_LEN]>>> {
+        Box::pin(async move {
+            match self.write_one_sided(dst, 0, parts).await? {
+                true => Ok(None),
+                false => self.tcp.write_parts(dst, parts, None).await,
+            }
+        })
+    }
+
+    /// The one-sided writes all at once; those that go over TCP as one
+    /// batch per node.
+    fn write_many_parts<'a>(
+        &'a self,
+        items: Vec<WriteItem<'a>>,
+    ) -> BoxFuture<'a, Vec<Result<Option<[u8; strata_common::grant::MAC_LEN]>>>> {
+        Box::pin(async move {
+            let tried = futures::future::join_all(
+                items
+                    .iter()
+                    .map(|w| self.write_one_sided(w.dst, 0, w.parts)),
+            )
+            .await;
+            let mut out: Vec<Option<Result<Option<[u8; strata_common::grant::MAC_LEN]>>>> =
+                Vec::with_capacity(items.len());
+            let mut tcp_idx = Vec::new();
+            let mut tcp_items = Vec::new();
+            for (i, (w, t)) in items.into_iter().zip(tried).enumerate() {
+                match t {
+                    Ok(true) => out.push(Some(Ok(None))),
+                    Err(e) => out.push(Some(Err(e))),
                     Ok(false) => {
-                        self.unconfirmed_writes.fetch_add(1, Ordering::Relaxed);
+                        out.push(None);
+                        tcp_idx.push(i);
+                        tcp_items.push(WriteItem { record: None, ..w });
                     }
-                    Err(e) => self.demote(dst, &e),
                 }
             }
-            self.tcp.write(dst, at, data).await
+            if !tcp_items.is_empty() {
+                let done = self.tcp.write_many_parts(tcp_items).await;
+                for (i, r) in tcp_idx.into_iter().zip(done) {
+                    out[i] = Some(r);
+                }
+            }
+            out.into_iter()
+                .map(|r| r.unwrap_or_else(|| Err(Error::internal("batch write lost an item"))))
+                .collect()
         })
     }
 
