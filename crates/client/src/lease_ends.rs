@@ -30,6 +30,9 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(2);
 /// clients on 2 cores): a request per handful of reads halved the get
 /// rate; a few milliseconds is nothing against a lease TTL of seconds.
 const GATHER: Duration = Duration::from_millis(5);
+/// How often a gathering sender looks at its queue (and so how long a
+/// flush may wait).
+const TICK: Duration = Duration::from_millis(1);
 
 enum Msg {
     End(pb::LeaseEnd),
@@ -107,29 +110,43 @@ impl Drop for Lease {
 }
 
 /// Sends what queued, one request at a time: ends gather for `GATHER`
-/// after the first (and while a request is out), a flush sends at once.
+/// after the first (and while a request is out), a flush sends at once
+/// (within a `TICK`).
 async fn send_ends(mut master: MasterClient<MasterChannel>, mut rx: mpsc::Receiver<Msg>) {
     let mut ended = Vec::new();
     let mut flushes = Vec::new();
     while let Some(first) = rx.recv().await {
         let until = tokio::time::Instant::now() + GATHER;
         let mut next = Some(first);
-        while let Some(msg) = next.take() {
-            match msg {
-                Msg::End(e) => ended.push(e),
-                Msg::Flush(f) => flushes.push(f),
+        let mut closed = false;
+        loop {
+            while let Some(msg) = next.take() {
+                match msg {
+                    Msg::End(e) => ended.push(e),
+                    Msg::Flush(f) => flushes.push(f),
+                }
+                if ended.len() >= PER_REQUEST {
+                    break;
+                }
+                next = match rx.try_recv() {
+                    Ok(m) => Some(m),
+                    Err(mpsc::error::TryRecvError::Empty) => None,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        closed = true;
+                        None
+                    }
+                };
             }
-            if ended.len() >= PER_REQUEST {
+            let now = tokio::time::Instant::now();
+            if closed || ended.len() >= PER_REQUEST || !flushes.is_empty() || now >= until {
                 break;
             }
-            next = match rx.try_recv() {
-                Ok(m) => Some(m),
-                Err(_) if !flushes.is_empty() => None,
-                Err(_) => tokio::time::timeout_at(until, rx.recv())
-                    .await
-                    .ok()
-                    .flatten(),
-            };
+            // Sleep, rather than wait on the queue: a task waiting on it is
+            // woken by every end, which for a reader on a thread of its own
+            // (the Python client's per-thread I/O) is a thread switch per
+            // read (measured: 64 KiB gets over UCX, 63 against 30 µs).
+            tokio::time::sleep(TICK.min(until - now)).await;
+            next = rx.try_recv().ok();
         }
         if !ended.is_empty() {
             let req = pb::ReportReadsRequest {

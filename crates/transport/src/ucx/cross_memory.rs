@@ -153,6 +153,20 @@ impl Attached {
             Ok(x) => {
                 let x = Arc::new(x);
                 *m = MapState::Mapped(x.clone());
+                let filled = x.clone();
+                let fill = move || {
+                    let started = std::time::Instant::now();
+                    let r = filled.fill();
+                    tracing::debug!(len = filled.len, took_ms = started.elapsed().as_millis() as u64, result = ?r, "filled a co-located segment's page tables");
+                };
+                if x.resident {
+                    if let Err(e) = std::thread::Builder::new()
+                        .name("strata-map-fill".into())
+                        .spawn(fill)
+                    {
+                        tracing::debug!(error = %e, "no thread to fill a mapping's page tables; transfers fault instead");
+                    }
+                }
                 Some(x)
             }
             Err(e) => {
@@ -260,6 +274,9 @@ pub(crate) struct Mapping {
     ptr: *mut u8,
     len: usize,
     writable: bool,
+    /// The file has no holes: its page tables may be filled ahead
+    /// ([`Mapping::fill`]).
+    resident: bool,
 }
 
 // SAFETY: a shared mapping owned by this value, accessed only by
@@ -302,13 +319,13 @@ impl Mapping {
             };
             let fd = file.as_raw_fd();
             // SAFETY: plain queries of a descriptor owned by `file`.
-            let (seals, size) = unsafe {
+            let (seals, size, blocks) = unsafe {
                 let mut st: libc::stat = std::mem::zeroed();
                 let seals = libc::fcntl(fd, libc::F_GET_SEALS);
                 if seals < 0 || libc::fstat(fd, &mut st) != 0 {
                     return Err(io::Error::last_os_error());
                 }
-                (seals, st.st_size)
+                (seals, st.st_size, st.st_blocks)
             };
             if seals & libc::F_SEAL_SHRINK == 0 {
                 return Err(io::Error::other(
@@ -324,6 +341,14 @@ impl Mapping {
                 true => libc::PROT_READ | libc::PROT_WRITE,
                 false => libc::PROT_READ,
             };
+            // A node that prefaulted its segment (the default) has every page
+            // of the file in memory, charged to the node: this mapping's page
+            // tables are then filled ahead of the data path by
+            // [`Mapping::fill`] (a 64 KiB write took 28 µs faulting a page
+            // at a time, 11 µs not). Never for a file with holes: filling
+            // them here would allocate the node's memory in this process's
+            // memory cgroup.
+            let resident = u64::try_from(blocks).unwrap_or(0).saturating_mul(512) >= len as u64;
             // SAFETY: a shared mapping of `len` bytes of a file that cannot
             // shrink, at an address the kernel picks.
             let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0) };
@@ -334,12 +359,32 @@ impl Mapping {
                 ptr: p.cast(),
                 len,
                 writable,
+                resident,
             });
         }
         Err(io::Error::new(
             io::ErrorKind::NotFound,
             format!("no {want} in {dir}"),
         ))
+    }
+
+    /// Fills the mapping's page tables from the node's resident file, so
+    /// transfers take no page fault; a no-op for a file with holes. Tens
+    /// of milliseconds per GiB: on a thread of its own (`Attached::mapped`),
+    /// never a runtime's; transfers meanwhile fault as they go.
+    pub(crate) fn fill(&self) -> io::Result<()> {
+        if !self.resident {
+            return Ok(());
+        }
+        let advice = match self.writable {
+            true => libc::MADV_POPULATE_WRITE,
+            false => libc::MADV_POPULATE_READ,
+        };
+        // SAFETY: exactly this mapping; populating changes no byte.
+        match unsafe { libc::madvise(self.ptr.cast(), self.len, advice) } {
+            0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
     }
 
     /// Whether writes may copy into the mapping.
@@ -529,6 +574,26 @@ mod tests {
             .copy_from_slice(&bytes);
         let a = Attached::of(me, base, 1 << 20).unwrap();
         let m = a.mapped().expect("the node's shared segment is mapped");
+        // Page tables are filled at once only for a file without holes
+        // (a prefaulted segment): never allocating the node's memory here.
+        let fresh = Segment::new_shared(1 << 20, false).unwrap();
+        let at = fresh.as_ptr() as u64;
+        let holes = Mapping::find(me.pid as i32, at, 1 << 20).unwrap();
+        assert!(!holes.resident);
+        holes.fill().unwrap();
+        let in_core = |m: &Mapping| {
+            let mut v = vec![0u8; m.len / 4096];
+            // SAFETY: a plain query of a mapping this test holds.
+            let r = unsafe { libc::mincore(m.ptr.cast(), m.len, v.as_mut_ptr()) };
+            assert_eq!(r, 0);
+            v.iter().filter(|b| **b & 1 == 1).count()
+        };
+        assert_eq!(in_core(&holes), 0, "nothing allocated from here");
+        fresh.prefault();
+        let full = Mapping::find(me.pid as i32, at, 1 << 20).unwrap();
+        assert!(full.resident);
+        full.fill().unwrap();
+        assert_eq!(in_core(&full), 256);
         let mut got = vec![0u8; bytes.len()];
         let c = m.read(base, base + 4096, &mut got, Some(0)).unwrap();
         assert_eq!(got, bytes);
