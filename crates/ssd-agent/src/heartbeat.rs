@@ -101,12 +101,10 @@ impl Member {
         Ok(())
     }
 
-    /// A heartbeat the channel gives up on after `deadline` (a master
-    /// that hangs), which then sends the next one to the next master.
-    fn with_deadline(
-        &self,
-        req: pb::OwnerHeartbeatRequest,
-    ) -> tonic::Request<pb::OwnerHeartbeatRequest> {
+    /// A heartbeat (or a report) the channel gives up on after `deadline`
+    /// (a master that hangs), which then sends the next one to the next
+    /// master.
+    fn with_deadline<T>(&self, req: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(req);
         r.set_timeout(self.deadline);
         r
@@ -204,17 +202,13 @@ impl Member {
     async fn promote(&mut self, promotions: &[pb::PromoteTask]) {
         let results = self.promoter.process(promotions).await;
         let who = &self.who;
-        if let Err(e) = self
-            .session
-            .client
-            .report_promotion(pb::ReportPromotionRequest {
-                owner_id: who.owner_id,
-                epoch: who.epoch,
-                results,
-                instance_proof: who.proof.clone(),
-            })
-            .await
-        {
+        let req = self.with_deadline(pb::ReportPromotionRequest {
+            owner_id: who.owner_id,
+            epoch: who.epoch,
+            results,
+            instance_proof: who.proof.clone(),
+        });
+        if let Err(e) = self.session.client.report_promotion(req).await {
             // The master frees the ranges when they expire.
             tracing::warn!(error = %Error::from(e), "promotion report failed");
         }
@@ -237,22 +231,18 @@ impl Member {
         }
         let results = self.worker.process(tasks).await;
         let who = &self.who;
+        let req = self.with_deadline(pb::ReportOffloadRequest {
+            owner_id: who.owner_id,
+            epoch: who.epoch,
+            results,
+            instance_proof: who.proof.clone(),
+        });
         if self.worker.drop_report() {
             tracing::warn!(
-                tasks = results.len(),
+                tasks = req.get_ref().results.len(),
                 "injected fault: dropping this offload report"
             );
-        } else if let Err(e) = self
-            .session
-            .client
-            .report_offload(pb::ReportOffloadRequest {
-                owner_id: who.owner_id,
-                epoch: who.epoch,
-                results,
-                instance_proof: who.proof.clone(),
-            })
-            .await
-        {
+        } else if let Err(e) = self.session.client.report_offload(req).await {
             // The master expires and requeues the tasks.
             tracing::warn!(error = %Error::from(e), "offload report failed");
         }

@@ -53,11 +53,12 @@ pub(crate) struct Agent {
 }
 
 impl Agent {
-    /// The error of a heartbeat that ran past `deadline`: its master is
-    /// forgotten, so the next call goes to the next one (or the leader
-    /// etcd names).
-    fn hung_master(&self, deadline: Duration) -> strata_common::Error {
-        let addr = self.route.current();
+    /// The error of a heartbeat that ran past `deadline`: its master
+    /// (`called`, the route's pick when it was sent; else the one it picked
+    /// for it) is forgotten, so the next call goes to the next one (or the
+    /// leader etcd names).
+    fn hung_master(&self, deadline: Duration, called: Option<String>) -> strata_common::Error {
+        let addr = called.or_else(|| self.route.current());
         if let Some(a) = &addr {
             self.route.forget(a);
         }
@@ -104,12 +105,13 @@ impl Agent {
                 let t0 = tokio::time::Instant::now();
                 let mut wait = interval;
                 let deadline = strata_common::leader::heartbeat_deadline(interval);
+                let called = self.route.current();
                 let call = tokio::select! {
                     // The master may hold the call for an interval.
                     _ = shutdown.cancelled() => break 'outer,
                     r = tokio::time::timeout(deadline, self.heartbeat(req)) => r,
                 };
-                let call = call.unwrap_or_else(|_| Err(self.hung_master(deadline)));
+                let call = call.unwrap_or_else(|_| Err(self.hung_master(deadline, called)));
                 let answer = call.and_then(|r| self.fence.admit(r.term).map(|()| r));
                 match answer {
                     Ok(r) => {
