@@ -12,6 +12,7 @@ pub mod lend;
 pub mod parts;
 pub mod published;
 pub mod region;
+pub mod stream_copy;
 pub mod tcp;
 #[cfg(feature = "ucx")]
 pub mod ucx;

@@ -438,8 +438,9 @@ impl Mapping {
         // SAFETY: in bounds (checked above) of a writable mapping alive
         // while `self` is; raw copies, since others may access the bytes
         // meanwhile (the grant and the object's checksum decide what
-        // counts, as for a one-sided write).
-        unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), self.ptr.add(off), from.len()) };
+        // counts, as for a one-sided write). Streamed: the node's memory is
+        // not this process's to keep in its caches.
+        unsafe { crate::stream_copy::copy_streaming(from, self.ptr.add(off)) };
         Ok(())
     }
 }
