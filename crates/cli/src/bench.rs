@@ -583,6 +583,25 @@ impl Workload {
         vec![0x5a; self.size as usize]
     }
 
+    /// A client's own `n` buffers: each object of a batch moves from or
+    /// into its own, as an engine's KV pages do (and as `python -m
+    /// strata.bench` does), not one buffer that stays in the CPU's caches.
+    fn buffers(&self, n: usize) -> Vec<Vec<u8>> {
+        (0..n.max(1)).map(|_| self.buffer()).collect()
+    }
+
+    /// Every client's [`Self::buffers`], made (and their pages touched)
+    /// before a phase's clock starts.
+    fn pools(&self, n: usize) -> std::sync::Mutex<Vec<Vec<Vec<u8>>>> {
+        std::sync::Mutex::new((0..self.clients).map(|_| self.buffers(n)).collect())
+    }
+
+    /// One client's buffers from `pools` (made now if none is left).
+    fn take(&self, pools: &std::sync::Mutex<Vec<Vec<Vec<u8>>>>, n: usize) -> Vec<Vec<u8>> {
+        let mine = pools.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        mine.unwrap_or_else(|| self.buffers(n))
+    }
+
     /// Put, get, batch put and batch get, in that order.
     async fn phases(&self, ops: u64) -> anyhow::Result<Vec<Row>> {
         let mut rows = vec![
@@ -620,13 +639,18 @@ impl Workload {
             self.keys,
             self.quiet,
         );
-        let data = Arc::new(self.buffer());
+        let pools = self.pools(ROTATED);
         let el = drive(&phase, self.clients, |_, ph| {
-            let (c, data, keys) = (client.clone(), data.clone(), self.keys_fn("s"));
+            let (c, bufs, keys) = (
+                client.clone(),
+                self.take(&pools, ROTATED),
+                self.keys_fn("s"),
+            );
             async move {
                 while let Some(i) = ph.take() {
+                    let data = &bufs[i as usize % bufs.len()];
                     let t0 = Instant::now();
-                    c.put(&keys(i), &data, &PutOptions::default()).await?;
+                    c.put(&keys(i), data, &PutOptions::default()).await?;
                     ph.record(t0);
                 }
                 Ok(())
@@ -685,12 +709,19 @@ impl Workload {
             ops,
             self.quiet,
         );
+        let pools = self.pools(ROTATED);
         let el = drive(&phase, self.clients, |_, ph| {
-            let (c, mut buf, keys) = (client.clone(), self.buffer(), self.keys_fn("s"));
+            let (c, mut bufs, keys) = (
+                client.clone(),
+                self.take(&pools, ROTATED),
+                self.keys_fn("s"),
+            );
             async move {
                 while let Some(i) = ph.take() {
+                    let n = bufs.len();
+                    let buf = &mut bufs[i as usize % n];
                     let t0 = Instant::now();
-                    c.get_into(&keys(i % over.max(1)), &mut buf).await?;
+                    c.get_into(&keys(i % over.max(1)), buf).await?;
                     ph.record(t0);
                 }
                 Ok(())
@@ -720,15 +751,11 @@ impl Workload {
             batches,
             self.quiet,
         );
-        let data = Arc::new(self.buffer());
+        let pools = self.pools(batch);
         let el = drive(&phase, self.clients, |_, ph| {
-            let (c, data, keys) = (self.client.clone(), data.clone(), self.keys_fn("b"));
+            let (c, keys) = (self.client.clone(), self.keys_fn("b"));
             // Reused like an engine's KV buffers (no fresh pages per batch).
-            let mut bufs: Vec<Vec<u8>> = if put {
-                Vec::new()
-            } else {
-                vec![self.buffer(); batch]
-            };
+            let mut bufs = self.take(&pools, batch);
             async move {
                 while let Some(b) = ph.take() {
                     let names: Vec<String> = (0..batch as u64)
@@ -738,7 +765,8 @@ impl Workload {
                     if put {
                         let items: Vec<(&str, &[u8])> = names
                             .iter()
-                            .map(|k| (k.as_str(), data.as_slice()))
+                            .zip(&bufs)
+                            .map(|(k, b)| (k.as_str(), b.as_slice()))
                             .collect();
                         for r in c.batch_put(&items, &PutOptions::default()).await? {
                             // Keys repeat when the last batch wraps around.
@@ -769,6 +797,10 @@ impl Workload {
         Ok(row)
     }
 }
+
+/// Buffers a client's single puts and gets go round (python -m
+/// strata.bench's pool for single calls is as large).
+const ROTATED: usize = 4;
 
 /// The master's metadata path alone: BatchPutStart + BatchPutEnd +
 /// BatchGetReplicas per batch, no data moved.
