@@ -371,19 +371,19 @@ async fn a_co_located_node_process_is_attached_to() {
     assert_eq!((ucx.attached_reads(), ucx.mapped_reads()), (2, 2));
 
     // The mapping outlives the node (its memory file stays while mapped),
-    // but the node's words, read from its process after the bytes, do
-    // not: a dead node's bytes are never served.
+    // but the node's words, read from its process, do not: a write into
+    // the dead node's file is not taken (first, while the route is still
+    // attached and mapped), and a dead node's bytes are never served.
     drop(node); // SIGKILL
+    let res = tokio::time::timeout(Duration::from_secs(60), ucx.write(&w, 0, &bytes))
+        .await
+        .expect("a write to a killed node ends");
+    assert!(res.unwrap_err().retryable());
+    assert_eq!(ucx.mapped_writes(), 1);
     let res = tokio::time::timeout(Duration::from_secs(60), ucx.read(&r, 0, &mut back))
         .await
         .expect("a read from a killed node ends");
     let e = res.unwrap_err();
     assert!(e.retryable(), "{e:?}");
     assert_eq!(ucx.attached_reads(), 2);
-    // Nor is a write taken into the dead node's mapping.
-    let res = tokio::time::timeout(Duration::from_secs(60), ucx.write(&w, 0, &bytes))
-        .await
-        .expect("a write to a killed node ends");
-    assert!(res.unwrap_err().retryable());
-    assert_eq!(ucx.mapped_writes(), 1);
 }

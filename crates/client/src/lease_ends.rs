@@ -109,6 +109,19 @@ impl Drop for Lease {
     }
 }
 
+/// What queued next, without registering for a wake-up; notes a closed
+/// queue in `closed`.
+fn try_next(rx: &mut mpsc::Receiver<Msg>, closed: &mut bool) -> Option<Msg> {
+    match rx.try_recv() {
+        Ok(m) => Some(m),
+        Err(mpsc::error::TryRecvError::Empty) => None,
+        Err(mpsc::error::TryRecvError::Disconnected) => {
+            *closed = true;
+            None
+        }
+    }
+}
+
 /// Sends what queued, one request at a time: ends gather for `GATHER`
 /// after the first (and while a request is out), a flush sends at once
 /// (within a `TICK`).
@@ -128,14 +141,7 @@ async fn send_ends(mut master: MasterClient<MasterChannel>, mut rx: mpsc::Receiv
                 if ended.len() >= PER_REQUEST {
                     break;
                 }
-                next = match rx.try_recv() {
-                    Ok(m) => Some(m),
-                    Err(mpsc::error::TryRecvError::Empty) => None,
-                    Err(mpsc::error::TryRecvError::Disconnected) => {
-                        closed = true;
-                        None
-                    }
-                };
+                next = try_next(&mut rx, &mut closed);
             }
             let now = tokio::time::Instant::now();
             if closed || ended.len() >= PER_REQUEST || !flushes.is_empty() || now >= until {
@@ -146,7 +152,7 @@ async fn send_ends(mut master: MasterClient<MasterChannel>, mut rx: mpsc::Receiv
             // (the Python client's per-thread I/O) is a thread switch per
             // read (measured: 64 KiB gets over UCX, 63 against 30 µs).
             tokio::time::sleep(TICK.min(until - now)).await;
-            next = rx.try_recv().ok();
+            next = try_next(&mut rx, &mut closed);
         }
         if !ended.is_empty() {
             let req = pb::ReportReadsRequest {

@@ -63,7 +63,7 @@ impl RemoteRange {
 }
 
 /// Writes [`Transport::write_many_parts`]' default has in flight at once.
-const WRITES_AT_ONCE: usize = 16;
+pub(crate) const WRITES_AT_ONCE: usize = 16;
 
 /// One object of [`Transport::write_many_parts`]: its bytes (the
 /// concatenation of `parts`) for the whole of `dst`, and the put's record

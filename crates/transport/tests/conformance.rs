@@ -879,15 +879,28 @@ struct Node {
 }
 
 /// A node serving one segment, over TCP and (with `ucx`, its `UCX_TLS`)
-/// UCX; `shared`: a segment co-located clients may map.
+/// UCX; `shared`: a segment co-located clients may map (prefaulted, as a
+/// store node's is by default).
 fn start_node(ucx: Option<&'static str>, shared: bool) -> Node {
+    start_node_with(ucx, shared, true)
+}
+
+/// [`start_node`], prefaulting a shared segment or not (`--prefault
+/// false`: its file has holes).
+fn start_node_with(ucx: Option<&'static str>, shared: bool, prefault: bool) -> Node {
     use prometheus::IntCounter;
     use strata_transport::tcp::{serve, ServerMetrics};
     let key = GrantKey::random();
     let table = Arc::new(SegmentTable::new());
     let served = table.clone();
     let segment = Arc::new(match shared {
-        true => Segment::new_shared(SEGMENT_LEN, false).unwrap(),
+        true => {
+            let s = Segment::new_shared(SEGMENT_LEN, false).unwrap();
+            if prefault {
+                s.prefault();
+            }
+            s
+        }
         false => Segment::new(SEGMENT_LEN).unwrap(),
     });
     let memory = segment.clone();
@@ -1285,6 +1298,17 @@ mod ucx {
         attached_to(false).await.0
     }
 
+    /// [`attached`] to a node whose shared segment was not prefaulted (its
+    /// file has holes): mapped for reads, never written through the
+    /// mapping (the pages a write allocated would be the client's).
+    pub async fn attached_with_holes() -> Fixture {
+        let me = strata_transport::ucx::cross_memory::this_process().cloned();
+        let node = start_node_with(Some("sm,self"), true, false);
+        let (mut f, _) = fixture_on(node, "sm,self", true, me);
+        f.attaches = true;
+        f
+    }
+
     async fn attached_to(shared: bool) -> (Fixture, Arc<Routes>) {
         let me = strata_transport::ucx::cross_memory::this_process().cloned();
         let (mut f, routes) = fixture_on(start_node(Some("sm,self"), shared), "sm,self", true, me);
@@ -1559,25 +1583,28 @@ async fn a_refused_attach_goes_through_the_engine() {
 }
 
 /// Writes to a node this client attaches to copy into its mapped segment
-/// file, and go through the engine when there is none: never through the
-/// kernel into the node's process, which names itself (only reads, whose
-/// bytes must pass their checks, are). Reads are attached either way.
+/// file when the file has no holes, and go through the engine otherwise
+/// (no shared file; a file with holes, whose pages the client's writes
+/// would allocate in its own memory cgroup): never through the kernel
+/// into the node's process, which names itself (only reads, whose bytes
+/// must pass their checks, are). Reads are attached either way.
 #[cfg(feature = "ucx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_go_into_a_mapped_segment_or_through_the_engine() {
-    for shared in [true, false] {
-        let f = match shared {
-            true => ucx::attached().await,
-            false => ucx::attached_unshared().await,
+    for (name, mapped) in [("shared", true), ("unshared", false), ("holes", false)] {
+        let f = match name {
+            "shared" => ucx::attached().await,
+            "unshared" => ucx::attached_unshared().await,
+            _ => ucx::attached_with_holes().await,
         };
         let w = f.range(0, 8192, PERM_WRITE | PERM_READ, 1);
         f.transport.write(&w, 0, &data(1, 8192)).await.unwrap();
-        assert_eq!(((f.one_sided)(), (f.attached)()), (1, 0), "{shared}");
-        assert_eq!((f.mapped)(), (0, u64::from(shared)), "{shared}");
+        assert_eq!(((f.one_sided)(), (f.attached)()), (1, 0), "{name}");
+        assert_eq!((f.mapped)(), (0, u64::from(mapped)), "{name}");
         let mut back = vec![0u8; 8192];
         f.transport.read(&w, 0, &mut back).await.unwrap();
         assert_eq!(back, data(1, 8192));
-        assert_eq!(((f.one_sided)(), (f.attached)()), (2, 1), "{shared}");
+        assert_eq!(((f.one_sided)(), (f.attached)()), (2, 1), "{name}");
         (f.kill)();
     }
 }

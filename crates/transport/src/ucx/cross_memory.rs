@@ -380,11 +380,23 @@ impl Mapping {
             true => libc::MADV_POPULATE_WRITE,
             false => libc::MADV_POPULATE_READ,
         };
-        // SAFETY: exactly this mapping; populating changes no byte.
-        match unsafe { libc::madvise(self.ptr.cast(), self.len, advice) } {
-            0 => Ok(()),
-            _ => Err(io::Error::last_os_error()),
+        // A chunk at a time: one call holds the process's memory map lock
+        // for as long as it runs.
+        const CHUNK: usize = 64 << 20;
+        for off in (0..self.len).step_by(CHUNK) {
+            let len = CHUNK.min(self.len - off);
+            // SAFETY: a range of exactly this mapping; populating changes
+            // no byte.
+            if unsafe { libc::madvise(self.ptr.add(off).cast(), len, advice) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
+        Ok(())
+    }
+
+    /// Whether the node's file has no holes (see [`Mapping::fill`]).
+    pub(crate) fn resident(&self) -> bool {
+        self.resident
     }
 
     /// Whether writes may copy into the mapping.
@@ -557,6 +569,24 @@ mod tests {
         assert!(!gone.usable());
     }
 
+    /// Of `m`, the KiB mapped into this process (`Rss` in /proc/self/smaps).
+    fn mapped_kib(m: &Mapping) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let start = format!("{:x}-", m.ptr as usize);
+        let block = smaps
+            .split_inclusive('\n')
+            .skip_while(|l| !l.starts_with(&start))
+            .skip(1)
+            .take_while(|l| !l.contains('-') || l.contains(':'))
+            .find(|l| l.starts_with("Rss:"))
+            .expect("the mapping is in smaps");
+        block
+            .split_whitespace()
+            .nth(1)
+            .and_then(|k| k.parse().ok())
+            .expect("Rss: N kB")
+    }
+
     /// A node's shared segment is found by its address, mapped, read with
     /// its checksum, and bounds-checked; a heap segment, another address,
     /// and an unsealed file of the right name are not mapped; a refusal
@@ -593,8 +623,12 @@ mod tests {
         fresh.prefault();
         let full = Mapping::find(me.pid as i32, at, 1 << 20).unwrap();
         assert!(full.resident);
-        full.fill().unwrap();
         assert_eq!(in_core(&full), 256);
+        // Filling maps the pages into this process (its resident set for
+        // the mapping goes from nothing to all of it) without touching them.
+        assert_eq!(mapped_kib(&full), 0);
+        full.fill().unwrap();
+        assert_eq!(mapped_kib(&full), 1024);
         let mut got = vec![0u8; bytes.len()];
         let c = m.read(base, base + 4096, &mut got, Some(0)).unwrap();
         assert_eq!(got, bytes);

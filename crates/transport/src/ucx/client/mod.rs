@@ -157,6 +157,17 @@ enum Known {
     Tcp(Instant),
 }
 
+/// How a write into a mapped co-located segment went.
+enum Mapped {
+    /// In place, its grant standing after the bytes.
+    Done,
+    /// Its grant's margin ran out, or the grant was revoked: TCP writes it,
+    /// under the node's fences.
+    NotConfirmed,
+    /// The node's process is gone (or the mapping refused the bytes).
+    Failed(Error),
+}
+
 /// How one transfer goes.
 enum Path {
     /// One-sided, to be done by then.
@@ -492,8 +503,15 @@ impl UcxTransport {
             }
         }
         let addr = Self::addr(&route, dst, at);
-        let written = match self.write_mapped(&route, addr, parts, deadline).await {
-            Some(r) => r,
+        let written = match self.write_mapped(&route, dst, addr, parts, deadline).await {
+            Some(Mapped::Done) => Ok(()),
+            // This write only goes over TCP, where the node's fences decide;
+            // the route stays as it is.
+            Some(Mapped::NotConfirmed) => {
+                self.unconfirmed_writes.fetch_add(1, Ordering::Relaxed);
+                return Ok(false);
+            }
+            Some(Mapped::Failed(e)) => Err(e),
             None => {
                 let data = crate::parts::joined(parts);
                 let (engine, deadline) = self.engine_for(&route, len, deadline);
@@ -514,20 +532,25 @@ impl UcxTransport {
 
     /// Copies `parts` one after another to `addr` of a co-located node's
     /// segment mapped writable into this process (no system call, no other
-    /// thread): `None` when the route has none (the engine writes). Large
-    /// writes go a piece at a time, letting other tasks run between
-    /// pieces, and stop once past `deadline`, after which a late piece
-    /// could land in the range's next allocation (TCP writes it then,
-    /// under the node's fences).
+    /// thread): `None` when the route has no such mapping (the engine
+    /// writes). Only a file without holes is written so (a prefaulted
+    /// node): a page the client's write allocated would be charged to the
+    /// client's memory cgroup. Large writes go a piece at a time, letting
+    /// other tasks run between pieces, and stop once past `deadline`, after
+    /// which a late piece could land in the range's next allocation. The
+    /// published words are read again after the bytes: the mapping outlives
+    /// its node, and a write into a dead node's file, or under a grant
+    /// revoked meanwhile, is not reported done (TCP writes it, or fails).
     async fn write_mapped(
         &self,
         route: &Route,
+        dst: &RemoteRange,
         addr: u64,
         parts: &[&[u8]],
         deadline: Instant,
-    ) -> Option<Result<()>> {
+    ) -> Option<Mapped> {
         let a = route.attached.as_ref().filter(|a| a.usable())?;
-        let m = a.mapped().filter(|m| m.writable())?;
+        let m = a.mapped().filter(|m| m.writable() && m.resident())?;
         let mut at = addr;
         let pieces = parts.iter().flat_map(|p| p.chunks(ATTACHED_PIECE));
         for (i, piece) in pieces.enumerate() {
@@ -535,20 +558,33 @@ impl UcxTransport {
                 tokio::task::yield_now().await;
             }
             if Instant::now() >= deadline {
-                return Some(Err(Error::new(
-                    Code::Unavailable,
-                    "a write to a mapped segment ran past its grant's margin",
-                )));
+                return Some(Mapped::NotConfirmed);
             }
             if let Err(e) = m.write(route.base, at, piece) {
-                return Some(Err(Error::internal(format!("mapped write: {e}"))));
+                return Some(Mapped::Failed(Error::internal(format!(
+                    "mapped write: {e}"
+                ))));
             }
             at += piece.len() as u64;
         }
-        // The bytes are in place before anything (the PutEnd) says so.
-        std::sync::atomic::fence(Ordering::Release);
+        // The bytes are in place before the words are read (and before
+        // anything, the PutEnd, says they are).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(fence) = &route.fence {
+            let word = fence.base + crate::published::word_offset(dst.scope.offset, fence.granule);
+            match a.read_words(fence.base, word) {
+                Ok(words) if fence.stands(dst, &words) => {}
+                Ok(_) => return Some(Mapped::NotConfirmed),
+                Err(e) => {
+                    a.refuse(&e);
+                    return Some(Mapped::Failed(Error::unavailable(format!(
+                        "the co-located node's process is gone: {e}"
+                    ))));
+                }
+            }
+        }
         self.mapped_writes.fetch_add(1, Ordering::Relaxed);
-        Some(Ok(()))
+        Some(Mapped::Done)
     }
 
     /// Writes copied into a co-located node's mapped segment (also counted
@@ -786,12 +822,15 @@ impl Transport for UcxTransport {
         items: Vec<WriteItem<'a>>,
     ) -> BoxFuture<'a, Vec<Result<Option<[u8; strata_common::grant::MAC_LEN]>>>> {
         Box::pin(async move {
-            let tried = futures::future::join_all(
-                items
-                    .iter()
-                    .map(|w| self.write_one_sided(w.dst, 0, w.parts)),
-            )
-            .await;
+            use futures::StreamExt;
+            let mut tries = Vec::with_capacity(items.len());
+            for w in &items {
+                tries.push(self.write_one_sided(w.dst, 0, w.parts));
+            }
+            let tried: Vec<Result<bool>> = futures::stream::iter(tries)
+                .buffered(crate::WRITES_AT_ONCE)
+                .collect()
+                .await;
             let mut out: Vec<Option<Result<Option<[u8; strata_common::grant::MAC_LEN]>>>> =
                 Vec::with_capacity(items.len());
             let mut tcp_idx = Vec::new();
