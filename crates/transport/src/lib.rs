@@ -63,7 +63,17 @@ impl RemoteRange {
 }
 
 /// Writes [`Transport::write_many_parts`]' default has in flight at once.
-pub(crate) const WRITES_AT_ONCE: usize = 16;
+const WRITES_AT_ONCE: usize = 16;
+
+/// Runs `writes` with at most [`WRITES_AT_ONCE`] in flight and returns
+/// their results in order.
+pub(crate) async fn writes_in_order<F: std::future::Future>(writes: Vec<F>) -> Vec<F::Output> {
+    use futures::StreamExt;
+    futures::stream::iter(writes)
+        .buffered(WRITES_AT_ONCE)
+        .collect()
+        .await
+}
 
 /// One object of [`Transport::write_many_parts`]: its bytes (the
 /// concatenation of `parts`) for the whole of `dst`, and the put's record
@@ -181,15 +191,11 @@ pub trait Transport: Send + Sync + 'static {
         items: Vec<WriteItem<'a>>,
     ) -> BoxFuture<'a, Vec<Result<Option<[u8; strata_common::grant::MAC_LEN]>>>> {
         Box::pin(async move {
-            use futures::StreamExt;
             let mut writes = Vec::with_capacity(items.len());
             for w in items {
                 writes.push(self.write_parts(w.dst, w.parts, w.record));
             }
-            futures::stream::iter(writes)
-                .buffered(WRITES_AT_ONCE)
-                .collect()
-                .await
+            writes_in_order(writes).await
         })
     }
 

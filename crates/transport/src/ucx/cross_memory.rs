@@ -573,11 +573,10 @@ mod tests {
     fn mapped_kib(m: &Mapping) -> u64 {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         let start = format!("{:x}-", m.ptr as usize);
+        // The first `Rss:` after the mapping's header line is its own.
         let block = smaps
-            .split_inclusive('\n')
+            .lines()
             .skip_while(|l| !l.starts_with(&start))
-            .skip(1)
-            .take_while(|l| !l.contains('-') || l.contains(':'))
             .find(|l| l.starts_with("Rss:"))
             .expect("the mapping is in smaps");
         block

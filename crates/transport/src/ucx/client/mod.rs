@@ -822,15 +822,11 @@ impl Transport for UcxTransport {
         items: Vec<WriteItem<'a>>,
     ) -> BoxFuture<'a, Vec<Result<Option<[u8; strata_common::grant::MAC_LEN]>>>> {
         Box::pin(async move {
-            use futures::StreamExt;
             let mut tries = Vec::with_capacity(items.len());
             for w in &items {
                 tries.push(self.write_one_sided(w.dst, 0, w.parts));
             }
-            let tried: Vec<Result<bool>> = futures::stream::iter(tries)
-                .buffered(crate::WRITES_AT_ONCE)
-                .collect()
-                .await;
+            let tried = crate::writes_in_order(tries).await;
             let mut out: Vec<Option<Result<Option<[u8; strata_common::grant::MAC_LEN]>>>> =
                 Vec::with_capacity(items.len());
             let mut tcp_idx = Vec::new();
