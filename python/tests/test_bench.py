@@ -51,3 +51,59 @@ def test_a_node_that_cannot_start_fails_the_benchmark_at_once_with_its_log() -> 
     assert "lots" in out.stderr, out.stderr[-3000:]
     # Not after the 60 s the wait for its /ready allows.
     assert took < 30, took
+
+
+class _Fake:
+    """A store whose calls answer what the test sets, for the drivers'
+    prepared calls (no cluster)."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.calls = []
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append((name, args))
+            if isinstance(self.answer, BaseException):
+                raise self.answer
+            return self.answer
+        return call
+
+
+def test_prepared_calls_pass_on_success_and_raise_on_any_failure() -> None:
+    import numpy as np
+    import pytest
+    from strata.bench.__main__ import Mooncake, Native, Parts
+
+    bufs = [np.zeros(8, dtype=np.uint8), np.ones(8, dtype=np.uint8)]
+    keys = ["a", "b"]
+    # The Mooncake API's codes: 0 / bytes read pass, a negative code raises.
+    for op, good, bad in (("put", [0, 0], [0, -704]), ("get", [8, 8], [8, -704])):
+        s = _Fake(good)
+        Mooncake("m", s).prepare(op, keys, bufs)()
+        name, args = s.calls[0]
+        assert name == ("batch_put_from" if op == "put" else "batch_get_into")
+        assert args == (keys, [b.ctypes.data for b in bufs], [8, 8])
+        with pytest.raises(RuntimeError, match="-704"):
+            Mooncake("m", _Fake(bad)).prepare(op, keys, bufs)()
+        single = _Fake(good[0])
+        Mooncake("m", single).prepare(op, keys[:1], bufs[:1])()
+        assert single.calls == [("put_from" if op == "put" else "get_into", ("a", bufs[0].ctypes.data, 8))]
+        with pytest.raises(RuntimeError, match="-704"):
+            Mooncake("m", _Fake(bad[1])).prepare(op, keys[:1], bufs[:1])()
+    # The native API's batches: None / an int per object pass; an
+    # exception in the list is raised.
+    err = KeyError("b")
+    for op, good in (("put", [None, None]), ("get", [8, 8])):
+        for driver in (Native(_Fake(good)), Parts(_Fake(good), 2)):
+            driver.prepare(op, keys, bufs)()
+        for driver in (Native(_Fake([good[0], err])), Parts(_Fake([good[0], err]), 2)):
+            with pytest.raises(KeyError):
+                driver.prepare(op, keys, bufs)()
+    # Single native calls raise what the store raises.
+    with pytest.raises(KeyError):
+        Native(_Fake(err)).prepare("get", keys[:1], bufs[:1])()
+    parts = _Fake(None)
+    Parts(parts, 2).prepare("put", keys[:1], bufs[:1])()
+    name, (key, views) = parts.calls[0]
+    assert (name, key, [v.nbytes for v in views]) == ("put_parts", "a", [4, 4])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -34,7 +35,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -132,11 +133,43 @@ class Driver:
 
     name = ""
 
-    def put(self, keys: List[str], bufs: List[np.ndarray]) -> None: ...
-
-    def get(self, keys: List[str], bufs: List[np.ndarray]) -> None: ...
+    def prepare(self, op: str, keys: List[str], bufs: List[np.ndarray]) -> Callable[[], Any]:
+        """One call (``op`` is put or get), with everything an engine holds
+        beforehand (keys, buffer addresses, part views) made before the clock
+        starts: the rows time the client, not the script building its
+        arguments. The call raises on any failure."""
+        raise NotImplementedError
 
     def clear(self, prefix: str) -> None: ...
+
+
+def _all_none(f: Callable[..., List[Any]], *args: Any) -> None:
+    """A batch put's results: None per object, else its exception."""
+    bad = [r for r in f(*args) if r is not None]
+    if bad:
+        raise bad[0]
+
+
+def _all_ints(f: Callable[..., List[Any]], *args: Any) -> None:
+    """A batch get's results: bytes read per object, else its exception."""
+    bad = [r for r in f(*args) if not isinstance(r, int)]
+    if bad:
+        raise bad[0]
+
+
+def _rc_zero(f: Callable[..., Any], *args: Any) -> None:
+    """A Mooncake call's code (one, or one per key): 0 is success."""
+    rc = f(*args)
+    if (any(r != 0 for r in rc) if isinstance(rc, list) else rc != 0):
+        raise RuntimeError(f"{getattr(f, '__name__', 'call')}: {rc}")
+
+
+def _rc_size(f: Callable[..., Any], *args: Any) -> None:
+    """A Mooncake read's result (one, or one per key): bytes read, or a
+    negative code."""
+    rc = f(*args)
+    if (any(r < 0 for r in rc) if isinstance(rc, list) else rc < 0):
+        raise RuntimeError(f"{getattr(f, '__name__', 'call')}: {rc}")
 
 
 class Native(Driver):
@@ -145,23 +178,12 @@ class Native(Driver):
     def __init__(self, store: Any) -> None:
         self.s = store
 
-    def put(self, keys, bufs):
+    def prepare(self, op, keys, bufs):
         if len(keys) == 1:
-            self.s.put(keys[0], bufs[0])
-        else:
-            res = self.s.batch_put(keys, bufs)
-            bad = [r for r in res if r is not None]
-            if bad:
-                raise bad[0]
-
-    def get(self, keys, bufs):
-        if len(keys) == 1:
-            self.s.get_into(keys[0], bufs[0])
-        else:
-            res = self.s.batch_get_into(keys, bufs)
-            bad = [r for r in res if not isinstance(r, int)]
-            if bad:
-                raise bad[0]
+            return functools.partial(self.s.put if op == "put" else self.s.get_into, keys[0], bufs[0])
+        if op == "put":
+            return functools.partial(_all_none, self.s.batch_put, keys, bufs)
+        return functools.partial(_all_ints, self.s.batch_get_into, keys, bufs)
 
     def clear(self, prefix):
         self.s.remove_prefix(prefix, force=True)
@@ -183,26 +205,17 @@ class Parts(Driver):
         cuts = list(range(0, b.nbytes, step))[: self.n] + [b.nbytes]
         return [b[lo:hi] for lo, hi in zip(cuts, cuts[1:])]
 
-    def put(self, keys, bufs):
-        if len(keys) == 1:
-            self.s.put_parts(keys[0], self.views(bufs[0]))
-        else:
-            res = self.s.batch_put_from_parts(keys, [self.views(b) for b in bufs])
-            bad = [r for r in res if r is not None]
-            if bad:
-                raise bad[0]
-
-    def get(self, keys, bufs):
-        if len(keys) == 1:
-            self.s.get_into_parts(keys[0], self.views(bufs[0]))
-        else:
-            res = self.s.batch_get_into_parts(keys, [self.views(b) for b in bufs])
-            bad = [r for r in res if not isinstance(r, int)]
-            if bad:
-                raise bad[0]
-
     def clear(self, prefix):
         self.s.remove_prefix(prefix, force=True)
+
+    def prepare(self, op, keys, bufs):
+        views = [self.views(b) for b in bufs]
+        if len(keys) == 1:
+            f = self.s.put_parts if op == "put" else self.s.get_into_parts
+            return functools.partial(f, keys[0], views[0])
+        if op == "put":
+            return functools.partial(_all_none, self.s.batch_put_from_parts, keys, views)
+        return functools.partial(_all_ints, self.s.batch_get_into_parts, keys, views)
 
 
 class Mooncake(Driver):
@@ -212,28 +225,19 @@ class Mooncake(Driver):
         self.name = name
         self.s = store
 
-    def put(self, keys, bufs):
-        if len(keys) == 1:
-            rc = self.s.put_from(keys[0], bufs[0].ctypes.data, bufs[0].nbytes)
-            if rc != 0:
-                raise RuntimeError(f"put_from: {rc}")
-        else:
-            rc = self.s.batch_put_from(keys, [b.ctypes.data for b in bufs], [b.nbytes for b in bufs])
-            if any(r != 0 for r in rc):
-                raise RuntimeError(f"batch_put_from: {rc}")
-
-    def get(self, keys, bufs):
-        if len(keys) == 1:
-            rc = self.s.get_into(keys[0], bufs[0].ctypes.data, bufs[0].nbytes)
-            if rc < 0:
-                raise RuntimeError(f"get_into: {rc}")
-        else:
-            rc = self.s.batch_get_into(keys, [b.ctypes.data for b in bufs], [b.nbytes for b in bufs])
-            if any(r < 0 for r in rc):
-                raise RuntimeError(f"batch_get_into: {rc}")
-
     def clear(self, prefix):
         self.s.remove_by_regex("^" + prefix.replace(".", r"\."), True)
+
+    def prepare(self, op, keys, bufs):
+        # Engines hand over addresses of memory they registered once.
+        ptrs, sizes = [b.ctypes.data for b in bufs], [b.nbytes for b in bufs]
+        if len(keys) == 1:
+            if op == "put":
+                return functools.partial(_rc_zero, self.s.put_from, keys[0], ptrs[0], sizes[0])
+            return functools.partial(_rc_size, self.s.get_into, keys[0], ptrs[0], sizes[0])
+        if op == "put":
+            return functools.partial(_rc_zero, self.s.batch_put_from, keys, ptrs, sizes)
+        return functools.partial(_rc_size, self.s.batch_get_into, keys, ptrs, sizes)
 
 
 class RawTcp(Driver):
@@ -301,6 +305,9 @@ class RawTcp(Driver):
             for b in bufs:
                 self.recv_into(c, memoryview(b).cast("B"))
 
+    def prepare(self, op, keys, bufs):
+        return functools.partial(self.put if op == "put" else self.get, keys, bufs)
+
     def clear(self, prefix):
         pass
 
@@ -340,18 +347,28 @@ def run_phase(
     errors: List[BaseException] = []
     barrier = threading.Barrier(threads + 1)
 
+    def plan(t: int) -> List[Callable[[], Any]]:
+        mine = bufs[t]
+        out = []
+        for c in range(calls):
+            keys = [f"{prefix}{t}-{c}-{j}" for j in range(batch)]
+            chunk = mine[(c * batch) % len(mine):][:batch]
+            if len(chunk) < batch:
+                chunk = mine[:batch]
+            out.append(driver.prepare(op, keys, chunk))
+        return out
+
+    plans = [plan(t) for t in range(threads)]
+
     def work(t: int) -> None:
         try:
+            mine, took = plans[t], lat[t]
+            clock = time.perf_counter
             barrier.wait()
-            mine = bufs[t]
-            for c in range(calls):
-                keys = [f"{prefix}{t}-{c}-{j}" for j in range(batch)]
-                chunk = mine[(c * batch) % len(mine):][:batch]
-                if len(chunk) < batch:
-                    chunk = mine[:batch]
-                t0 = time.perf_counter()
-                (driver.put if op == "put" else driver.get)(keys, chunk)
-                lat[t].append(time.perf_counter() - t0)
+            for call in mine:
+                t0 = clock()
+                call()
+                took.append(clock() - t0)
         except BaseException as e:  # noqa: BLE001 - reported by the caller
             errors.append(e)
             with contextlib.suppress(threading.BrokenBarrierError):
