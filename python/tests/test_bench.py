@@ -22,7 +22,7 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_benchmark_runs_every_driver_the_rust_client_and_raw_tcp() -> None:
     out = run_bench("--node-capacity", "64MiB", "--sizes", "4KiB", "--threads", "1", "--batch", "4",
-                    "--bytes", "64KiB", "--parts", "2", "--transport", "tcp", "--json")
+                    "--bytes", "64KiB", "--parts", "2", "--transport", "tcp", "--rounds", "2", "--json")
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads(out.stdout)["rows"]
     want = {"put", "get", "batch_put", "batch_get"}
@@ -32,7 +32,31 @@ def test_the_benchmark_runs_every_driver_the_rust_client_and_raw_tcp() -> None:
         for r in mine:
             assert r["size"] == 4096 and r["threads"] == 1, r
             assert r["ops"] > 0 and r["ops_per_s"] > 0, r
+            # Two rounds, the row being the slower (the lower median).
+            assert len(r["rounds_ops_per_s"]) == 2, r
+            assert r["ops_per_s"] == min(r["rounds_ops_per_s"]), r
     assert len(rows) == 20, rows
+
+
+def test_rounds_are_merged_into_the_median_round_of_each_row() -> None:
+    from strata.bench.__main__ import Row, median_rows
+
+    def row(system: str, ops: int) -> Row:
+        return Row(system, "get", 4096, 1, 1, ops, 1.0, lat=[ops / 1e6])
+
+    rounds = [[row("a", 30), row("b", 5)], [row("a", 10), row("b", 7)], [row("a", 20), row("b", 6)]]
+    merged = {r.system: r for r in median_rows(rounds)}
+    assert sorted(merged) == ["a", "b"]
+    assert merged["a"].ops_per_s == 20 and merged["a"].rounds == [30, 10, 20]
+    assert merged["a"].lat == [20 / 1e6]  # the median round's own latencies
+    assert merged["b"].ops_per_s == 6 and merged["b"].rounds == [5, 7, 6]
+
+
+def test_zero_rounds_are_refused() -> None:
+    out = run_bench("--rounds", "0", "--json")
+    assert out.returncode == 2
+    assert "--rounds must be at least 1, not 0" in out.stderr
+    assert out.stdout == ""
 
 
 def test_an_unknown_transport_is_refused_before_anything_starts() -> None:

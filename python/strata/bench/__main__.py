@@ -13,6 +13,9 @@ Beside them, the floor: the same threads and buffers moving the same bytes
 over raw loopback TCP to ``strata bench sink`` (``raw tcp`` rows, the ``VS
 RAW`` column; ``--no-raw`` skips them).
 
+Rates on a small machine swing from run to run; ``--rounds N`` times every
+system N times in turn and reports each row's median round (and the range).
+
 Without ``--master`` it starts a cluster from the built binaries
 (``--bin-dir``, default ``$STRATA_BIN_DIR`` or ``target/release``): one master
 and two store nodes of ``--node-capacity``, on loopback, no credentials.
@@ -82,6 +85,8 @@ class Row:
     # Percentiles measured elsewhere (the Rust client's own report).
     given_p50: Optional[float] = None
     given_p99: Optional[float] = None
+    # With --rounds: every round's ops/s (this row is the median round's).
+    rounds: List[float] = field(default_factory=list)
 
     @property
     def ops_per_s(self) -> float:
@@ -106,7 +111,26 @@ class Row:
             "system": self.system, "op": self.op, "size": self.size, "threads": self.threads,
             "batch": self.batch, "ops": self.ops, "ops_per_s": self.ops_per_s, "gb_per_s": self.gbps,
             "p50_ms": self.pct(0.5), "p99_ms": self.pct(0.99), "note": self.note,
+            "rounds_ops_per_s": self.rounds or [self.ops_per_s],
         }
+
+
+def median_rows(rounds: List[List[Row]]) -> List[Row]:
+    """One row per system, op, size and threads: the round of median ops/s
+    (its latencies too), with every round's rate kept. On this 2-core VM a
+    row's rate swings by a fifth from run to run; the median of several
+    rounds, each timing every system in turn, is what to compare."""
+    keyed: Dict[Any, List[Row]] = {}
+    for rows in rounds:
+        for r in rows:
+            keyed.setdefault((r.system, r.op, r.size, r.threads), []).append(r)
+    out = []
+    for same in keyed.values():
+        ranked = sorted(same, key=lambda r: r.ops_per_s)
+        mid = ranked[(len(ranked) - 1) // 2]
+        mid.rounds = [r.ops_per_s for r in same]
+        out.append(mid)
+    return out
 
 
 class Progress:
@@ -494,8 +518,9 @@ def seed_cluster(capacity: int) -> Iterator[Any]:
 
 def report(rows: List[Row], out: Any) -> None:
     by = {(r.system, r.op, r.size, r.threads): r for r in rows}
+    spread = any(len(r.rounds) > 1 for r in rows)
     out.write(f"{'SYSTEM':<16} {'OP':<10} {'SIZE':>8} {'THR':>3} {'OPS/S':>10} {'GB/S':>7} "
-              f"{'P50 ms':>8} {'P99 ms':>8}  VS RUST  VS SEED   VS RAW\n")
+              f"{'P50 ms':>8} {'P99 ms':>8}  VS RUST  VS SEED   VS RAW{'   ROUNDS (min-max)' if spread else ''}\n")
 
     def vs(r: Row, system: str) -> str:
         other = by.get((system, r.op, r.size, r.threads))
@@ -507,7 +532,8 @@ def report(rows: List[Row], out: Any) -> None:
         p99 = r.pct(0.99)
         out.write(f"{r.system:<16} {r.op:<10} {fmt_size(r.size):>8} {r.threads:>3} {r.ops_per_s:>10.0f} "
                   f"{r.gbps:>7.3f} {r.pct(0.5):>8.3f} {p99:>8.3f}  {vs(r, 'rust client'):>7}  "
-                  f"{vs(r, 'seed system'):>7}  {vs(r, 'raw tcp'):>7}\n")
+                  f"{vs(r, 'seed system'):>7}  {vs(r, 'raw tcp'):>7}"
+                  f"{f'   {min(r.rounds):.0f}-{max(r.rounds):.0f}' if spread else ''}\n")
     parts = [r for r in rows if r.system == "python parts"]
     if parts:
         out.write("objects of parts against the same objects in one buffer (python parts / python native):\n")
@@ -538,8 +564,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--no-raw", action="store_true",
                     help="skip the raw loopback TCP rows (`strata bench sink` from --bin-dir)")
     ap.add_argument("--seed", action="store_true", help="also run the seed system (its wheel must be installed)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every system this many times in turn and report each row's median round")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     a = ap.parse_args(argv)
+    if a.rounds < 1:
+        ap.error(f"--rounds must be at least 1, not {a.rounds}")
 
     import strata
     from strata.mooncake import MooncakeDistributedStore
@@ -549,34 +579,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     per_phase = parse_size(a.bytes)
     progress = Progress(a.json)
     bin_dir = Path(a.bin_dir)
-    rows: List[Row] = []
+    rounds: List[List[Row]] = []
     with contextlib.ExitStack() as stack:
         master = a.master or stack.enter_context(strata_cluster(bin_dir, a.node_capacity, a.transport))
         store = stack.enter_context(strata.Store.connect(master, token_file=a.token_file, transport=a.transport))
-        rows += bench_driver(Native(store), sizes, threads, a.batch, per_phase, progress)
-        if a.parts > 0:
-            rows += bench_driver(Parts(store, a.parts), sizes, threads, a.batch, per_phase, progress)
         if a.token_file:
             os.environ["STRATA_TOKEN_FILE"] = a.token_file
         mc = MooncakeDistributedStore()
         rc = mc.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, a.transport, "", master)
         if rc != 0:
             raise SystemExit(f"drop-in setup failed: {rc}")
-        rows += bench_driver(Mooncake("python mooncake", mc), sizes, threads, a.batch, per_phase, progress)
-        mc.close()
-        if not a.no_rust:
-            rows += rust_rows(bin_dir / "strata", master, sizes, threads, a.batch, per_phase, progress, a.transport)
-    if not a.no_raw:
-        # An arena per thread, larger than the caches and than 16 of the
-        # largest batches.
-        arena = max(64 << 20, 16 * max(sizes) * a.batch)
-        with raw_sink(bin_dir / "strata", arena, max(threads)) as addr:
-            raw = RawTcp(addr)
-            rows += bench_driver(raw, sizes, threads, a.batch, per_phase, progress)
-            raw.close()
-    if a.seed:
-        with seed_cluster(parse_size(a.node_capacity)) as seed:
-            rows += bench_driver(Mooncake("seed system", seed), sizes, threads, a.batch, per_phase, progress)
+        stack.callback(mc.close)
+        raw = None
+        if not a.no_raw:
+            # An arena per thread, larger than the caches and than 16 of
+            # the largest batches.
+            arena = max(64 << 20, 16 * max(sizes) * a.batch)
+            raw = RawTcp(stack.enter_context(raw_sink(bin_dir / "strata", arena, max(threads))))
+            stack.callback(raw.close)
+        seed = stack.enter_context(seed_cluster(parse_size(a.node_capacity))) if a.seed else None
+        for n in range(a.rounds):
+            if a.rounds > 1:
+                progress.phase(f"round {n + 1} of {a.rounds}")
+            rows: List[Row] = []
+            rows += bench_driver(Native(store), sizes, threads, a.batch, per_phase, progress)
+            if a.parts > 0:
+                rows += bench_driver(Parts(store, a.parts), sizes, threads, a.batch, per_phase, progress)
+            rows += bench_driver(Mooncake("python mooncake", mc), sizes, threads, a.batch, per_phase, progress)
+            if not a.no_rust:
+                rows += rust_rows(bin_dir / "strata", master, sizes, threads, a.batch, per_phase, progress,
+                                  a.transport)
+            if raw is not None:
+                rows += bench_driver(raw, sizes, threads, a.batch, per_phase, progress)
+            if seed is not None:
+                rows += bench_driver(Mooncake("seed system", seed), sizes, threads, a.batch, per_phase, progress)
+            rounds.append(rows)
+    rows = median_rows(rounds)
     if a.json:
         json.dump({"rows": [r.to_json() for r in rows]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
