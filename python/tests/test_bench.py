@@ -35,6 +35,8 @@ def test_the_benchmark_runs_every_driver_the_rust_client_and_raw_tcp() -> None:
             # Two rounds, the row being the slower (the lower median).
             assert len(r["rounds_ops_per_s"]) == 2, r
             assert r["ops_per_s"] == min(r["rounds_ops_per_s"]), r
+            # What the calls cost their process, per object.
+            assert r["cpu_us_per_op"] is not None and r["cpu_us_per_op"] > 0, r
     assert len(rows) == 20, rows
 
 

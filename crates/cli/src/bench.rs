@@ -157,6 +157,8 @@ pub(crate) struct Phase {
     /// Latencies in microseconds, appended by all workers.
     lat_us: std::sync::Mutex<Vec<u64>>,
     pb: ProgressBar,
+    /// This process's CPU time when its workers started (`drive`).
+    cpu0: std::sync::OnceLock<Duration>,
 }
 
 impl Phase {
@@ -178,6 +180,7 @@ impl Phase {
             ops,
             lat_us: Default::default(),
             pb,
+            cpu0: std::sync::OnceLock::new(),
         })
     }
 
@@ -215,6 +218,10 @@ impl Phase {
         };
         let ops = lat.len() as u64;
         let secs = elapsed.as_secs_f64().max(1e-9);
+        let cpu_us_per_op = self
+            .cpu0
+            .get()
+            .map(|c0| process_cpu().saturating_sub(*c0).as_secs_f64() * 1e6 / ops.max(1) as f64);
         Row {
             scenario: scenario.to_string(),
             size,
@@ -225,6 +232,7 @@ impl Phase {
             p50_ms: pct(0.50),
             p99_ms: pct(0.99),
             note: String::new(),
+            cpu_us_per_op,
         }
     }
 }
@@ -240,6 +248,8 @@ where
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let t0 = Instant::now();
+    // What the workers cost this process, from here to `finish`.
+    let _ = phase.cpu0.set(process_cpu());
     let mut set = tokio::task::JoinSet::new();
     for w in 0..workers {
         set.spawn(f(w, phase.clone()));
@@ -790,9 +800,9 @@ impl Workload {
             }
         })
         .await?;
-        let mut row = phase.finish(name, self.size, self.clients, self.size * batch as u64, el);
-        row.ops *= batch as u64;
-        row.ops_per_sec *= batch as f64;
+        let mut row = phase
+            .finish(name, self.size, self.clients, self.size * batch as u64, el)
+            .per_item(batch);
         row.note = format!("batches of {batch}; latency per batch");
         Ok(row)
     }
@@ -815,7 +825,6 @@ async fn meta_path(
     use strata_proto as pb;
     let batches = keys.div_ceil(batch as u64);
     let phase = Phase::new(&format!("metadata path x{batch}"), batches, quiet);
-    let cpu0 = process_cpu();
     let el = drive(&phase, conns, |_, ph| {
         // The calls as the client's batch puts and gets make them (quick
         // where the master allows).
@@ -879,13 +888,13 @@ async fn meta_path(
         }
     })
     .await?;
-    let mut row = phase.finish("master metadata path", 0, conns, 0, el);
-    row.ops *= batch as u64;
-    row.ops_per_sec *= batch as f64;
+    let mut row = phase
+        .finish("master metadata path", 0, conns, 0, el)
+        .per_item(batch);
     // CPU time per key of the whole process: the rate alone swings with
     // what else the machine runs; with --local this is master, nodes and
     // load generator together.
-    let cpu_us = process_cpu().saturating_sub(cpu0).as_secs_f64() * 1e6 / row.ops.max(1) as f64;
+    let cpu_us = row.cpu_us_per_op.unwrap_or(0.0);
     row.note = format!(
         "keys/s; PutStart+PutEnd+GetReplicas, batches of {batch}; process CPU {cpu_us:.1} us/key"
     );
@@ -924,4 +933,40 @@ fn process_cpu() -> Duration {
     }
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A phase driven by workers reports what they cost this process per
+    /// op; a batched row counts it per item.
+    #[tokio::test]
+    async fn a_driven_phase_reports_its_cpu_per_op_and_per_item_of_a_batch() {
+        let phase = Phase::new("spin", 8, true);
+        let el = drive(&phase, 2, |_, ph| async move {
+            while let Some(_i) = ph.take() {
+                let (t0, c0) = (Instant::now(), process_cpu());
+                // Burn a millisecond of CPU per op (of CPU, not of wall
+                // time: a busy machine may preempt the loop).
+                while process_cpu().saturating_sub(c0) < Duration::from_millis(1) {
+                    std::hint::spin_loop();
+                }
+                ph.record(t0);
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let row = phase.finish("spin", 1, 2, 1, el);
+        assert_eq!(row.ops, 8);
+        let cpu = row.cpu_us_per_op.expect("measured");
+        assert!(cpu >= 1000.0, "{cpu} us of CPU per 1 ms spin");
+        let per = row.per_item(4);
+        assert_eq!(per.ops, 32);
+        assert!((per.cpu_us_per_op.unwrap() - cpu / 4.0).abs() < 1e-9);
+        // Not driven: nothing measured.
+        let idle = Phase::new("idle", 0, true).finish("idle", 1, 1, 1, Duration::ZERO);
+        assert_eq!(idle.cpu_us_per_op, None);
+    }
 }

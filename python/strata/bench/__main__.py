@@ -15,6 +15,10 @@ RAW`` column; ``--no-raw`` skips them).
 
 Rates on a small machine swing from run to run; ``--rounds N`` times every
 system N times in turn and reports each row's median round (and the range).
+``CPU us`` is the CPU time of the process making the calls, per object,
+over the phase: this script's for the Python clients, the raw floor and the
+seed system's client, ``strata bench``'s for the Rust client (the servers are
+other processes).
 
 Without ``--master`` it starts a cluster from the built binaries
 (``--bin-dir``, default ``$STRATA_BIN_DIR`` or ``target/release``): one master
@@ -28,6 +32,7 @@ import contextlib
 import functools
 import json
 import os
+import resource
 import shutil
 import socket
 import struct
@@ -87,6 +92,11 @@ class Row:
     given_p99: Optional[float] = None
     # With --rounds: every round's ops/s (this row is the median round's).
     rounds: List[float] = field(default_factory=list)
+    # CPU time (user + system) of the process that made the calls, per
+    # object, over the phase: this script's for the Python clients and the
+    # seed system's (whose client is a library in it too), `strata
+    # bench`'s for the Rust client. Servers are other processes.
+    cpu_us: Optional[float] = None
 
     @property
     def ops_per_s(self) -> float:
@@ -112,6 +122,7 @@ class Row:
             "batch": self.batch, "ops": self.ops, "ops_per_s": self.ops_per_s, "gb_per_s": self.gbps,
             "p50_ms": self.pct(0.5), "p99_ms": self.pct(0.99), "note": self.note,
             "rounds_ops_per_s": self.rounds or [self.ops_per_s],
+            "cpu_us_per_op": self.cpu_us,
         }
 
 
@@ -401,15 +412,24 @@ def run_phase(
     ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
     for t in ts:
         t.start()
+    cpu0 = process_cpu()
     barrier.wait()
     t0 = time.perf_counter()
     for t in ts:
         t.join()
     took = time.perf_counter() - t0
+    cpu = process_cpu() - cpu0
     if errors:
         raise errors[0]
+    objects = calls * threads * batch
     return Row(driver.name, "batch_" + op if batch > 1 else op, size, threads, batch,
-               calls * threads * batch, took, [x for l in lat for x in l])
+               objects, took, [x for l in lat for x in l], cpu_us=cpu * 1e6 / objects)
+
+
+def process_cpu() -> float:
+    """User + system CPU seconds of this process so far (all its threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def bench_driver(driver: Driver, sizes: Sequence[int], threads_list: Sequence[int], batch: int,
@@ -456,9 +476,10 @@ def rust_rows(strata_bin: Path, master: str, sizes: Sequence[int], threads_list:
             size = int(r["size"])
             ops = int(r["ops"])
             ops_s = float(r["ops_per_sec"])
+            cpu = r.get("cpu_us_per_op")
             rows.append(Row("rust client", op, size, threads, batch if op.startswith("batch") else 1, ops,
                             ops / ops_s if ops_s else 0.0, given_p50=float(r["p50_ms"]),
-                            given_p99=float(r["p99_ms"])))
+                            given_p99=float(r["p99_ms"]), cpu_us=None if cpu is None else float(cpu)))
     progress.done()
     return rows
 
@@ -520,7 +541,8 @@ def report(rows: List[Row], out: Any) -> None:
     by = {(r.system, r.op, r.size, r.threads): r for r in rows}
     spread = any(len(r.rounds) > 1 for r in rows)
     out.write(f"{'SYSTEM':<16} {'OP':<10} {'SIZE':>8} {'THR':>3} {'OPS/S':>10} {'GB/S':>7} "
-              f"{'P50 ms':>8} {'P99 ms':>8}  VS RUST  VS SEED   VS RAW{'   ROUNDS (min-max)' if spread else ''}\n")
+              f"{'P50 ms':>8} {'P99 ms':>8} {'CPU us':>7}  VS RUST  VS SEED   VS RAW"
+              f"{'   ROUNDS (min-max)' if spread else ''}\n")
 
     def vs(r: Row, system: str) -> str:
         other = by.get((system, r.op, r.size, r.threads))
@@ -528,10 +550,13 @@ def report(rows: List[Row], out: Any) -> None:
             return ""
         return f"{r.ops_per_s / other.ops_per_s:6.2f}x"
 
+    def cpu(r: Row) -> str:
+        return "" if r.cpu_us is None else f"{r.cpu_us:.1f}"
+
     for r in rows:
         p99 = r.pct(0.99)
         out.write(f"{r.system:<16} {r.op:<10} {fmt_size(r.size):>8} {r.threads:>3} {r.ops_per_s:>10.0f} "
-                  f"{r.gbps:>7.3f} {r.pct(0.5):>8.3f} {p99:>8.3f}  {vs(r, 'rust client'):>7}  "
+                  f"{r.gbps:>7.3f} {r.pct(0.5):>8.3f} {p99:>8.3f} {cpu(r):>7}  {vs(r, 'rust client'):>7}  "
                   f"{vs(r, 'seed system'):>7}  {vs(r, 'raw tcp'):>7}"
                   f"{f'   {min(r.rounds):.0f}-{max(r.rounds):.0f}' if spread else ''}\n")
     parts = [r for r in rows if r.system == "python parts"]

@@ -43,6 +43,7 @@ fn row(scenario: &str, size: u64, objects: u64, bytes: u64, el: Duration, note: 
         p50_ms: 0.0,
         p99_ms: 0.0,
         note,
+        cpu_us_per_op: None,
     }
 }
 

@@ -46,6 +46,7 @@ fn row(scenario: &str, size: u64, lat: &mut [Duration], elapsed: Duration, note:
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
         note,
+        cpu_us_per_op: None,
     }
 }
 

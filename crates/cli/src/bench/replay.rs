@@ -202,6 +202,7 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
                 t.breakdown(),
                 t.hit_rate() / infinite.max(1e-9)
             ),
+            cpu_us_per_op: None,
         });
     }
     if args.json {

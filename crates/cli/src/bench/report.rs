@@ -14,6 +14,21 @@ pub struct Row {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub note: String,
+    /// CPU time (user + system) of this whole process per operation over
+    /// the phase, where the phase measured it: with `--local` that is
+    /// master, nodes and load generator together.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_us_per_op: Option<f64>,
+}
+
+impl Row {
+    /// A row timed per batch, counted per item: `batch` items per op.
+    pub fn per_item(mut self, batch: usize) -> Row {
+        self.ops *= batch as u64;
+        self.ops_per_sec *= batch as f64;
+        self.cpu_us_per_op = self.cpu_us_per_op.map(|c| c / batch.max(1) as f64);
+        self
+    }
 }
 
 /// Suffix of the rows measured on the cluster without credentials.

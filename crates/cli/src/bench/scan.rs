@@ -128,6 +128,7 @@ fn tally_row(scenario: &str, size: u64, t: &Tally, el: Duration, note: String) -
         p50_ms: 0.0,
         p99_ms: 0.0,
         note,
+        cpu_us_per_op: None,
     }
 }
 
@@ -311,6 +312,7 @@ async fn ssd_read_throughput(args: &ScanArgs, report: &mut Report) -> anyhow::Re
         p50_ms: 0.0,
         p99_ms: 0.0,
         note,
+        cpu_us_per_op: None,
     };
     report.rows.push(mk(
         "raw sequential read",
