@@ -128,6 +128,12 @@ pub struct BenchArgs {
     /// and add their medians to the put rows' notes
     #[arg(long)]
     pub put_steps: bool,
+    /// Run the data-path phases with the client as the library makes it by
+    /// default, location cache included (`python -m strata.bench` does, as
+    /// its Python clients are), instead of one whose every get asks the
+    /// master
+    #[arg(long)]
+    pub client_defaults: bool,
 }
 
 /// Comma-separated sizes, where an empty list (`""`) is allowed.
@@ -341,7 +347,11 @@ pub async fn run(conn: &super::Conn, mut args: BenchArgs) -> anyhow::Result<()> 
             report::ANNOUNCED,
         ));
     }
-    let client = Client::connect(cfg.with_location_cache(0)).await?;
+    let client = if args.client_defaults {
+        Client::connect(cfg).await?
+    } else {
+        Client::connect(cfg.with_location_cache(0)).await?
+    };
     client
         .stat()
         .await

@@ -465,7 +465,10 @@ def rust_rows(strata_bin: Path, master: str, sizes: Sequence[int], threads_list:
         progress.phase(f"rust client ({strata_bin.name} bench): {threads} client(s) ...")
         cmd = [str(strata_bin), "--master", master, "--transport", transport, "bench", "--json",
                "--sizes", ",".join(str(s) for s in sizes), "--clients", str(threads),
-               "--batch", str(batch), "--bytes", str(bytes_per_phase), "--meta-keys", "0"]
+               "--batch", str(batch), "--bytes", str(bytes_per_phase), "--meta-keys", "0",
+               # The client as the library makes it, as the Python clients
+               # here are (a location cache that every lookup fills).
+               "--client-defaults"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if out.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {out.stderr.strip()[-2000:]}")
