@@ -85,7 +85,11 @@ impl Locations {
     }
 
     fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.shards[self.index(key)]
+        self.shard_at(self.index(key))
+    }
+
+    fn shard_at(&self, i: usize) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.shards[i]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
@@ -127,7 +131,7 @@ impl Locations {
     /// Remembers an answer to a lookup sent at `asked`. Only objects read
     /// from DRAM replicas are kept: SSD reads go through the master, which
     /// decides on promotion.
-    pub(crate) fn insert(&self, key: &str, info: &pb::GetReplicasResponse, asked: Instant) {
+    pub(crate) fn insert(&self, key: &str, info: &Arc<pb::GetReplicasResponse>, asked: Instant) {
         let memory = pb::ReplicaKind::Memory as i32;
         if info.lease_ms == 0
             || info.replicas.is_empty()
@@ -144,9 +148,10 @@ impl Locations {
         if until <= now {
             return;
         }
-        let mut shard = self.shard(key);
+        let i = self.index(key);
+        let mut shard = self.shard_at(i);
         // Checked under the shard's lock, which `forget` takes first.
-        let forgot = self.forgot[self.index(key)].load(Ordering::Acquire);
+        let forgot = self.forgot[i].load(Ordering::Acquire);
         if forgot > 0 && forgot >= self.since_base(asked) {
             return;
         }
@@ -159,7 +164,7 @@ impl Locations {
         shard.insert(
             key.to_string(),
             Entry {
-                info: Arc::new(info.clone()),
+                info: info.clone(),
                 until,
             },
         );
@@ -168,9 +173,10 @@ impl Locations {
     /// Forgets `key` (its replicas failed, or it is being removed or
     /// replaced), and any answer to a lookup sent before now.
     pub(crate) fn forget(&self, key: &str) {
-        let mut shard = self.shard(key);
+        let i = self.index(key);
+        let mut shard = self.shard_at(i);
         let now = self.since_base(Instant::now()).max(1);
-        self.forgot[self.index(key)].fetch_max(now, Ordering::AcqRel);
+        self.forgot[i].fetch_max(now, Ordering::AcqRel);
         shard.remove(key);
     }
 
@@ -290,8 +296,8 @@ mod tests {
         assert!(until > asked + MAX_CACHED_LEASE / 2, "{:?}", until - asked);
     }
 
-    fn answer(lease_ms: u64, kinds: &[pb::ReplicaKind]) -> pb::GetReplicasResponse {
-        pb::GetReplicasResponse {
+    fn answer(lease_ms: u64, kinds: &[pb::ReplicaKind]) -> Arc<pb::GetReplicasResponse> {
+        Arc::new(pb::GetReplicasResponse {
             size: 1,
             crc32c: 7,
             replicas: kinds
@@ -304,7 +310,7 @@ mod tests {
             lease_until_unix_ms: 0,
             lease_ms,
             blake3: Vec::new(),
-        }
+        })
     }
 
     const DRAM: &[pb::ReplicaKind] = &[pb::ReplicaKind::Memory];
@@ -399,9 +405,9 @@ mod tests {
     #[test]
     fn a_location_is_kept_only_where_a_revoked_read_is_refused() {
         let mut a = answer(60_000, DRAM);
-        a.replicas[0].ucx_route = 42;
+        Arc::make_mut(&mut a).replicas[0].ucx_route = 42;
         let mut b = answer(60_000, &[pb::ReplicaKind::Memory; 2]);
-        b.replicas[1].ucx_route = 42;
+        Arc::make_mut(&mut b).replicas[1].ucx_route = 42;
         let now = Instant::now();
         // As a one-sided transport without published revocations says.
         let ucx = Locations::new(100, Arc::new(|r: &pb::Replica| r.ucx_route == 0));

@@ -11,11 +11,15 @@ use strata_proto as pb;
 use strata_transport::parts::reborrow;
 use strata_transport::{parts, remote_range, RemoteRange, Verified};
 
+/// A master's answer to a lookup, shared with the location cache (which
+/// keeps it without copying its replicas and grants).
+type Answer = Arc<pb::GetReplicasResponse>;
+
 /// A batch's replicas, per key, which came from the location cache, and
 /// the leases of those the master was asked for (held until the batch's
 /// reads are done).
 struct Located {
-    infos: Vec<Result<pb::GetReplicasResponse>>,
+    infos: Vec<Result<Answer>>,
     cached: Vec<bool>,
     leases: Leases,
 }
@@ -103,13 +107,13 @@ impl Client {
 
     /// `key`'s replicas from the location cache, if a lease still covers
     /// them.
-    fn cached(&self, key: &str) -> Option<Arc<pb::GetReplicasResponse>> {
+    fn cached(&self, key: &str) -> Option<Answer> {
         self.locations.as_ref().and_then(|l| l.get(key))
     }
 
     /// Asks the master where `key`'s bytes are (and caches the answer),
     /// with the lease to hold until the read is done.
-    async fn lookup(&self, key: &str) -> Result<(pb::GetReplicasResponse, Option<Lease>)> {
+    async fn lookup(&self, key: &str) -> Result<(Answer, Option<Lease>)> {
         self.cfg
             .backoff
             .run(|| async {
@@ -128,6 +132,7 @@ impl Client {
                 }
                 let lease = self.lease_ends.lease(key, &info);
                 self.check_answer(key, &info)?;
+                let info = Arc::new(info);
                 if let Some(l) = &self.locations {
                     l.insert(key, &info, asked);
                 }
@@ -223,12 +228,7 @@ impl Client {
 
     /// Tries each replica in turn; a replica that fails or returns bytes with
     /// the wrong checksum is skipped. If every grant expired, asks again once.
-    async fn read_verified(
-        &self,
-        key: &str,
-        info: pb::GetReplicasResponse,
-        buf: &mut [&mut [u8]],
-    ) -> Result<()> {
+    async fn read_verified(&self, key: &str, info: Answer, buf: &mut [&mut [u8]]) -> Result<()> {
         let r = self.read_replicas(key, info, buf).await;
         if r.is_err() {
             self.forget(key);
@@ -239,7 +239,7 @@ impl Client {
     async fn read_replicas(
         &self,
         key: &str,
-        mut info: pb::GetReplicasResponse,
+        mut info: Answer,
         buf: &mut [&mut [u8]],
     ) -> Result<()> {
         let mut _again = None;
@@ -356,7 +356,7 @@ impl Client {
     async fn batch_read_new<B: AsMut<[u8]>>(
         &self,
         keys: &[&str],
-        infos: Vec<Result<pb::GetReplicasResponse>>,
+        infos: Vec<Result<Answer>>,
         cached: &[bool],
         mut alloc: impl FnMut(usize) -> Result<B>,
     ) -> Result<Vec<Result<B>>> {
@@ -451,11 +451,11 @@ impl Client {
     async fn batch_read(
         &self,
         keys: &[&str],
-        infos: Vec<Result<pb::GetReplicasResponse>>,
+        infos: Vec<Result<Answer>>,
         cached: &[bool],
         mut bufs: Vec<Vec<&mut [u8]>>,
     ) -> Vec<Result<()>> {
-        let mut pending: Vec<Option<pb::GetReplicasResponse>> = Vec::with_capacity(keys.len());
+        let mut pending: Vec<Option<Answer>> = Vec::with_capacity(keys.len());
         let mut out: Vec<Result<()>> = Vec::with_capacity(keys.len());
         for info in infos {
             match info {
@@ -533,13 +533,8 @@ impl Client {
     /// Where each key's bytes are, and whether that came from the location
     /// cache: one BatchGetReplicas for the keys it does not hold.
     async fn batch_replicas(&self, keys: &[&str]) -> Result<Located> {
-        let mut infos: Vec<Option<Result<pb::GetReplicasResponse>>> = keys
-            .iter()
-            .map(|k| {
-                let hit = self.cached(k)?;
-                Some(Ok((*hit).clone()))
-            })
-            .collect();
+        let mut infos: Vec<Option<Result<Answer>>> =
+            keys.iter().map(|k| self.cached(k).map(Ok)).collect();
         let cached: Vec<bool> = infos.iter().map(Option::is_some).collect();
         let mut leases = Leases::new();
         let missing: Vec<&str> = keys
@@ -559,6 +554,7 @@ impl Client {
                 let info = info.and_then(|i| {
                     leases.push(self.lease_ends.lease(key, &i));
                     self.check_answer(key, &i)?;
+                    let i = Arc::new(i);
                     if let Some(l) = &self.locations {
                         l.insert(key, &i, asked);
                     }
