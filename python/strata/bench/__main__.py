@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import json
 import os
 import resource
@@ -128,9 +129,8 @@ class Row:
 
 def median_rows(rounds: List[List[Row]]) -> List[Row]:
     """One row per system, op, size and threads: the round of median ops/s
-    (its latencies too), with every round's rate kept. On this 2-core VM a
-    row's rate swings by a fifth from run to run; the median of several
-    rounds, each timing every system in turn, is what to compare."""
+    (the lower of the middle two for an even count), its latencies too,
+    with every round's rate kept."""
     keyed: Dict[Any, List[Row]] = {}
     for rows in rounds:
         for r in rows:
@@ -412,13 +412,21 @@ def run_phase(
     ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
     for t in ts:
         t.start()
-    cpu0 = process_cpu()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in ts:
-        t.join()
-    took = time.perf_counter() - t0
-    cpu = process_cpu() - cpu0
+    # The plans are many tracked objects that never die during the phase:
+    # out of the collector's way, so a full collection does not walk them
+    # inside the clock.
+    gc.collect()
+    gc.freeze()
+    try:
+        cpu0 = process_cpu()
+        barrier.wait()
+        t0 = time.perf_counter()
+        for t in ts:
+            t.join()
+        took = time.perf_counter() - t0
+        cpu = process_cpu() - cpu0
+    finally:
+        gc.unfreeze()
     if errors:
         raise errors[0]
     objects = calls * threads * batch
@@ -571,6 +579,22 @@ def report(rows: List[Row], out: Any) -> None:
             out.write(f"  {r.op:<10} {fmt_size(r.size):>8} {r.threads:>3} thr  {r.ops_per_s / one.ops_per_s:5.2f}x\n")
 
 
+@contextlib.contextmanager
+def drop_in(master: str, transport: str) -> Iterator[Any]:
+    """Strata's ``MooncakeDistributedStore``, set up as an engine does (no
+    segment of its own), closed after."""
+    from strata.mooncake import MooncakeDistributedStore
+
+    mc = MooncakeDistributedStore()
+    rc = mc.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, transport, "", master)
+    if rc != 0:
+        raise SystemExit(f"drop-in setup failed: {rc}")
+    try:
+        yield mc
+    finally:
+        mc.close()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m strata.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -593,54 +617,61 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="skip the raw loopback TCP rows (`strata bench sink` from --bin-dir)")
     ap.add_argument("--seed", action="store_true", help="also run the seed system (its wheel must be installed)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="time every system this many times in turn and report each row's median round")
+                    help="time every system this many times in turn and report each row's median round "
+                         "(the lower middle one for an even count)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     a = ap.parse_args(argv)
     if a.rounds < 1:
         ap.error(f"--rounds must be at least 1, not {a.rounds}")
 
     import strata
-    from strata.mooncake import MooncakeDistributedStore
 
     sizes = [parse_size(s) for s in a.sizes.split(",") if s]
     threads = [int(t) for t in a.threads.split(",") if t]
     per_phase = parse_size(a.bytes)
     progress = Progress(a.json)
     bin_dir = Path(a.bin_dir)
+    if a.seed:
+        # Missing, it fails now rather than after the other systems' rows.
+        import mooncake.store  # noqa: F401
+
     rounds: List[List[Row]] = []
+    if a.token_file:
+        os.environ["STRATA_TOKEN_FILE"] = a.token_file
     with contextlib.ExitStack() as stack:
         master = a.master or stack.enter_context(strata_cluster(bin_dir, a.node_capacity, a.transport))
-        store = stack.enter_context(strata.Store.connect(master, token_file=a.token_file, transport=a.transport))
-        if a.token_file:
-            os.environ["STRATA_TOKEN_FILE"] = a.token_file
-        mc = MooncakeDistributedStore()
-        rc = mc.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, a.transport, "", master)
-        if rc != 0:
-            raise SystemExit(f"drop-in setup failed: {rc}")
-        stack.callback(mc.close)
-        raw = None
-        if not a.no_raw:
-            # An arena per thread, larger than the caches and than 16 of
-            # the largest batches.
-            arena = max(64 << 20, 16 * max(sizes) * a.batch)
-            raw = RawTcp(stack.enter_context(raw_sink(bin_dir / "strata", arena, max(threads))))
-            stack.callback(raw.close)
-        seed = stack.enter_context(seed_cluster(parse_size(a.node_capacity))) if a.seed else None
         for n in range(a.rounds):
             if a.rounds > 1:
                 progress.phase(f"round {n + 1} of {a.rounds}")
+            # Each system's clients (and the sink's and the seed system's
+            # processes) live only for that system's rows: the CPU column
+            # counts this process, and idle clients' threads would count
+            # in others' rows and take their CPU.
             rows: List[Row] = []
-            rows += bench_driver(Native(store), sizes, threads, a.batch, per_phase, progress)
-            if a.parts > 0:
-                rows += bench_driver(Parts(store, a.parts), sizes, threads, a.batch, per_phase, progress)
-            rows += bench_driver(Mooncake("python mooncake", mc), sizes, threads, a.batch, per_phase, progress)
+            with strata.Store.connect(master, token_file=a.token_file, transport=a.transport) as store:
+                rows += bench_driver(Native(store), sizes, threads, a.batch, per_phase, progress)
+                if a.parts > 0:
+                    rows += bench_driver(Parts(store, a.parts), sizes, threads, a.batch, per_phase, progress)
+            with drop_in(master, a.transport) as mc:
+                rows += bench_driver(Mooncake("python mooncake", mc), sizes, threads, a.batch, per_phase,
+                                     progress)
             if not a.no_rust:
                 rows += rust_rows(bin_dir / "strata", master, sizes, threads, a.batch, per_phase, progress,
                                   a.transport)
-            if raw is not None:
-                rows += bench_driver(raw, sizes, threads, a.batch, per_phase, progress)
-            if seed is not None:
-                rows += bench_driver(Mooncake("seed system", seed), sizes, threads, a.batch, per_phase, progress)
+            if not a.no_raw:
+                # An arena per thread, larger than the caches and than 16
+                # of the largest batches.
+                arena = max(64 << 20, 16 * max(sizes) * a.batch)
+                with raw_sink(bin_dir / "strata", arena, max(threads)) as addr:
+                    raw = RawTcp(addr)
+                    try:
+                        rows += bench_driver(raw, sizes, threads, a.batch, per_phase, progress)
+                    finally:
+                        raw.close()
+            if a.seed:
+                with seed_cluster(parse_size(a.node_capacity)) as seed:
+                    rows += bench_driver(Mooncake("seed system", seed), sizes, threads, a.batch, per_phase,
+                                         progress)
             rounds.append(rows)
     rows = median_rows(rounds)
     if a.json:

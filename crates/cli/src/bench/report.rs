@@ -16,7 +16,8 @@ pub struct Row {
     pub note: String,
     /// CPU time (user + system) of this whole process per operation over
     /// the phase, where the phase measured it: with `--local` that is
-    /// master, nodes and load generator together.
+    /// master, nodes and load generator together, and a baseline's counts
+    /// the server it runs in this process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_us_per_op: Option<f64>,
 }
