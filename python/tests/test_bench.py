@@ -61,6 +61,21 @@ def test_zero_rounds_are_refused() -> None:
     assert out.stdout == ""
 
 
+def test_seed_without_its_wheel_fails_before_any_row(monkeypatch, capsys) -> None:
+    import sys
+
+    import pytest
+    from strata.bench.__main__ import main
+
+    # As if the wheel were not installed (None in sys.modules: ImportError).
+    monkeypatch.setitem(sys.modules, "mooncake", None)
+    monkeypatch.setitem(sys.modules, "mooncake.store", None)
+    with pytest.raises(SystemExit) as e:
+        main(["--seed", "--bin-dir", "/nonexistent", "--json"])
+    assert "--seed needs the seed system's wheel" in str(e.value)
+    assert capsys.readouterr().out == ""
+
+
 def test_an_unknown_transport_is_refused_before_anything_starts() -> None:
     out = run_bench("--transport", "carrier-pigeon", "--json")
     assert out.returncode == 2

@@ -633,7 +633,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     bin_dir = Path(a.bin_dir)
     if a.seed:
         # Missing, it fails now rather than after the other systems' rows.
-        import mooncake.store  # noqa: F401
+        try:
+            import mooncake.store  # noqa: F401
+        except ImportError as e:
+            raise SystemExit(f"--seed needs the seed system's wheel (pip install "
+                             f"mooncake-transfer-engine-non-cuda==0.3.13.post1): {e}") from None
 
     rounds: List[List[Row]] = []
     if a.token_file:
