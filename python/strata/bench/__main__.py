@@ -192,19 +192,20 @@ def _all_ints(f: Callable[..., List[Any]], *args: Any) -> None:
         raise bad[0]
 
 
-def _rc_zero(f: Callable[..., Any], *args: Any) -> None:
-    """A Mooncake call's code (one, or one per key): 0 is success."""
+def _rc(ok: Callable[[int], bool], f: Callable[..., Any], *args: Any) -> None:
+    """A Mooncake call's code (one, or one per key), each judged by ``ok``:
+    puts must answer 0, reads the bytes read (a negative code fails)."""
     rc = f(*args)
-    if (any(r != 0 for r in rc) if isinstance(rc, list) else rc != 0):
+    if not all(ok(r) for r in (rc if isinstance(rc, list) else [rc])):
         raise RuntimeError(f"{getattr(f, '__name__', 'call')}: {rc}")
 
 
-def _rc_size(f: Callable[..., Any], *args: Any) -> None:
-    """A Mooncake read's result (one, or one per key): bytes read, or a
-    negative code."""
-    rc = f(*args)
-    if (any(r < 0 for r in rc) if isinstance(rc, list) else rc < 0):
-        raise RuntimeError(f"{getattr(f, '__name__', 'call')}: {rc}")
+def _is_zero(rc: int) -> bool:
+    return rc == 0
+
+
+def _is_size(rc: int) -> bool:
+    return rc >= 0
 
 
 class Native(Driver):
@@ -268,11 +269,11 @@ class Mooncake(Driver):
         ptrs, sizes = [b.ctypes.data for b in bufs], [b.nbytes for b in bufs]
         if len(keys) == 1:
             if op == "put":
-                return functools.partial(_rc_zero, self.s.put_from, keys[0], ptrs[0], sizes[0])
-            return functools.partial(_rc_size, self.s.get_into, keys[0], ptrs[0], sizes[0])
+                return functools.partial(_rc, _is_zero, self.s.put_from, keys[0], ptrs[0], sizes[0])
+            return functools.partial(_rc, _is_size, self.s.get_into, keys[0], ptrs[0], sizes[0])
         if op == "put":
-            return functools.partial(_rc_zero, self.s.batch_put_from, keys, ptrs, sizes)
-        return functools.partial(_rc_size, self.s.batch_get_into, keys, ptrs, sizes)
+            return functools.partial(_rc, _is_zero, self.s.batch_put_from, keys, ptrs, sizes)
+        return functools.partial(_rc, _is_size, self.s.batch_get_into, keys, ptrs, sizes)
 
 
 class RawTcp(Driver):
