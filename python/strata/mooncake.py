@@ -139,7 +139,12 @@ class ReplicateConfig:
         }
 
 
-_DEFAULT_CONFIG = ReplicateConfig()
+# A put without a config (the common call) skips making its options anew.
+_DEFAULT_OPTIONS: Dict[str, Any] = ReplicateConfig()._options()
+
+
+def _options(config: Optional[ReplicateConfig]) -> Dict[str, Any]:
+    return _DEFAULT_OPTIONS if config is None else config._options()
 
 
 class BufferHandle(bytearray):
@@ -317,7 +322,7 @@ class MooncakeDistributedStore:
 
     def _put(self, key: str, value: Any, config: Optional[ReplicateConfig], overwrite: bool) -> int:
         try:
-            self._s().put(key, value, **(config or _DEFAULT_CONFIG)._options(), overwrite=overwrite)
+            self._s().put(key, value, **_options(config), overwrite=overwrite)
             return ErrorCode.OK
         except StrataError as e:
             if e.code == "already_exists" and not overwrite:
@@ -365,7 +370,7 @@ class MooncakeDistributedStore:
 
     def _put_parts(self, key: str, parts: Sequence[Any], config: Optional[ReplicateConfig], overwrite: bool) -> int:
         try:
-            self._s().put_parts(key, list(parts), **(config or _DEFAULT_CONFIG)._options(), overwrite=overwrite)
+            self._s().put_parts(key, list(parts), **_options(config), overwrite=overwrite)
             return ErrorCode.OK
         except StrataError as e:
             if e.code == "already_exists" and not overwrite:
@@ -397,7 +402,7 @@ class MooncakeDistributedStore:
 
     def _batch_put(self, keys, values, config, overwrite: bool, single: bool = False):
         try:
-            res = self._s().batch_put(list(keys), list(values), **(config or _DEFAULT_CONFIG)._options(),
+            res = self._s().batch_put(list(keys), list(values), **_options(config),
                                       overwrite=overwrite)
             codes = self._put_codes(res, overwrite)
         except (StrataError, TypeError, ValueError, OverflowError) as e:
@@ -418,7 +423,7 @@ class MooncakeDistributedStore:
             return [ErrorCode.INVALID_PARAMS] * len(keys)
         try:
             parts = [[_pair(p, n) for p, n in _zip_exact(ps, ns)] for ps, ns in zip(all_buffer_ptrs, all_sizes)]
-            res = self._s().batch_put_from_parts(list(keys), parts, **(config or _DEFAULT_CONFIG)._options())
+            res = self._s().batch_put_from_parts(list(keys), parts, **_options(config))
             return self._put_codes(res, False)
         except (StrataError, TypeError, ValueError, OverflowError) as e:
             return [_code(e)] * len(keys)

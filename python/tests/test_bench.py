@@ -6,9 +6,13 @@ the flags it passes them, and reports one row per operation. Its figures are not
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import textwrap
 import time
+
+import pytest
 
 from conftest import bin_dir
 
@@ -22,9 +26,14 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_benchmark_runs_every_driver_the_rust_client_and_raw_tcp() -> None:
     out = run_bench("--node-capacity", "64MiB", "--sizes", "4KiB", "--threads", "1", "--batch", "4",
-                    "--bytes", "64KiB", "--parts", "2", "--transport", "tcp", "--rounds", "2", "--json")
+                    "--bytes", "64KiB", "--parts", "2", "--transport", "tcp", "--rounds", "2",
+                    "--placement", "split", "--json")
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = json.loads(out.stdout)["rows"]
+    report = json.loads(out.stdout)
+    cpus = sorted(os.sched_getaffinity(0))
+    half = len(cpus) // 2
+    assert report["placement"] == {"clients": cpus[:half], "servers": cpus[half:]}, report["placement"]
+    rows = report["rows"]
     want = {"put", "get", "batch_put", "batch_get"}
     for system in ("python native", "python parts", "python mooncake", "rust client", "raw tcp"):
         mine = [r for r in rows if r["system"] == system]
@@ -92,6 +101,80 @@ def test_a_node_that_cannot_start_fails_the_benchmark_at_once_with_its_log() -> 
     assert "lots" in out.stderr, out.stderr[-3000:]
     # Not after the 60 s the wait for its /ready allows.
     assert took < 30, took
+
+
+def test_placements_split_the_cpus_in_halves_and_refuse_what_cannot_be_split() -> None:
+    from strata.bench.cluster import Placement
+
+    assert Placement.of("os") == Placement(None, None)
+    split = Placement.of("split", [3, 0, 2, 1, 4])
+    assert split.clients == {0, 1} and split.servers == {2, 3, 4}
+    assert split.describe() == "clients on CPUs 0,1, servers on CPUs 2,3,4"
+    with pytest.raises(ValueError, match="needs at least 2 CPUs; this process may use 1"):
+        Placement.of("split", [7])
+    with pytest.raises(ValueError, match="unknown placement 'diagonal'"):
+        Placement.of("diagonal")
+
+
+def test_split_on_one_cpu_is_refused_before_anything_starts() -> None:
+    cpu = min(os.sched_getaffinity(0))
+    out = subprocess.run(
+        [sys.executable, "-m", "strata.bench", "--bin-dir", "/nonexistent", "--placement", "split", "--json"],
+        capture_output=True, text=True, timeout=60, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+    )
+    assert out.returncode == 2, out.stderr
+    assert "--placement split needs at least 2 CPUs; this process may use 1" in out.stderr
+    assert out.stdout == ""
+
+
+def _two_cpus() -> tuple:
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, f"these tests need 2 CPUs; this process may use {cpus}"
+    return cpus[0], cpus[-1]
+
+
+def test_servers_are_spawned_on_their_cpus_and_the_caller_keeps_its_own() -> None:
+    from strata.bench.cluster import Procs
+
+    client, server = _two_cpus()
+    mine = os.sched_getaffinity(0)
+    placed, free = Procs({server}), Procs()
+    try:
+        p = placed.spawn(["sleep", "60"], "placed")
+        q = free.spawn(["sleep", "60"], "free")
+        assert os.sched_getaffinity(p.pid) == {server}
+        # Without CPUs a process runs where its parent may.
+        assert os.sched_getaffinity(q.pid) == mine
+        assert os.sched_getaffinity(0) == mine
+    finally:
+        placed.stop()
+        free.stop()
+
+
+def test_pinning_this_process_moves_every_thread_and_the_threads_made_later() -> None:
+    client, server = _two_cpus()
+    code = textwrap.dedent(f"""
+        import json, os, threading
+        from strata.bench.cluster import Placement
+        stop = threading.Event()
+        early = threading.Thread(target=stop.wait)
+        early.start()
+        Placement(frozenset({{{client}}}), frozenset({{{server}}})).pin_this_process()
+        late = []
+        t = threading.Thread(target=lambda: late.append(os.sched_getaffinity(0)))
+        t.start(); t.join()
+        tids = os.listdir("/proc/self/task")
+        per_thread = [sorted(os.sched_getaffinity(int(tid))) for tid in tids]
+        print(json.dumps({{"threads": per_thread, "late": sorted(late[0])}}))
+        stop.set(); early.join()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    # The main thread and the one started before, at least.
+    assert len(got["threads"]) >= 2, got
+    assert all(t == [client] for t in got["threads"]), got
+    assert got["late"] == [client], got
 
 
 class _Fake:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import gc
 import json
@@ -44,11 +45,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import AbstractSet, Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from .cluster import Procs, free_port, strata_cluster
+from .cluster import Placement, Procs, free_port, strata_cluster
 
 UNITS = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "b": 1}
 
@@ -355,10 +356,11 @@ class RawTcp(Driver):
 
 
 @contextlib.contextmanager
-def raw_sink(strata_bin: Path, arena: int, arenas: int) -> Iterator[str]:
-    """``strata bench sink`` in a process of its own, with ``arenas`` arenas
-    of ``arena`` bytes made before it listens; yields its address."""
-    procs = Procs()
+def raw_sink(strata_bin: Path, arena: int, arenas: int, cpus: Optional[AbstractSet[int]] = None) -> Iterator[str]:
+    """``strata bench sink`` in a process of its own (on ``cpus``, if
+    given), with ``arenas`` arenas of ``arena`` bytes made before it listens;
+    yields its address."""
+    procs = Procs(cpus)
     try:
         p = procs.spawn([str(strata_bin), "bench", "sink", "--arena", str(arena), "--arenas", str(arenas)],
                         "sink")
@@ -511,14 +513,15 @@ while rc == 0:
 
 
 @contextlib.contextmanager
-def seed_cluster(capacity: int) -> Iterator[Any]:
+def seed_cluster(capacity: int, cpus: Optional[AbstractSet[int]] = None) -> Iterator[Any]:
     """The seed system: its master and two store processes of ``capacity``
-    bytes each; yields a connected ``MooncakeDistributedStore`` (no segment
-    of its own, like the Strata client here)."""
+    bytes each (on ``cpus``, if given); yields a connected
+    ``MooncakeDistributedStore`` (no segment of its own, like the Strata
+    client here)."""
     from mooncake.store import MooncakeDistributedStore  # noqa: F401 - fails early when missing
 
     master_bin = shutil.which("mooncake_master") or str(Path(sys.executable).parent / "mooncake_master")
-    procs = Procs()
+    procs = Procs(cpus)
     try:
         rpc, http, metrics = free_port(), free_port(), free_port()
         procs.spawn([master_bin, "--port", str(rpc), "--rpc_address", "127.0.0.1",
@@ -620,10 +623,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every system this many times in turn and report each row's median round "
                          "(the lower middle one for an even count)")
+    ap.add_argument("--placement", choices=["os", "split"], default="os",
+                    help="os: the scheduler places every process; split: the servers (the cluster, the raw "
+                         "sink, the seed system's processes) on the upper half of this process's CPUs, the "
+                         "clients (this process, `strata bench`) on the lower half, as on separate hosts")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     a = ap.parse_args(argv)
     if a.rounds < 1:
         ap.error(f"--rounds must be at least 1, not {a.rounds}")
+    try:
+        placement = Placement.of(a.placement)
+    except ValueError as e:
+        ap.error(str(e))
+    if a.master:
+        # Its servers are not this script's to place.
+        placement = dataclasses.replace(placement, servers=None)
+    # Before the first client makes its threads: they inherit it.
+    placement.pin_this_process()
 
     import strata
 
@@ -644,7 +660,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.token_file:
         os.environ["STRATA_TOKEN_FILE"] = a.token_file
     with contextlib.ExitStack() as stack:
-        master = a.master or stack.enter_context(strata_cluster(bin_dir, a.node_capacity, a.transport))
+        master = a.master or stack.enter_context(
+            strata_cluster(bin_dir, a.node_capacity, a.transport, placement.servers))
         for n in range(a.rounds):
             if a.rounds > 1:
                 progress.phase(f"round {n + 1} of {a.rounds}")
@@ -667,22 +684,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 # An arena per thread, larger than the caches and than 16
                 # of the largest batches.
                 arena = max(64 << 20, 16 * max(sizes) * a.batch)
-                with raw_sink(bin_dir / "strata", arena, max(threads)) as addr:
+                with raw_sink(bin_dir / "strata", arena, max(threads), placement.servers) as addr:
                     raw = RawTcp(addr)
                     try:
                         rows += bench_driver(raw, sizes, threads, a.batch, per_phase, progress)
                     finally:
                         raw.close()
             if a.seed:
-                with seed_cluster(parse_size(a.node_capacity)) as seed:
+                with seed_cluster(parse_size(a.node_capacity), placement.servers) as seed:
                     rows += bench_driver(Mooncake("seed system", seed), sizes, threads, a.batch, per_phase,
                                          progress)
             rounds.append(rows)
     rows = median_rows(rounds)
     if a.json:
-        json.dump({"rows": [r.to_json() for r in rows]}, sys.stdout, indent=2)
+        json.dump({"placement": placement.to_json(), "rows": [r.to_json() for r in rows]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
+        sys.stdout.write(f"placement: {placement.describe()}\n")
         report(rows, sys.stdout)
     return 0
 

@@ -13,7 +13,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from dataclasses import dataclass
+from typing import AbstractSet, Dict, FrozenSet, Iterator, List, Optional, Sequence
 
 
 def free_port() -> int:
@@ -41,9 +42,82 @@ def wait_http(url: str, timeout: float = 60.0, proc: Optional[subprocess.Popen] 
     raise RuntimeError(f"{url} did not answer within {timeout}s")
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Which CPUs a benchmark's clients and its servers run on.
+
+    ``os`` leaves it to the scheduler. On a small virtual machine that is a
+    coin toss between two steady states: a client and the master sharing a
+    CPU hand each round trip over without waking anything (a 64 KiB get in
+    about 25 us), or they sit on two CPUs and every message wakes a halted
+    one (60 to 100 us). Which one a run lands in depends on the client's
+    thread layout, not on its code, so ``split`` fixes it: servers (Strata's
+    master and nodes, the raw sink, the seed system's processes) on the upper
+    half of the CPUs this process may use, clients (this process and `strata
+    bench`) on the lower half, as on separate hosts."""
+
+    clients: Optional[FrozenSet[int]] = None
+    servers: Optional[FrozenSet[int]] = None
+
+    @staticmethod
+    def of(kind: str, cpus: Optional[Sequence[int]] = None) -> "Placement":
+        """``kind`` is ``os`` or ``split``; ``cpus`` defaults to those this
+        process may use."""
+        if kind == "os":
+            return Placement()
+        if kind != "split":
+            raise ValueError(f"unknown placement {kind!r}: os or split")
+        mine = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+        if len(mine) < 2:
+            raise ValueError(f"--placement split needs at least 2 CPUs; this process may use {len(mine)}")
+        half = len(mine) // 2
+        return Placement(frozenset(mine[:half]), frozenset(mine[half:]))
+
+    def describe(self) -> str:
+        if self.clients is None:
+            return "the scheduler's (--placement os)"
+        servers = "not placed" if self.servers is None else f"on CPUs {_cpu_list(self.servers)}"
+        return f"clients on CPUs {_cpu_list(self.clients)}, servers {servers}"
+
+    def to_json(self) -> Dict[str, List[int]]:
+        return {"clients": sorted(self.clients or ()), "servers": sorted(self.servers or ())}
+
+    def pin_this_process(self) -> None:
+        """Puts every thread of this process on the clients' CPUs; threads
+        made later inherit it from the thread that makes them."""
+        if self.clients is None:
+            return
+        for tid in os.listdir("/proc/self/task"):
+            # A thread may end meanwhile.
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(tid), self.clients)
+
+
+def _cpu_list(cpus: AbstractSet[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+@contextlib.contextmanager
+def calling_thread_on(cpus: Optional[AbstractSet[int]]) -> Iterator[None]:
+    """The calling thread on ``cpus`` (none: unchanged) for the block, and
+    back after: a process it spawns meanwhile inherits them (and its threads
+    from it), with no code run in the child between fork and exec."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 class Procs:
-    def __init__(self) -> None:
+    def __init__(self, cpus: Optional[AbstractSet[int]] = None) -> None:
+        """``cpus``: the CPUs the processes spawned run on (none: any)."""
         self.procs: List[subprocess.Popen] = []
+        self.cpus = cpus
         self.dir = Path(tempfile.mkdtemp(prefix="strata-pybench-"))
 
     def log_of(self, name: str) -> Path:
@@ -65,8 +139,8 @@ class Procs:
             time.sleep(0.05)
 
     def spawn(self, args: List[str], name: str, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
-        log = open(self.log_of(name), "wb")
-        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        with open(self.log_of(name), "wb") as log, calling_thread_on(self.cpus):
+            p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.procs.append(p)
         return p
 
@@ -83,8 +157,11 @@ class Procs:
 
 
 @contextlib.contextmanager
-def strata_cluster(bin_dir: Path, node_capacity: str, transport: str = "tcp") -> Iterator[str]:
-    procs = Procs()
+def strata_cluster(bin_dir: Path, node_capacity: str, transport: str = "tcp",
+                   cpus: Optional[AbstractSet[int]] = None) -> Iterator[str]:
+    """A master and two store nodes (on ``cpus``, if given); yields the
+    master's address."""
+    procs = Procs(cpus)
     try:
         port, admin = free_port(), free_port()
         p = procs.spawn([str(bin_dir / "strata-master"), "--listen", f"127.0.0.1:{port}",
