@@ -136,15 +136,7 @@ pub async fn make_ssd_only(cl: &strata_client::Client, key: &str) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let r = cl
-        .master_client()
-        .evict_memory(strata_proto::EvictMemoryRequest {
-            keys: vec![key.to_string()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.results[0].code, 0, "{}", r.results[0].message);
+    evict_memory(cl, &[key.to_string()]).await;
 }
 
 /// Puts `keys` (object i = payload(i, size)), waits until each is on SSD and
@@ -183,16 +175,33 @@ pub async fn put_and_drain(
 
 /// Drops the DRAM copies of `keys` (admin role), each of which must succeed.
 pub async fn evict_memory(cl: &strata_client::Client, keys: &[String]) {
-    let r = cl
-        .master_client()
-        .evict_memory(strata_proto::EvictMemoryRequest {
-            keys: keys.to_vec(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    for (k, s) in keys.iter().zip(r.results) {
-        assert_eq!(s.code, 0, "{k}: {}", s.message);
+    // A DRAM copy is evicted once its read leases (the puts' own, a get's)
+    // have ended: asked again until then, bounded.
+    let t0 = std::time::Instant::now();
+    loop {
+        let r = cl
+            .master_client()
+            .evict_memory(strata_proto::EvictMemoryRequest {
+                keys: keys.to_vec(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.results.len(), keys.len(), "{:?}", r.results);
+        if r.results.iter().all(|s| s.code == 0) {
+            return;
+        }
+        let left: Vec<String> = keys
+            .iter()
+            .zip(&r.results)
+            .filter(|(_, s)| s.code != 0)
+            .map(|(k, s)| format!("{k}: {}", s.message))
+            .collect();
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(5),
+            "not evicted: {left:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
 

@@ -171,6 +171,108 @@ async fn failed_writes_and_lost_reports_are_retried_until_persisted() {
     c.shutdown().await;
 }
 
+fn in_dram(c: &LocalCluster, key: &str) -> bool {
+    c.master.inspect(key).is_ok_and(|i| {
+        i.replicas
+            .iter()
+            .any(|r| r.kind == pb::ReplicaKind::Memory as i32)
+    })
+}
+
+/// The agent's heartbeats (answered ones) and its copies written.
+async fn agent_counts(c: &LocalCluster) -> (f64, f64) {
+    let (_, m) = http_get(c.agents[0].admin_addr, "/metrics").await;
+    (
+        metric(&m, "strata_ssd_agent_heartbeats_total"),
+        metric(
+            &m,
+            "strata_ssd_agent_offload_tasks_total{outcome=\"persisted\"}",
+        ),
+    )
+}
+
+/// Waits (bounded) until the agent has had three more heartbeats answered:
+/// it is not stuck in a call.
+async fn three_more_heartbeats(c: &LocalCluster, what: &str) {
+    let (from, _) = agent_counts(c).await;
+    let t0 = std::time::Instant::now();
+    while agent_counts(c).await.0 < from + 3.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the agent stopped heartbeating: its {what} report still waits on a leader that never answers"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An SSD agent's offload and promotion reports to a leader that never
+/// answers (a paused one; failpoint `master::report-hangs`) give up at the
+/// heartbeat deadline, as its heartbeats do, so the agent goes on with its
+/// heartbeats meanwhile; once the leader answers again, what the lost
+/// reports carried is done again: the copy is persisted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_to_a_leader_that_never_answers_give_up_at_the_heartbeat_deadline() {
+    let c = ClusterBuilder::new()
+        .master(eager)
+        .store_nodes(1)
+        .ssd_agents(1)
+        .master(|m| {
+            m.offload_task_ttl = Duration::from_millis(800);
+            m.promote_on_hit = true;
+            // Heartbeats every 750 ms, a deadline of 1.5 s: three
+            // heartbeats, each after a report that hangs, take seconds.
+            m.node_ttl = Duration::from_secs(3);
+        })
+        .build()
+        .await
+        .unwrap();
+    let cl = c.client().await.unwrap();
+    let keys = vec!["reported-to-no-one".to_string()];
+    let bytes = payload(7, 30_000);
+
+    // Offload: the copy is written, then its report hangs.
+    fail::cfg("master::report-hangs", "return").unwrap();
+    cl.put(&keys[0], &bytes, &PutOptions::default())
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while agent_counts(&c).await.1 < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no copy written");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    three_more_heartbeats(&c, "offload").await;
+    assert_eq!(
+        ssd_keys(&c, &keys).await,
+        0,
+        "a report that hung was applied"
+    );
+    fail::remove("master::report-hangs");
+    assert!(wait_persisted(&c, &keys, Duration::from_secs(30)).await);
+
+    // Promotion: an SSD hit is copied back into DRAM, then its report hangs.
+    evict_memory(&cl, &keys).await;
+    fail::cfg("master::report-hangs", "return").unwrap();
+    assert_eq!(cl.get(&keys[0]).await.unwrap(), bytes);
+    // Handed to the agent, which goes on while its report hangs.
+    assert!(
+        wait_until(Duration::from_secs(20), || c.master.promotion_counts()
+            == (0, 1))
+        .await
+    );
+    three_more_heartbeats(&c, "promotion").await;
+    assert!(!in_dram(&c, &keys[0]), "a report that hung was applied");
+    // Answered again, the next hit is promoted.
+    fail::remove("master::report-hangs");
+    let t0 = std::time::Instant::now();
+    while !in_dram(&c, &keys[0]) {
+        assert_eq!(cl.get(&keys[0]).await.unwrap(), bytes);
+        assert!(t0.elapsed() < Duration::from_secs(20), "never promoted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(cl.get(&keys[0]).await.unwrap(), bytes);
+    c.shutdown().await;
+}
+
 /// A full owner makes room by evicting its oldest buckets
 /// (telling the master first): disk use never passes the capacity, and every
 /// key stays readable (from DRAM, where its SSD copy was evicted).

@@ -5,7 +5,9 @@ use std::time::Duration;
 use strata_client::{Client, PutOptions};
 use strata_master::config::OffloadPolicy;
 use strata_proto as pb;
-use strata_tests::{drained, eager, payload, wait_until, ClusterBuilder, LocalCluster};
+use strata_tests::{
+    drained, eager, evict_memory, payload, wait_until, ClusterBuilder, LocalCluster,
+};
 
 async fn on_ssd(c: &LocalCluster, key: &str) -> bool {
     c.master.inspect(key).is_ok_and(|i| {
@@ -178,22 +180,7 @@ async fn an_ssd_hit_is_promoted_back_to_dram_without_waiting_for_it() {
     put_all(&cl, &keys, 64 << 10).await;
     let store = c.agents[0].store.clone();
     assert!(wait_until(Duration::from_secs(10), || store.stats().objects == 12).await);
-    // Evicting DRAM waits for the puts' read leases to end (retried on
-    // the condition, bounded).
-    let t0 = std::time::Instant::now();
-    loop {
-        let r = cl
-            .master_client()
-            .evict_memory(pb::EvictMemoryRequest { keys: keys.clone() })
-            .await
-            .unwrap()
-            .into_inner();
-        if r.results.iter().all(|s| s.code == 0) {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", r.results);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    evict_memory(&cl, &keys).await;
     // Twelve SSD hits at once: each read is served from SSD at once; at most
     // four promotions queue, the rest are skipped (the queue is bounded).
     let got = cl

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 use strata_client::{Client, ClientConfig, PutOptions};
-use strata_proto as pb;
 use strata_tests::procs::{start_agent, start_master, start_node};
 use strata_tests::{http_get, payload};
 
@@ -125,13 +124,7 @@ async fn sigkill_mid_bucket_loses_nothing_and_serves_nothing_half_written() {
         "all tasks persist after the restart: {}",
         json(m.admin, "/api/v1/offload").await
     );
-    let r = cl
-        .master_client()
-        .evict_memory(pb::EvictMemoryRequest { keys: keys.clone() })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(r.results.iter().all(|s| s.code == 0), "{:?}", r.results);
+    strata_tests::evict_memory(&cl, &keys).await;
     for (i, k) in keys.iter().enumerate() {
         assert_eq!(cl.get(k).await.unwrap(), payload(i as u64, 300_000), "{k}");
     }

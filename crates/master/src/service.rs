@@ -607,6 +607,7 @@ impl MasterRpc for MasterService {
         req: Request<pb::ReportOffloadRequest>,
     ) -> Result<Response<pb::ReportOffloadResponse>, Status> {
         let t0 = Instant::now();
+        report_hangs().await;
         // Member calls that walk many objects run off the async workers.
         let req = req.into_inner();
         let r = self
@@ -658,12 +659,22 @@ impl MasterRpc for MasterService {
         req: Request<pb::ReportPromotionRequest>,
     ) -> Result<Response<pb::ReportPromotionResponse>, Status> {
         let t0 = Instant::now();
+        report_hangs().await;
         let req = req.into_inner();
         let r = self
             .blocking(move |m| m.report_promotion(req))
             .await
             .map(|_| pb::ReportPromotionResponse {});
         self.done("report_promotion", t0, r)
+    }
+}
+
+/// Failpoint `master::report-hangs`: an SSD agent's report is never
+/// answered, as by a leader paused mid-call (the agent's deadline ends it).
+async fn report_hangs() {
+    #[cfg(feature = "failpoints")]
+    if fail::eval("master::report-hangs", |_| ()).is_some() {
+        std::future::pending::<()>().await;
     }
 }
 
