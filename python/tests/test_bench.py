@@ -32,7 +32,8 @@ def test_the_benchmark_runs_every_driver_the_rust_client_and_raw_tcp() -> None:
     report = json.loads(out.stdout)
     cpus = sorted(os.sched_getaffinity(0))
     half = len(cpus) // 2
-    assert report["placement"] == {"clients": cpus[:half], "servers": cpus[half:]}, report["placement"]
+    placed = report["placement"]
+    assert (placed["clients"], placed["servers"], placed["cluster_placed"]) == (cpus[:half], cpus[half:], True), placed
     rows = report["rows"]
     want = {"put", "get", "batch_put", "batch_get"}
     for system in ("python native", "python parts", "python mooncake", "rust client", "raw tcp"):

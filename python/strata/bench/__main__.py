@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import functools
 import gc
 import json
@@ -635,9 +634,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         placement = Placement.of(a.placement)
     except ValueError as e:
         ap.error(str(e))
-    if a.master:
-        # Its servers are not this script's to place.
-        placement = dataclasses.replace(placement, servers=None)
     # Before the first client makes its threads: they inherit it.
     placement.pin_this_process()
 
@@ -696,11 +692,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                          progress)
             rounds.append(rows)
     rows = median_rows(rounds)
+    # A cluster at --master runs where it runs; the sink and the seed
+    # system, started here, are still placed.
+    where = placement.describe() + ("; the cluster at --master where it runs" if a.master and placement.clients else "")
     if a.json:
-        json.dump({"placement": placement.to_json(), "rows": [r.to_json() for r in rows]}, sys.stdout, indent=2)
+        json.dump({"placement": {**placement.to_json(), "cluster_placed": not a.master, "describe": where},
+                   "rows": [r.to_json() for r in rows]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(f"placement: {placement.describe()}\n")
+        sys.stdout.write(f"placement: {where}\n")
         report(rows, sys.stdout)
     return 0
 

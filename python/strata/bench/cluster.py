@@ -54,7 +54,8 @@ class Placement:
     thread layout, not on its code, so ``split`` fixes it: servers (Strata's
     master and nodes, the raw sink, the seed system's processes) on the upper
     half of the CPUs this process may use, clients (this process and `strata
-    bench`) on the lower half, as on separate hosts."""
+    bench`) on the lower half, as on separate hosts (on a machine with
+    hyperthreads numbered half apart, the halves share cores)."""
 
     clients: Optional[FrozenSet[int]] = None
     servers: Optional[FrozenSet[int]] = None
@@ -87,10 +88,18 @@ class Placement:
         made later inherit it from the thread that makes them."""
         if self.clients is None:
             return
-        for tid in os.listdir("/proc/self/task"):
-            # A thread may end meanwhile.
-            with contextlib.suppress(ProcessLookupError):
-                os.sched_setaffinity(int(tid), self.clients)
+        done: set = set()
+        # Again until no thread is new: one not pinned yet may start another.
+        for _ in range(100):
+            tids = set(os.listdir("/proc/self/task")) - done
+            if not tids:
+                return
+            for tid in tids:
+                # A thread may end meanwhile.
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(int(tid), self.clients)
+            done |= tids
+        raise RuntimeError("threads kept starting while this process was being pinned")
 
 
 def _cpu_list(cpus: AbstractSet[int]) -> str:
