@@ -107,6 +107,15 @@ pub async fn pause_offloads(c: &LocalCluster) {
     assert!(beats().await >= n + 2.0, "the agent stopped heartbeating");
 }
 
+/// Whether the master holds a DRAM replica of `key`.
+pub fn in_dram(c: &LocalCluster, key: &str) -> bool {
+    c.master.inspect(key).is_ok_and(|i| {
+        i.replicas
+            .iter()
+            .any(|r| r.kind == strata_proto::ReplicaKind::Memory as i32)
+    })
+}
+
 /// The master's offload queue is idle: nothing queued or in flight, no pin.
 pub fn drained(c: &LocalCluster) -> bool {
     let (q, a) = c.master.queue_counts();

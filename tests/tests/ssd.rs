@@ -6,7 +6,7 @@ use std::time::Duration;
 use strata_client::{Code, PutOptions};
 use strata_proto as pb;
 use strata_tests::{
-    drained, eager, evict_memory, http_get, metric, payload, wait_until, ClusterBuilder,
+    drained, eager, evict_memory, http_get, in_dram, metric, payload, wait_until, ClusterBuilder,
     LocalCluster,
 };
 
@@ -169,14 +169,6 @@ async fn failed_writes_and_lost_reports_are_retried_until_persisted() {
         assert_eq!(cl.get(k).await.unwrap(), payload(i as u64, 20_000));
     }
     c.shutdown().await;
-}
-
-fn in_dram(c: &LocalCluster, key: &str) -> bool {
-    c.master.inspect(key).is_ok_and(|i| {
-        i.replicas
-            .iter()
-            .any(|r| r.kind == pb::ReplicaKind::Memory as i32)
-    })
 }
 
 /// The agent's heartbeats (answered ones) and its copies written.
