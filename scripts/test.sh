@@ -8,6 +8,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 # The Python extension (crates/python) resolves Python's symbols when it is
 # loaded, as every extension module does: link it without libpython.
 export PYO3_BUILD_EXTENSION_MODULE=1
+# A shared target dir only grows (one set of hashes per checkout path).
+scripts/prune-target.sh
 # --all-targets (not --bins) so dependency features, and so the one RocksDB
 # build, are the same as for clippy and the tests.
 cargo build --workspace --all-targets

@@ -76,3 +76,65 @@ fn dockerfile_ships_what_the_chart_runs() {
 fn alerts_fire_in_promtool_and_every_runbook_names_real_things() {
     run_check("check_alerts.py");
 }
+
+/// `scripts/prune-target.sh`, which keeps CI's shared target dir from
+/// filling the disk: a dir within bounds is left alone; one over its size
+/// loses its incremental caches first and keeps its artifacts when that is
+/// enough; with too little free space it is emptied and the script refuses
+/// to go on, saying why.
+#[test]
+fn prune_target_drops_caches_before_artifacts_and_refuses_a_full_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (incr, deps) = (
+        dir.path().join("debug/incremental/x"),
+        dir.path().join("debug/deps"),
+    );
+    std::fs::create_dir_all(&incr).unwrap();
+    std::fs::create_dir_all(&deps).unwrap();
+    std::fs::write(deps.join("artifact"), b"kept").unwrap();
+    // Allocated, not sparse: `du` counts blocks.
+    let status = Command::new("fallocate")
+        .args(["-l", "1100M"])
+        .arg(incr.join("cache"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "fallocate failed");
+    let run = |env: &[(&str, &str)]| {
+        let out = Command::new(repo().join("scripts/prune-target.sh"))
+            .arg(dir.path())
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let exists = |p: &std::path::Path| p.exists();
+
+    // Within bounds: nothing goes.
+    let (code, text) = run(&[("STRATA_MAX_TARGET_GB", "2"), ("STRATA_MIN_FREE_GB", "0")]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(exists(&incr.join("cache")), "{text}");
+
+    // Over its size: the caches go, the artifacts stay.
+    let (code, text) = run(&[("STRATA_MAX_TARGET_GB", "0"), ("STRATA_MIN_FREE_GB", "0")]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(!exists(&incr), "{text}");
+    assert!(exists(&deps.join("artifact")), "{text}");
+
+    // Not enough free beside it even when empty: emptied, and a clear refusal.
+    let (code, text) = run(&[("STRATA_MIN_FREE_GB", "1000000000")]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(!exists(&deps), "{text}");
+    assert!(dir.path().exists(), "the dir itself stays: {text}");
+    assert!(text.contains("Free some space"), "{text}");
+
+    // A threshold that is not a number is refused before anything is removed.
+    std::fs::create_dir_all(&deps).unwrap();
+    let (code, text) = run(&[("STRATA_MIN_FREE_GB", "lots")]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(exists(&deps), "{text}");
+}
