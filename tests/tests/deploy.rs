@@ -80,25 +80,32 @@ fn alerts_fire_in_promtool_and_every_runbook_names_real_things() {
 /// `scripts/prune-target.sh`, which keeps CI's shared target dir from
 /// filling the disk: a dir within bounds is left alone; one over its size
 /// loses its incremental caches first and keeps its artifacts when that is
-/// enough; with too little free space it is emptied and the script refuses
-/// to go on, saying why.
+/// enough, and is emptied when it is not; a dir without Cargo's
+/// CACHEDIR.TAG is never emptied; with too little free space for emptying to
+/// help, nothing is removed and the script refuses to go on, saying why.
 #[test]
 fn prune_target_drops_caches_before_artifacts_and_refuses_a_full_disk() {
     let dir = tempfile::tempdir().unwrap();
-    let (incr, deps) = (
+    let (tag, incr, deps) = (
+        dir.path().join("CACHEDIR.TAG"),
         dir.path().join("debug/incremental/x"),
         dir.path().join("debug/deps"),
     );
+    std::fs::write(&tag, b"Signature: 8a477f597d28d172789f06886806bc55").unwrap();
     std::fs::create_dir_all(&incr).unwrap();
     std::fs::create_dir_all(&deps).unwrap();
     std::fs::write(deps.join("artifact"), b"kept").unwrap();
-    // Allocated, not sparse: `du` counts blocks.
-    let status = Command::new("fallocate")
-        .args(["-l", "1100M"])
-        .arg(incr.join("cache"))
-        .status()
-        .unwrap();
-    assert!(status.success(), "fallocate failed");
+    // 1100 MiB, allocated rather than sparse (`du` counts blocks): over a
+    // 1 GiB limit on its own.
+    let big = |path: &std::path::Path| {
+        let status = Command::new("fallocate")
+            .args(["-l", "1100M"])
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(status.success(), "fallocate {} failed", path.display());
+    };
+    big(&incr.join("cache"));
     let run = |env: &[(&str, &str)]| {
         let out = Command::new(repo().join("scripts/prune-target.sh"))
             .arg(dir.path())
@@ -112,29 +119,46 @@ fn prune_target_drops_caches_before_artifacts_and_refuses_a_full_disk() {
         );
         (out.status.code(), text)
     };
-    let exists = |p: &std::path::Path| p.exists();
+    let over_1gib = [("STRATA_MAX_TARGET_GB", "1"), ("STRATA_MIN_FREE_GB", "0")];
 
     // Within bounds: nothing goes.
     let (code, text) = run(&[("STRATA_MAX_TARGET_GB", "2"), ("STRATA_MIN_FREE_GB", "0")]);
     assert_eq!(code, Some(0), "{text}");
-    assert!(exists(&incr.join("cache")), "{text}");
+    assert!(incr.join("cache").exists(), "{text}");
 
-    // Over its size: the caches go, the artifacts stay.
-    let (code, text) = run(&[("STRATA_MAX_TARGET_GB", "0"), ("STRATA_MIN_FREE_GB", "0")]);
+    // Over its size by its caches: the caches go, the artifacts stay.
+    let (code, text) = run(&over_1gib);
     assert_eq!(code, Some(0), "{text}");
-    assert!(!exists(&incr), "{text}");
-    assert!(exists(&deps.join("artifact")), "{text}");
+    assert!(!incr.exists(), "{text}");
+    assert!(deps.join("artifact").exists(), "{text}");
 
-    // Not enough free beside it even when empty: emptied, and a clear refusal.
+    // Over its size by its artifacts: emptied, the dir itself kept.
+    big(&deps.join("huge"));
+    let (code, text) = run(&over_1gib);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(!deps.exists() && !tag.exists(), "{text}");
+    assert!(dir.path().exists(), "{text}");
+
+    // The same without CACHEDIR.TAG: not Cargo's, left alone.
+    std::fs::create_dir_all(&deps).unwrap();
+    big(&deps.join("huge"));
+    let (code, text) = run(&over_1gib);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(deps.join("huge").exists(), "{text}");
+    assert!(text.contains("no CACHEDIR.TAG"), "{text}");
+
+    // Less free than emptying could give: nothing goes, a clear refusal.
+    std::fs::write(&tag, b"Signature: 8a477f597d28d172789f06886806bc55").unwrap();
     let (code, text) = run(&[("STRATA_MIN_FREE_GB", "1000000000")]);
     assert_eq!(code, Some(1), "{text}");
-    assert!(!exists(&deps), "{text}");
-    assert!(dir.path().exists(), "the dir itself stays: {text}");
+    assert!(deps.join("huge").exists(), "{text}");
     assert!(text.contains("Free some space"), "{text}");
 
     // A threshold that is not a number is refused before anything is removed.
-    std::fs::create_dir_all(&deps).unwrap();
-    let (code, text) = run(&[("STRATA_MIN_FREE_GB", "lots")]);
+    let (code, text) = run(&[
+        ("STRATA_MAX_TARGET_GB", "0"),
+        ("STRATA_MIN_FREE_GB", "lots"),
+    ]);
     assert_eq!(code, Some(2), "{text}");
-    assert!(exists(&deps), "{text}");
+    assert!(deps.join("huge").exists(), "{text}");
 }
