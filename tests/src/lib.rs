@@ -184,6 +184,15 @@ pub async fn put_and_drain(
 
 /// Drops the DRAM copies of `keys` (admin role), each of which must succeed.
 pub async fn evict_memory(cl: &strata_client::Client, keys: &[String]) {
+    evict_memory_within(cl, keys, std::time::Duration::from_secs(5)).await
+}
+
+/// [`evict_memory`], asking again while a key is Leased for up to `within`.
+pub async fn evict_memory_within(
+    cl: &strata_client::Client,
+    keys: &[String],
+    within: std::time::Duration,
+) {
     // A DRAM copy is evicted once its read leases (the puts' own, a get's)
     // have ended: asked again while any is Leased (bounded); any other
     // refusal fails at once.
@@ -206,7 +215,7 @@ pub async fn evict_memory(cl: &strata_client::Client, keys: &[String]) {
                 s.message
             );
             assert!(
-                s.code == 0 || t0.elapsed() < std::time::Duration::from_secs(5),
+                s.code == 0 || t0.elapsed() < within,
                 "{k} still leased: {}",
                 s.message
             );

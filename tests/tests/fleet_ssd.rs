@@ -130,26 +130,7 @@ async fn admin_client(f: &Fleet, t: &TokenFiles) -> Client {
 async fn read_from_ssd(cl: &Client, keys: &[(String, u64)]) {
     let names: Vec<String> = keys.iter().map(|(k, _)| k.clone()).collect();
     // A read a moment ago may still hold its lease: retried (bounded).
-    let t0 = Instant::now();
-    loop {
-        let r = cl
-            .master_client()
-            .evict_memory(pb::EvictMemoryRequest {
-                keys: names.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(r.results.len(), keys.len());
-        let leased = r.results.iter().any(|s| s.code == Code::Leased as u32);
-        if !leased || t0.elapsed() > WITHIN {
-            for (s, (k, _)) in r.results.iter().zip(keys) {
-                assert_eq!(s.code, 0, "{k}: {}", s.message);
-            }
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    strata_tests::evict_memory_within(cl, &names, WITHIN).await;
     for (k, seed) in keys {
         let b = cl.get(k).await.unwrap();
         assert!(b == payload(*seed, SIZE), "{k}: wrong bytes from SSD");
